@@ -1,0 +1,62 @@
+"""Settings shared by every deployable: where the log, the object store and the model live.
+
+A setting is a dataclass field whose metadata names its environment variable and its help text
+(`setting(...)`). Entry points (`orl.cli`) turn the fields into command-line flags and read the
+environment once at start-up; library code only ever receives the frozen object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import ConfigError
+
+
+def setting(default: Any, env: str, help: str, *, secret: bool = False) -> Any:
+    """A dataclass field that is also a CLI flag (--name-with-dashes) and an environment variable."""
+    return field(default=default, metadata={"env": env, "help": help, "secret": secret})
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    data_dir: Path = setting(Path(".orl"), "ORL_DATA_DIR", "Folder for the embedded log, objects and spools.")
+    log_url: str = setting(
+        "", "ORL_LOG_URL", "Event log: sqlite:///path.db or kafka://host:port (default: sqlite in --data-dir)."
+    )
+    store_url: str = setting(
+        "",
+        "ORL_STORE_URL",
+        "Object store: file:///dir or s3://bucket?endpoint=host:port (default: a folder in --data-dir).",
+    )
+    s3_access_key: str = setting("", "ORL_S3_ACCESS_KEY", "S3 access key (for an s3:// store).", secret=True)
+    s3_secret_key: str = setting("", "ORL_S3_SECRET_KEY", "S3 secret key (for an s3:// store).", secret=True)
+    namespace: str = setting("live", "ORL_NAMESPACE", "Namespace of the topics to read and write.")
+    model: str = setting(
+        "smollm2-135m", "ORL_MODEL", "Base model: 'smollm2-135m' (shipped) or a Hugging Face folder path."
+    )
+    model_cache_dir: Path = setting(
+        Path.home() / ".cache" / "orl" / "models", "ORL_MODEL_CACHE", "Where converted models are cached."
+    )
+
+    def effective_log_url(self) -> str:
+        return self.log_url or f"sqlite:///{(self.data_dir / 'log.db').resolve()}"
+
+    def effective_store_url(self) -> str:
+        return self.store_url or f"file://{(self.data_dir / 'objects').resolve()}"
+
+
+def masked(settings: object) -> dict[str, str]:
+    """The settings as strings for logging, with secrets replaced by '***' (or '' when unset)."""
+    if not dataclasses.is_dataclass(settings):
+        raise ConfigError(f"not a settings object: {settings!r}")
+    shown = {}
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if f.metadata.get("secret"):
+            shown[f.name] = "***" if value else ""
+        else:
+            shown[f.name] = str(value)
+    return shown

@@ -1,0 +1,84 @@
+"""`orl`: one console script, one sub-command per deployable or tool.
+
+Each sub-command names a settings class (its flags and environment variables) and a run function,
+imported only when that sub-command runs so `orl --help` stays fast. Logging is configured here and
+nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from orl import __version__
+from orl.settings_binding import add_settings_arguments, build_settings, log_settings
+from schemas.errors import OrlError
+
+logger = logging.getLogger("orl")
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    settings: str  # "module:Class"
+    run: str  # "module:function", called with the settings object (and parsed args), returns an exit code
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("topics", "Create every topic of a namespace on the event log.", "orl.admin:AdminSettings",
+            "orl.admin:create_topics"),
+    Command("model", "Prepare the base model (convert the shipped SmolLM2 GGUF to safetensors once).",
+            "orl.admin:AdminSettings", "orl.admin:prepare_model"),
+    Command("settings", "Print the effective settings (secrets masked) and exit.", "orl.admin:AdminSettings",
+            "orl.admin:print_settings"),
+)
+
+
+def _load(path: str) -> object:
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="orl", description="Train a self-hosted LLM agent from its own live use.")
+    parser.add_argument("--version", action="version", version=f"orl {__version__}")
+    parser.add_argument("--log-level", default=os.environ.get("ORL_LOG_LEVEL", "INFO"),
+                        help="Logging level [env ORL_LOG_LEVEL; default INFO]")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in commands:
+        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
+        settings_cls = _load(command.settings)
+        assert isinstance(settings_cls, type)
+        add_settings_arguments(sub, settings_cls)
+        sub.set_defaults(_command=command, _settings_cls=settings_cls)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command: Command = args._command
+    try:
+        settings = build_settings(args._settings_cls, args, os.environ)
+        log_settings(logger, settings)
+        run: Callable[[object], int | None] = _load(command.run)  # type: ignore[assignment]
+        return int(run(settings) or 0)
+    except OrlError as error:
+        print(f"orl {command.name}: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Stream processors that turn captured turns into scored training samples, plus replay and audit."""

@@ -1,0 +1,6 @@
+"""Shared pytest set-up: service fixtures live in tests/fixtures/ and are registered here."""
+
+pytest_plugins = [
+    "tests.fixtures.kafka_broker",
+    "tests.fixtures.s3_server",
+]

@@ -1,0 +1,1 @@
+"""Consumes samples, computes the losses, steps the optimizer and publishes verified checkpoints."""
