@@ -11,3 +11,23 @@ class ConfigError(OrlError):
 
 class ServiceUnavailable(OrlError):
     """An external service (broker, object store, model server) could not be reached; the message names its address."""
+
+
+class EventEncodeError(OrlError):
+    """An event could not be encoded: the message names the event type and the offending field path."""
+
+
+class UnknownEventTypeError(EventEncodeError):
+    """An event type name that no `.avsc` file in `schemas/avro/` defines."""
+
+
+class EventDecodeError(OrlError):
+    """Bytes could not be decoded as an orl event (short, bad marker, unknown schema, corrupt body)."""
+
+
+class SchemaDefinitionError(OrlError):
+    """An `.avsc` file (current or frozen history) is invalid or references an undefined type."""
+
+
+class SchemaCompatibilityError(OrlError):
+    """A schema change would break reading events written with an earlier version."""

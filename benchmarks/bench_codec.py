@@ -1,0 +1,50 @@
+"""Benchmark of the event codec: encode and decode events/s for a ~1 KB ResponseGenerated.
+
+Run: `.venv/bin/python benchmarks/bench_codec.py [--seconds 2]`. Prints one line per operation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from schemas.codec import decode, encode  # noqa: E402
+from tests.unit.event_examples import response_generated  # noqa: E402
+
+
+def rate(operation: Callable[[], object], seconds: float, windows: int = 5) -> float:
+    """Calls per second of `operation`: the best of `windows` runs of `seconds / windows` each.
+
+    The best window, not the mean, because other processes on a shared machine only slow runs down.
+    """
+    best = 0.0
+    for _ in range(windows):
+        count, batch = 0, 500
+        start = time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds / windows:
+            for _ in range(batch):
+                operation()
+            count += batch
+        best = max(best, count / elapsed)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per operation")
+    args = parser.parse_args()
+    event = response_generated()
+    data = encode(event)
+    assert decode(data) == event
+    print(f"event: ResponseGenerated, {len(data)} bytes encoded")
+    print(f"encode: {rate(lambda: encode(event), args.seconds):,.0f} events/s")
+    print(f"decode: {rate(lambda: decode(data), args.seconds):,.0f} events/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Builds events: the envelope (deterministic id, current schema version) plus the payload.
+
+`make_event` fills nothing silently: a missing payload field is reported by the codec at encode
+time (`EventEncodeError` naming the field), never defaulted here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from schemas.errors import EventEncodeError
+from schemas.ids import deterministic_id
+from schemas.registry import default_registry
+from schemas.topics import DEAD_LETTER_EVENT, TOPICS
+
+# Catalog order: the events of each topic, then the dead-letter event.
+EVENT_TYPES: tuple[str, ...] = (*(event for events in TOPICS.values() for event in events), DEAD_LETTER_EVENT)
+
+
+def make_event(
+    event_type: str,
+    *,
+    namespace: str,
+    producer: str,
+    occurred_at_ms: int,
+    id_parts: Sequence[object],
+    session_id: str | None = None,
+    turn_id: str | None = None,
+    **payload: Any,
+) -> dict[str, Any]:
+    """An event dict ready for `schemas.codec.encode`.
+
+    `id_parts` are the inputs that determine the event (e.g. the request id, or the next-state
+    event id and judge config version): the event id is `deterministic_id(event_type, namespace,
+    *id_parts)`, so a re-run produces the same id.
+    """
+    if "envelope" in payload:
+        raise EventEncodeError(
+            f"{event_type}: pass envelope fields as keyword arguments, not an 'envelope' payload"
+        )
+    version = default_registry().current(event_type).version  # raises UnknownEventTypeError
+    envelope = {
+        "event_id": deterministic_id(event_type, namespace, *id_parts),
+        "event_type": event_type,
+        "schema_version": version,
+        "occurred_at": occurred_at_ms,
+        "producer": producer,
+        "namespace": namespace,
+        "session_id": session_id,
+        "turn_id": turn_id,
+    }
+    return {"envelope": envelope, **payload}

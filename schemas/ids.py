@@ -1,0 +1,25 @@
+"""Deterministic event ids: the same inputs always give the same id, so a re-run is detectable.
+
+An id is `<kind>-<24 hex chars>`: the start of the sha256 of the canonical JSON (sorted keys, no
+whitespace) of `[kind, [parts...]]`. Parts must be JSON values (str, int, float, bool, None,
+lists/tuples and dicts with str keys); tuples hash like lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+ID_HEX_CHARS = 24
+
+
+def deterministic_id(kind: str, *parts: object) -> str:
+    """The id of a `kind` of thing produced from `parts` (inputs and the config version that used them)."""
+    if not kind:
+        raise ValueError("deterministic_id needs a non-empty kind")
+    try:
+        canonical = json.dumps([kind, list(parts)], sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"deterministic_id({kind!r}, ...): parts must be finite JSON values: {exc}") from exc
+    digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return f"{kind}-{digest[:ID_HEX_CHARS]}"
