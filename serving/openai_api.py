@@ -1,0 +1,247 @@
+"""OpenAI chat-completions wire format: validate request bodies, build responses, chunks and errors.
+
+Pure functions. Every rejection is an `ApiError` carrying the HTTP status and OpenAI's error shape
+(`{"error": {"message", "type", "param", "code"}}`), so bad input always gets a 4xx that says what
+is wrong and never reaches the model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.errors import OrlError
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_STOP_SEQUENCES = 4
+
+
+class ApiError(OrlError):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 error_type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.error_type = error_type
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.error_type, self.param, self.code)
+
+
+def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    tool_choice: str | dict[str, Any] | None
+    stream: bool
+    include_usage: bool
+    temperature: float
+    top_p: float
+    max_tokens: int | None
+    stop: tuple[str, ...]
+    seed: int | None
+    session_id: str | None
+    user: str | None
+
+    def forced_tool(self) -> str | None:
+        """The function name when tool_choice names one function."""
+        if isinstance(self.tool_choice, dict):
+            return str(self.tool_choice["function"]["name"])
+        return None
+
+
+def parse_chat_request(raw: bytes, *, max_tokens_limit: int) -> ChatRequest:
+    body = _json_object(raw)
+    messages = _messages(body.get("messages"))
+    tools = _tools(body.get("tools"))
+    return ChatRequest(
+        model=_optional_str(body, "model") or "",
+        messages=messages,
+        tools=tools,
+        tool_choice=_tool_choice(body.get("tool_choice"), tools),
+        stream=_bool(body, "stream", False),
+        include_usage=_include_usage(body.get("stream_options")),
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_top_p(body),
+        max_tokens=_max_tokens(body, max_tokens_limit),
+        stop=_stop(body.get("stop")),
+        seed=_seed(body.get("seed")),
+        session_id=_optional_str(body, "session_id"),
+        user=_optional_str(body, "user"),
+    )
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise bad_request(f"request body is not valid UTF-8 (byte {error.start})", code="invalid_encoding") from error
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise bad_request(f"request body is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
+                          code="invalid_json") from error
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_type")
+    n = body.get("n", 1)
+    if n != 1:
+        raise bad_request("only n=1 is supported", param="n")
+    return body
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        raise bad_request("'messages' is required", param="messages", code="missing_required_parameter")
+    if not isinstance(value, list) or not value:
+        raise bad_request("'messages' must be a non-empty array", param="messages")
+    for index, message in enumerate(value):
+        _check_message(index, message)
+    return value
+
+
+def _check_message(index: int, message: Any) -> None:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise bad_request(f"{param} must be an object", param=param, code="invalid_type")
+    role = message.get("role")
+    if role not in ROLES:
+        raise bad_request(f"{param}.role must be one of {', '.join(ROLES)}; got {role!r}", param=f"{param}.role")
+    content = message.get("content")
+    if content is None:
+        if not (role == "assistant" and message.get("tool_calls")):
+            raise bad_request(f"{param}.content is required for role {role!r}", param=f"{param}.content")
+    elif isinstance(content, list):
+        for part_index, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise bad_request(f"{param}.content[{part_index}] must be a text part {{'type':'text','text':...}}",
+                                  param=f"{param}.content[{part_index}]")
+    elif not isinstance(content, str):
+        raise bad_request(f"{param}.content must be a string or an array of text parts", param=f"{param}.content",
+                          code="invalid_type")
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise bad_request(f"{param}.tool_call_id is required for role 'tool'", param=f"{param}.tool_call_id")
+    if message.get("tool_calls") is not None:
+        _check_tool_calls(param, message["tool_calls"])
+
+
+def _check_tool_calls(param: str, calls: Any) -> None:
+    if not isinstance(calls, list):
+        raise bad_request(f"{param}.tool_calls must be an array", param=f"{param}.tool_calls", code="invalid_type")
+    for i, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad_request(f"{param}.tool_calls[{i}].function.name is required",
+                              param=f"{param}.tool_calls[{i}].function")
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad_request("'tools' must be an array", param="tools", code="invalid_type")
+    for i, tool in enumerate(value):
+        ok = isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("function"), dict)
+        if not ok or not isinstance(tool["function"].get("name"), str):
+            raise bad_request(f"tools[{i}] must be {{'type':'function','function':{{'name':...}}}}",
+                              param=f"tools[{i}]")
+    return value or None
+
+
+def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
+    if value is None or value in ("none", "auto"):
+        return value
+    if value == "required" and tools:
+        return value
+    if isinstance(value, dict) and isinstance(value.get("function"), dict):
+        name = value["function"].get("name")
+        if tools and any(t["function"]["name"] == name for t in tools):
+            return value
+        raise bad_request(f"tool_choice names function {name!r}, which is not in 'tools'", param="tool_choice")
+    raise bad_request("tool_choice must be 'none', 'auto', 'required' (with tools) or a named function",
+                      param="tool_choice")
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request(f"'{name}' must be a number", param=name, code="invalid_type")
+    if not low <= value <= high:
+        raise bad_request(f"'{name}' must be between {low} and {high}; got {value}", param=name)
+    return float(value)
+
+
+def _top_p(body: dict[str, Any]) -> float:
+    value = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if value == 0.0:
+        raise bad_request("'top_p' must be greater than 0", param="top_p")
+    return value
+
+
+def _max_tokens(body: dict[str, Any], limit: int) -> int | None:
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{name}' must be an integer", param=name, code="invalid_type")
+    if not 1 <= value <= limit:
+        raise bad_request(f"'{name}' must be between 1 and {limit}; got {value}", param=name)
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_request("'stop' must be a non-empty string or an array of them", param="stop")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise bad_request(f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences", param="stop")
+    return tuple(stops)
+
+
+def _seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request("'seed' must be an integer", param="seed", code="invalid_type")
+    return value
+
+
+def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a boolean", param=name, code="invalid_type")
+    return value
+
+
+def _include_usage(options: Any) -> bool:
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", param="stream_options", code="invalid_type")
+    return bool(options.get("include_usage", False))
+
+
+def _optional_str(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_request(f"'{name}' must be a string", param=name, code="invalid_type")
+    return value or None

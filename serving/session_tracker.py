@@ -1,0 +1,148 @@
+"""Which session and turn a chat request belongs to (pure logic, no I/O).
+
+A session comes from, in order: the `X-Session-Id` header, a `session_id` key in the body, OpenAI's
+`user` field. When none is given, a request is linked to the earlier main turn whose messages plus
+its response are a prefix of the new request's messages: that is how a stock client (any SDK, a chat
+UI, OpenClaw without the fork) resends a conversation, so its turns link without any header.
+Turn indexes are given at arrival, so concurrent requests in one session are ordered by request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TurnAssignment:
+    session_id: str
+    turn_id: str
+    turn_index: int
+    previous_turn_id: str | None
+    link_method: str  # header | body | user | prefix | new
+
+
+@dataclass
+class _SessionState:
+    next_turn_index: int = 0
+    last_main_turn_id: str | None = None
+    closed: bool = False
+
+
+def normalized_message(message: Message) -> dict[str, Any]:
+    """What must match for two renderings of a message to count as the same (content text, tool calls)."""
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: keep the text parts only
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    calls = [
+        (call.get("function", {}).get("name"), _canonical_arguments(call.get("function", {}).get("arguments")))
+        for call in message.get("tool_calls") or []
+    ]
+    return {
+        "role": message.get("role"),
+        "content": (content or "").strip(),
+        "tool_calls": calls,
+        "tool_call_id": message.get("tool_call_id"),
+    }
+
+
+def conversation_key(messages: Sequence[Message]) -> str:
+    """A stable hash of a message list, insensitive to cosmetic differences between clients."""
+    canonical = json.dumps([normalized_message(m) for m in messages], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _canonical_arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+@dataclass
+class SessionTracker:
+    """Assigns sessions and turns; remembers the last `max_conversations` main turns for prefix linking."""
+
+    max_conversations: int = 100_000
+    new_session_id: Callable[[], str] = field(default=lambda: "s-" + uuid.uuid4().hex[:16])
+    _sessions: OrderedDict[str, _SessionState] = field(default_factory=OrderedDict)
+    _by_conversation: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
+
+    def assign(
+        self,
+        messages: Sequence[Message],
+        *,
+        header_session: str | None = None,
+        body_session: str | None = None,
+        user: str | None = None,
+        main: bool = True,
+    ) -> TurnAssignment:
+        session_id, method = self._explicit_session(header_session, body_session, user)
+        linked_turn: str | None = None
+        if session_id is None:
+            found = self._find_prefix(messages)
+            if found is not None:
+                session_id, linked_turn = found
+                method = "prefix"
+            else:
+                session_id, method = self.new_session_id(), "new"
+        state = self._session(session_id)
+        index = state.next_turn_index
+        state.next_turn_index += 1
+        turn_id = f"{session_id}/t{index}"
+        previous = linked_turn or state.last_main_turn_id
+        if main:
+            state.last_main_turn_id = turn_id
+        return TurnAssignment(session_id, turn_id, index, previous if main else None, method)
+
+    def record_response(self, assignment: TurnAssignment, messages: Sequence[Message], reply: Message) -> None:
+        """Remember a main turn's conversation so the client's next request (which repeats it) links to it."""
+        key = conversation_key([*messages, reply])
+        self._by_conversation[key] = (assignment.session_id, assignment.turn_id)
+        self._by_conversation.move_to_end(key)
+        while len(self._by_conversation) > self.max_conversations:
+            self._by_conversation.popitem(last=False)
+
+    def close(self, session_id: str) -> bool:
+        """Mark a session closed; True if it was open. A later request with the same id starts it again."""
+        state = self._sessions.pop(session_id, None)
+        return state is not None and not state.closed
+
+    def _explicit_session(
+        self, header: str | None, body: str | None, user: str | None
+    ) -> tuple[str | None, str]:
+        if header:
+            return header, "header"
+        if body:
+            return body, "body"
+        if user:
+            return f"user:{user}", "user"
+        return None, "new"
+
+    def _find_prefix(self, messages: Sequence[Message]) -> tuple[str, str] | None:
+        # The longest earlier conversation wins: try prefixes ending in an assistant message, longest first.
+        for end in range(len(messages) - 1, 0, -1):
+            if messages[end - 1].get("role") != "assistant":
+                continue
+            found = self._by_conversation.get(conversation_key(messages[:end]))
+            if found is not None:
+                return found
+        return None
+
+    def _session(self, session_id: str) -> _SessionState:
+        state = self._sessions.get(session_id)
+        if state is None:
+            state = self._sessions[session_id] = _SessionState()
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > self.max_conversations:
+            self._sessions.popitem(last=False)
+        return state
