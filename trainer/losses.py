@@ -1,0 +1,260 @@
+"""The training objective: advantages, the PPO clipped surrogate, the k3 KL and their reduction.
+
+Pure torch functions of `[B, T]` tensors (B samples, T response positions, right-padded): no model,
+no I/O, no clock. Reads and writes no topics or object keys. Conventions:
+
+- `mask_B_T` marks the valid response tokens (bool, or 0/1 of any dtype). Padded positions never
+  reach the loss, even when they hold NaN or garbage: they are selected away with `torch.where`,
+  not multiplied by zero.
+- `old_logprobs_B_T` is pi_old, the behaviour policy's per-token logprobs (detached), at each
+  sample's own temperature. With one optimizer step per batch (the default loop) ratio == 1 in value
+  and the surrogate reduces to the policy gradient; the clip matters once a batch is reused.
+
+Methods (DESIGN.md "Methods"; OpenClaw-RL sections 2.5, 2.6, 3.5, 3.6):
+
+- Binary RL: the decided reward r in {-1, 0, +1} broadcast to every response token (A_t = r), raw,
+  no normalisation, as in OpenClaw-RL. `center_rewards` is the optional batch-mean baseline.
+- OPD: A_t = log pi_teacher(a_t | s + hint) - log pi_old(a_t | s).
+- Combined: A_t = w_opd * (teacher - old) + w_rl * r, where a sample without teacher logprobs gets
+  no OPD term and a sample without a reward gets no RL term (OpenClaw-RL substituted the rollout
+  logprobs for a missing teacher, a spurious OPD term of rollout - old, its issue #69).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from schemas.errors import OrlError
+
+DEFAULT_EPS_LOW = 0.2  # OpenClaw-RL --eps-clip
+DEFAULT_EPS_HIGH = 0.28  # OpenClaw-RL --eps-clip-high (asymmetric, DAPO-style clip-higher)
+DEFAULT_BETA_KL = 0.02  # the paper's value; the original scripts ship 0.0. 0 disables the KL term.
+KL_LOG_RATIO_CLAMP = 10.0  # slime clamps the log-ratio to [-10, 10] before exp in low_var_kl
+
+
+class LossInputError(OrlError):
+    """Tensors handed to a loss function do not fit together (shape, missing reference)."""
+
+
+@dataclass(frozen=True)
+class SurrogateStats:
+    """What the clipped surrogate did to the batch (plain floats, for TrainStepCompleted)."""
+
+    pg_loss: float
+    clip_fraction: float  # share of valid tokens whose clipped branch won (zero gradient)
+    clip_low_fraction: float  # ... of which ratio < 1 - eps_low with A < 0
+    clip_high_fraction: float  # ... of which ratio > 1 + eps_high with A > 0
+    ratio_mean: float
+    ratio_max: float
+    tokens: int
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """The total loss and its parts, as floats."""
+
+    loss: float
+    pg_loss: float
+    kl: float  # mean k3 KL(pi || ref) per valid token; 0.0 when the KL term is disabled
+    clip_fraction: float
+    advantage_mean: float
+    tokens: int
+
+
+def _check_same_shape(**tensors: Tensor) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if len(set(shapes.values())) > 1 or any(len(s) != 2 for s in shapes.values()):
+        raise LossInputError(f"expected [B, T] tensors of one shape, got {shapes}")
+
+
+def masked_mean(values_B_T: Tensor, mask_B_T: Tensor) -> Tensor:
+    """Mean over every valid token of the batch (the reduction of `total_loss`; 0 when none is valid).
+
+    Token mean, not slime's `sum_of_sample_mean` (mean within each sample, summed over samples):
+    every trained token gets the same weight whatever the length of its response, so a long
+    response's tokens are not diluted and a short response's (often degenerate) tokens are not
+    amplified, and the scale does not grow with the batch size. It is what the learnability
+    prototype measured (reference/learnability.md: `(pg + beta*kl).mean()` over all response tokens).
+    """
+    valid_B_T = mask_B_T.to(torch.bool)
+    zeros_B_T = torch.zeros_like(values_B_T)
+    total = torch.where(valid_B_T, values_B_T, zeros_B_T).sum()
+    return total / valid_B_T.sum().clamp(min=1)
+
+
+def ppo_clipped_surrogate(
+    logprobs_B_T: Tensor,
+    old_logprobs_B_T: Tensor,
+    advantages_B_T: Tensor,
+    mask_B_T: Tensor,
+    eps_low: float = DEFAULT_EPS_LOW,
+    eps_high: float = DEFAULT_EPS_HIGH,
+) -> tuple[Tensor, SurrogateStats]:
+    """Per token L = max(-rho*A, -clip(rho, 1-eps_low, 1+eps_high)*A), rho = exp(lp - old); masked mean.
+
+    Gradient flows only through `logprobs_B_T`; old logprobs and advantages are treated as constants.
+    Where the clipped branch is strictly larger (rho > 1+eps_high with A > 0, rho < 1-eps_low with
+    A < 0) the token's gradient is zero; the other sides pass through unclipped.
+    """
+    _check_same_shape(logprobs=logprobs_B_T, old=old_logprobs_B_T, adv=advantages_B_T, mask=mask_B_T)
+    valid_B_T = mask_B_T.to(torch.bool)
+    advantages_B_T = torch.where(valid_B_T, advantages_B_T.detach(), 0.0)
+    log_ratio_B_T = torch.where(valid_B_T, logprobs_B_T - old_logprobs_B_T.detach(), 0.0)
+    ratio_B_T = torch.exp(log_ratio_B_T)
+    unclipped_B_T = -ratio_B_T * advantages_B_T
+    clipped_B_T = -torch.clamp(ratio_B_T, 1.0 - eps_low, 1.0 + eps_high) * advantages_B_T
+    per_token_B_T = torch.maximum(unclipped_B_T, clipped_B_T)
+    loss = masked_mean(per_token_B_T, valid_B_T)
+    stats = _surrogate_stats(loss, ratio_B_T, unclipped_B_T, clipped_B_T, advantages_B_T, valid_B_T)
+    return loss, stats
+
+
+def _surrogate_stats(
+    loss: Tensor,
+    ratio_B_T: Tensor,
+    unclipped_B_T: Tensor,
+    clipped_B_T: Tensor,
+    advantages_B_T: Tensor,
+    valid_B_T: Tensor,
+) -> SurrogateStats:
+    with torch.no_grad():
+        clipped_won_B_T = (clipped_B_T > unclipped_B_T) & valid_B_T
+        low_B_T = clipped_won_B_T & (advantages_B_T < 0)
+        high_B_T = clipped_won_B_T & (advantages_B_T > 0)
+        tokens = int(valid_B_T.sum())
+        ratio_valid = ratio_B_T[valid_B_T]
+        return SurrogateStats(
+            pg_loss=float(loss.detach()),
+            clip_fraction=float(masked_mean(clipped_won_B_T.float(), valid_B_T)),
+            clip_low_fraction=float(masked_mean(low_B_T.float(), valid_B_T)),
+            clip_high_fraction=float(masked_mean(high_B_T.float(), valid_B_T)),
+            ratio_mean=float(ratio_valid.mean()) if tokens else 1.0,
+            ratio_max=float(ratio_valid.max()) if tokens else 1.0,
+            tokens=tokens,
+        )
+
+
+def k3_kl(logprobs_B_T: Tensor, ref_logprobs_B_T: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(pi || ref): exp(d) - d - 1 with d = ref - lp clamped to [-10, 10].
+
+    Non-negative, zero where the two agree, unbiased for KL(pi || ref) when tokens are drawn from pi,
+    and lower-variance than -d (Schulman's k3; slime's `low_var_kl`). Gradient flows through
+    `logprobs_B_T` only.
+    """
+    log_ratio_B_T = (ref_logprobs_B_T.detach() - logprobs_B_T).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+    return torch.exp(log_ratio_B_T) - log_ratio_B_T - 1.0
+
+
+def binary_advantages(rewards_B: Tensor, mask_B_T: Tensor) -> Tensor:
+    """The sample's reward broadcast to each of its valid response tokens (0 on padding)."""
+    if rewards_B.dim() != 1 or rewards_B.shape[0] != mask_B_T.shape[0]:
+        raise LossInputError(f"rewards {tuple(rewards_B.shape)} do not match mask {tuple(mask_B_T.shape)}")
+    valid_B_T = mask_B_T.to(torch.bool)
+    broadcast_B_T = rewards_B.to(torch.float32)[:, None].expand(valid_B_T.shape)
+    return torch.where(valid_B_T, broadcast_B_T, 0.0)
+
+
+def opd_advantages(teacher_logprobs_B_T: Tensor, old_logprobs_B_T: Tensor) -> Tensor:
+    """A_t = teacher - old: positive where the hinted teacher is more confident in the sampled token."""
+    _check_same_shape(teacher=teacher_logprobs_B_T, old=old_logprobs_B_T)
+    return (teacher_logprobs_B_T - old_logprobs_B_T).detach()
+
+
+def center_rewards(rewards_B: Tensor, has_reward_B: Tensor | None = None) -> Tensor:
+    """Optional baseline: subtract the batch mean of the rewards that exist (off by default).
+
+    OpenClaw-RL trains on the raw reward. With a low base rate almost every sample gets -1, which
+    pushes down whatever was sampled; the prototype saw that shortcut turn into short off-topic
+    answers before recovering. Centring makes the batch's advantages sum to zero (a single-sample
+    GRPO baseline across the batch). Samples without a reward are left untouched (and get no RL
+    term in `combined_advantages`). A batch whose rewards are all equal gets no RL signal.
+    """
+    has_B = torch.ones_like(rewards_B, dtype=torch.bool) if has_reward_B is None else has_reward_B.bool()
+    count = has_B.sum()
+    if int(count) == 0:
+        return rewards_B.clone()
+    mean = torch.where(has_B, rewards_B, 0.0).sum() / count
+    return torch.where(has_B, rewards_B - mean, rewards_B)
+
+
+def combined_advantages(
+    teacher_logprobs_B_T: Tensor | None,
+    old_logprobs_B_T: Tensor,
+    rewards_B: Tensor | None,
+    *,
+    mask_B_T: Tensor | None = None,
+    has_teacher_B: Tensor | None = None,
+    has_reward_B: Tensor | None = None,
+    w_opd: float = 1.0,
+    w_rl: float = 1.0,
+) -> Tensor:
+    """A_t = w_opd * (teacher - old) [samples with a teacher] + w_rl * r [samples with a reward].
+
+    `None` for teacher or rewards means no sample has one; `has_teacher_B` / `has_reward_B` say it
+    per sample (default: every sample has it when the tensor is given). Rows without a teacher or
+    reward may hold anything (zeros, NaN): they are selected away. The result is 0 on padding.
+    """
+    valid_B_T = torch.ones_like(old_logprobs_B_T, dtype=torch.bool) if mask_B_T is None else mask_B_T.bool()
+    advantages_B_T = torch.zeros_like(old_logprobs_B_T, dtype=torch.float32)
+    if teacher_logprobs_B_T is not None:
+        has_B = _presence(has_teacher_B, old_logprobs_B_T.shape[0])
+        opd_B_T = opd_advantages(teacher_logprobs_B_T, old_logprobs_B_T).float()
+        advantages_B_T = advantages_B_T + torch.where(has_B[:, None] & valid_B_T, w_opd * opd_B_T, 0.0)
+    if rewards_B is not None:
+        has_B = _presence(has_reward_B, old_logprobs_B_T.shape[0])
+        rl_B_T = binary_advantages(torch.where(has_B, rewards_B.float(), 0.0), valid_B_T)
+        advantages_B_T = advantages_B_T + w_rl * rl_B_T
+    return torch.where(valid_B_T, advantages_B_T, 0.0)
+
+
+def _presence(has_B: Tensor | None, batch_size: int) -> Tensor:
+    if has_B is None:
+        return torch.ones(batch_size, dtype=torch.bool)
+    if tuple(has_B.shape) != (batch_size,):
+        raise LossInputError(f"presence mask {tuple(has_B.shape)} does not match batch size {batch_size}")
+    return has_B.to(torch.bool)
+
+
+def total_loss(
+    logprobs_B_T: Tensor,
+    old_logprobs_B_T: Tensor,
+    advantages_B_T: Tensor,
+    mask_B_T: Tensor,
+    ref_logprobs_B_T: Tensor | None = None,
+    *,
+    beta_kl: float = DEFAULT_BETA_KL,
+    eps_low: float = DEFAULT_EPS_LOW,
+    eps_high: float = DEFAULT_EPS_HIGH,
+) -> tuple[Tensor, LossStats]:
+    """loss = mean over valid tokens of [clipped surrogate + beta_kl * k3 KL to the reference].
+
+    The reduction is `masked_mean` (see there for why token mean rather than slime's
+    sum_of_sample_mean). `beta_kl == 0` disables the KL term and `ref_logprobs_B_T` may then be None.
+    """
+    pg_loss, pg_stats = ppo_clipped_surrogate(
+        logprobs_B_T, old_logprobs_B_T, advantages_B_T, mask_B_T, eps_low=eps_low, eps_high=eps_high
+    )
+    kl = torch.zeros((), dtype=pg_loss.dtype)
+    if beta_kl != 0.0:
+        if ref_logprobs_B_T is None:
+            raise LossInputError(f"beta_kl={beta_kl} needs reference logprobs (pass them, or beta_kl=0)")
+        _check_same_shape(logprobs=logprobs_B_T, ref=ref_logprobs_B_T)
+        valid_B_T = mask_B_T.to(torch.bool)
+        # Zero both sides on padding first: a NaN there would otherwise leak into the gradient
+        # through exp's backward (0 * exp(NaN) = NaN), even though the value is masked away.
+        safe_lp_B_T = torch.where(valid_B_T, logprobs_B_T, 0.0)
+        safe_ref_B_T = torch.where(valid_B_T, ref_logprobs_B_T, 0.0)
+        kl = masked_mean(k3_kl(safe_lp_B_T, safe_ref_B_T), valid_B_T)
+    loss = pg_loss + beta_kl * kl
+    stats = LossStats(
+        loss=float(loss.detach()),
+        pg_loss=pg_stats.pg_loss,
+        kl=float(kl.detach()),
+        clip_fraction=pg_stats.clip_fraction,
+        advantage_mean=float(masked_mean(advantages_B_T.detach().float(), mask_B_T)),
+        tokens=pg_stats.tokens,
+    )
+    return loss, stats
