@@ -3,4 +3,6 @@
 pytest_plugins = [
     "tests.fixtures.kafka_broker",
     "tests.fixtures.s3_server",
+    "tests.fixtures.model",
+    "tests.fixtures.fake_sglang",
 ]

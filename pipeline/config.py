@@ -1,0 +1,104 @@
+"""Settings of the pure processors, one frozen section per processor, each with a content version.
+
+A section's `version` is a hash of its fields: it goes into the ids of the events the processor
+emits, so changing a setting that changes outputs gives new ids (a replay with a new config never
+collides with the old one), while the same config reproduces the same ids byte for byte.
+Reads no topics; read once at start-up by the runtime and passed down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from schemas.errors import ConfigError
+
+SampleMethod = Literal["binary", "opd", "combined"]
+SAMPLE_METHODS: tuple[str, ...] = ("binary", "opd", "combined")
+
+
+def content_version(section: Any) -> str:
+    """A short, stable hash of a frozen dataclass's class name and fields."""
+    payload = {"type": type(section).__name__, "fields": asdict(section)}
+    encoded = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class LinkerConfig:
+    """turn_linker: when a quiet session is closed and how long its tombstone is kept."""
+
+    idle_timeout_s: float = 1800.0
+    closed_retention_s: float = 3600.0
+
+    @property
+    def version(self) -> str:
+        return content_version(self)
+
+
+@dataclass(frozen=True)
+class TallyConfig:
+    """vote_tally: how many votes make a judgement, and how long to wait for missing ones."""
+
+    votes_per_judgement: int = 3
+    rule_votes_per_judgement: int = 1
+    vote_timeout_s: float = 900.0
+    retention_s: float = 3600.0
+
+    @property
+    def version(self) -> str:
+        return content_version(self)
+
+
+@dataclass(frozen=True)
+class HintSelectionConfig:
+    """hint_selector: votes per judgement and the minimum useful hint length (strictly greater)."""
+
+    votes_per_judgement: int = 3
+    min_hint_chars: int = 10
+    vote_timeout_s: float = 900.0
+    retention_s: float = 3600.0
+
+    @property
+    def version(self) -> str:
+        return content_version(self)
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """sample_builder: the training method and the at-least-one guarantee per session.
+
+    `promotion_reward`: when a closed session earned no sample, its last judged turn is promoted
+    with the mean of its valid votes, or, if that is 0, with `-promotion_reward`. A session that
+    never earned a positive signal is mildly discouraged, and the promoted sample then moves the
+    gradient (the original promoted a 0-reward turn, which is a gradient no-op).
+    """
+
+    method: SampleMethod = "binary"
+    at_least_one: bool = True
+    promotion_reward: float = 0.1
+    settle_timeout_s: float = 900.0
+    closed_retention_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.method not in SAMPLE_METHODS:
+            raise ConfigError(f"method must be one of {SAMPLE_METHODS}, not {self.method!r}")
+        if self.promotion_reward < 0:
+            raise ConfigError("promotion_reward must be >= 0 (it is applied as a penalty)")
+
+    @property
+    def version(self) -> str:
+        return content_version(self)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Everything the pure processors need; `seen_window` bounds the redelivery memory per session."""
+
+    linker: LinkerConfig = field(default_factory=LinkerConfig)
+    tally: TallyConfig = field(default_factory=TallyConfig)
+    hints: HintSelectionConfig = field(default_factory=HintSelectionConfig)
+    samples: SampleConfig = field(default_factory=SampleConfig)
+    seen_window: int = 512

@@ -1,0 +1,92 @@
+"""Reading envelopes and building the events the pure processors emit; redelivery memory.
+
+Every output event takes its namespace and session from its trigger, its `occurred_at` from the
+trigger's (never a clock read), and its id from the trigger ids plus the emitting processor's
+logic and config versions, so re-processing the same input gives byte-identical events.
+Reads and writes no topics itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.events import make_event
+
+Event = dict[str, Any]
+State = dict[str, Any]
+
+
+def envelope_of(event: Event) -> dict[str, Any]:
+    envelope: dict[str, Any] = event["envelope"]
+    return envelope
+
+
+def event_type_of(event: Event) -> str:
+    return str(envelope_of(event)["event_type"])
+
+
+def event_id_of(event: Event) -> str:
+    return str(envelope_of(event)["event_id"])
+
+
+def session_id_of(event: Event) -> str | None:
+    session_id = envelope_of(event).get("session_id")
+    return None if session_id is None else str(session_id)
+
+
+def turn_id_of(event: Event) -> str | None:
+    turn_id = envelope_of(event).get("turn_id")
+    return None if turn_id is None else str(turn_id)
+
+
+def occurred_at_of(event: Event) -> int:
+    return int(envelope_of(event)["occurred_at"])
+
+
+def producer_of(event: Event) -> str:
+    return str(envelope_of(event).get("producer", ""))
+
+
+def producer_name(processor_name: str, logic_version: str) -> str:
+    """The envelope producer of a processor: component and logic version."""
+    return f"pipeline.{processor_name}/{logic_version}"
+
+
+def emitted_by(event: Event, processor_name: str) -> bool:
+    """Whether `event` was written by the named processor (processors skip their own outputs)."""
+    return producer_of(event).startswith(f"pipeline.{processor_name}/")
+
+
+def build_event(
+    event_type: str,
+    *,
+    producer: str,
+    namespace: str,
+    session_id: str | None,
+    turn_id: str | None,
+    occurred_at_ms: int,
+    id_parts: tuple[str, ...],
+    **payload: Any,
+) -> Event:
+    """An output event; its id is deterministic from (event_type, namespace, *id_parts)."""
+    return make_event(
+        event_type,
+        namespace=namespace,
+        producer=producer,
+        occurred_at_ms=occurred_at_ms,
+        id_parts=id_parts,
+        session_id=session_id,
+        turn_id=turn_id,
+        **payload,
+    )
+
+
+def remember_event(state: State, event_id: str, window: int) -> bool:
+    """Record `event_id` in the state's bounded seen list; False if it was already there (redelivery)."""
+    seen: list[str] = state.setdefault("seen", [])
+    if event_id in seen:
+        return False
+    seen.append(event_id)
+    if len(seen) > window:
+        del seen[: len(seen) - window]
+    return True

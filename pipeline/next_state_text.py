@@ -1,0 +1,106 @@
+"""Rendering OpenAI chat messages, responses and next states as readable text (the one place).
+
+Used by the turn linker (the content of a conversation next state) and by the judge prompts.
+Reads and writes no topics.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+Message = dict[str, Any]
+
+# Roles of NextStateObserved: who produced what came after the response.
+NEXT_STATE_ROLE_BY_MESSAGE_ROLE = {"user": "user", "tool": "tool", "function": "tool"}
+
+
+def content_text(content: Any) -> str:
+    """A message `content` (string, list of parts, or None) flattened to text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part_text(part) for part in content if part_text(part))
+    return json.dumps(content, sort_keys=True)
+
+
+def part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict):
+        if part.get("type") == "text" or "text" in part:
+            return str(part.get("text", ""))
+        return f"[{part.get('type', 'part')}]"
+    return str(part)
+
+
+def tool_calls_text(tool_calls: Any) -> str:
+    """OpenAI tool calls as one line each: `name(arguments)`."""
+    if not tool_calls:
+        return ""
+    lines = []
+    for call in tool_calls:
+        function = call.get("function", {}) if isinstance(call, dict) else {}
+        lines.append(f"[tool call] {function.get('name', '?')}({function.get('arguments', '')})")
+    return "\n".join(lines)
+
+
+def message_text(message: Message) -> str:
+    """The readable text of one message: its content, then its tool calls if any."""
+    parts = [content_text(message.get("content")), tool_calls_text(message.get("tool_calls"))]
+    return "\n".join(part for part in parts if part)
+
+
+def message_label(message: Message) -> str:
+    role = str(message.get("role", "unknown"))
+    name = message.get("name") or message.get("tool_call_id")
+    return f"{role} ({name})" if name else role
+
+
+def render_messages(messages: list[Message]) -> str:
+    """Messages as `[role] text` blocks separated by blank lines."""
+    return "\n\n".join(f"[{message_label(m)}]\n{message_text(m)}" for m in messages)
+
+
+def next_state_role(messages: list[Message]) -> str:
+    """The NextStateObserved role for appended messages: that of the last one (user / tool / environment)."""
+    if not messages:
+        return "user"
+    return NEXT_STATE_ROLE_BY_MESSAGE_ROLE.get(str(messages[-1].get("role")), "environment")
+
+
+def render_response(response_text: str, tool_calls_json: str | None) -> str:
+    """A response as the judge should see it: its text and its tool calls."""
+    tool_calls = json.loads(tool_calls_json) if tool_calls_json else None
+    parts = [response_text, tool_calls_text(tool_calls)]
+    return "\n".join(part for part in parts if part) or "(empty response)"
+
+
+def truncate_middle(text: str, max_chars: int) -> str:
+    """Keep the head and tail of an over-long text, saying how much was cut."""
+    if len(text) <= max_chars:
+        return text
+    keep = max(max_chars // 2, 1)
+    cut = len(text) - 2 * keep
+    return f"{text[:keep]}\n[... {cut} characters omitted ...]\n{text[-keep:]}"
+
+
+def last_user_index(messages: list[Message]) -> int | None:
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "user":
+            return index
+    return None
+
+
+def render_request(messages: list[Message], max_chars: int = 8000) -> str:
+    """The user's request for a judge: the last user message and every step after it.
+
+    Earlier history (often a long system prompt) is left out; each part is truncated in the middle.
+    """
+    start = last_user_index(messages)
+    relevant = messages[start:] if start is not None else messages[-1:]
+    per_message = max(max_chars // max(len(relevant), 1), 200)
+    rendered = [f"[{message_label(m)}]\n{truncate_middle(message_text(m), per_message)}" for m in relevant]
+    return "\n\n".join(rendered) or "(no request messages)"

@@ -1,0 +1,152 @@
+"""What one judged main turn becomes for each training method: a sample, a rejection, or "wait".
+
+Pure functions over the sample builder's turn record (see sample_builder). A record holds, once
+known: "response" (exact sampled token ids, their logprobs, the temperature used, the policy
+version), "reward" (RewardDecided), "hint" (HintSelected / HintRejected) and "teacher"
+(TeacherScored), each with its event id and occurred_at_ms.
+
+- binary: waits for the reward; +-1 -> sample with that reward; 0 -> rejected "reward_zero".
+- opd: waits for the hint outcome (and the teacher scores if a hint was selected); sample with the
+  teacher logprobs and no reward; no hint -> rejected "no_valid_hint".
+- combined: waits for the reward AND the hint outcome (and the teacher if a hint was selected);
+  one sample with the reward if non-zero and the teacher logprobs if any; a reward-only turn has
+  teacher_logprobs None (no spurious OPD term); neither -> rejected "no_signal".
+A response that cannot be trained on exactly (empty, logprobs not one per token, greedy sampling)
+and teacher logprobs not aligned with the response tokens are rejected instead of padded.
+Reads and writes no topics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+TurnRecord = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """`reason` set: a rejection. Otherwise a sample with `reward` and/or teacher scores."""
+
+    reason: str | None = None
+    reward: float | None = None
+    use_teacher: bool = False
+
+
+WAIT: Decision | None = None
+
+
+def response_problem(response: dict[str, Any]) -> str | None:
+    """Why a response cannot become an exact training sample, or None."""
+    if not response["response_token_ids"]:
+        return "empty_response"
+    if len(response["response_logprobs"]) != len(response["response_token_ids"]):
+        return "logprobs_misaligned"
+    if response["temperature"] <= 0:
+        return "greedy_sampling"
+    return None
+
+
+def teacher_problem(turn: TurnRecord) -> str | None:
+    teacher, response, hint = turn["teacher"], turn["response"], turn["hint"]
+    if teacher["hint_event_id"] != hint["event_id"]:
+        return "teacher_for_another_hint"
+    if teacher["response_token_ids"] != response["response_token_ids"]:
+        return "teacher_tokens_differ"
+    if len(teacher["teacher_logprobs"]) != len(response["response_token_ids"]):
+        return "teacher_misaligned"
+    return None
+
+
+def hint_ready(turn: TurnRecord) -> bool:
+    """The hint outcome is known and, if a hint was selected, so are the teacher scores."""
+    hint = turn["hint"]
+    return hint is not None and (not hint["selected"] or turn["teacher"] is not None)
+
+
+def decide_binary(turn: TurnRecord) -> Decision | None:
+    if turn["reward"] is None:
+        return WAIT
+    reward = float(turn["reward"]["reward"])
+    return Decision(reward=reward) if reward != 0 else Decision(reason="reward_zero")
+
+
+def decide_opd(turn: TurnRecord) -> Decision | None:
+    if not hint_ready(turn):
+        return WAIT
+    if not turn["hint"]["selected"]:
+        return Decision(reason="no_valid_hint")
+    problem = teacher_problem(turn)
+    return Decision(reason=problem) if problem else Decision(use_teacher=True)
+
+
+def decide_combined(turn: TurnRecord) -> Decision | None:
+    if turn["reward"] is None or not hint_ready(turn):
+        return WAIT
+    reward = float(turn["reward"]["reward"])
+    use_teacher = bool(turn["hint"]["selected"]) and teacher_problem(turn) is None
+    if reward == 0 and not use_teacher:
+        return Decision(reason="no_signal")
+    return Decision(reward=reward if reward != 0 else None, use_teacher=use_teacher)
+
+
+DECIDERS = {"binary": decide_binary, "opd": decide_opd, "combined": decide_combined}
+
+
+def decide_turn(turn: TurnRecord, method: str) -> Decision | None:
+    """The decision for a main turn whose response is known, or None to keep waiting."""
+    decision = DECIDERS[method](turn)
+    if decision is None:
+        return WAIT
+    problem = response_problem(turn["response"])
+    return Decision(reason=problem) if problem else decision
+
+
+# The inputs each method waits for: only these go into a sample's lineage and occurred_at, so
+# an input the method ignores (a hint under binary) never makes the output depend on arrival order.
+METHOD_INPUTS = {"binary": ("reward",), "opd": ("hint", "teacher"), "combined": ("reward", "hint", "teacher")}
+
+
+def used_inputs(turn: TurnRecord, method: str) -> dict[str, dict[str, Any]]:
+    return {name: turn[name] for name in METHOD_INPUTS[method] if turn.get(name) is not None}
+
+
+def lineage(turn: TurnRecord, method: str, reward_event_id: str | None = None) -> dict[str, Any]:
+    """The ids a sample was built from; `reward_event_id` overrides the turn's (promotion)."""
+    used = {name: str(record["event_id"]) for name, record in used_inputs(turn, method).items()}
+    return {
+        "request_event_id": turn["request_event_id"],
+        "response_event_id": turn["response"]["event_id"],
+        "next_state_event_id": turn.get("next_state_event_id"),
+        "reward_event_id": reward_event_id if reward_event_id is not None else used.get("reward"),
+        "hint_event_id": used.get("hint"),
+        "teacher_event_id": used.get("teacher"),
+    }
+
+
+def sample_payload(
+    turn: TurnRecord, method: str, decision: Decision, *, promoted: bool, reward_event_id: str | None = None
+) -> dict[str, Any]:
+    """The SampleReady fields (besides the envelope) of a turn."""
+    response = turn["response"]
+    teacher = turn["teacher"] if decision.use_teacher else None
+    return {
+        "method": method,
+        "prompt_token_ids": response["prompt_token_ids"],
+        "response_token_ids": response["response_token_ids"],
+        "old_logprobs": response["response_logprobs"],
+        "temperature": response["temperature"],
+        "reward": decision.reward,
+        "teacher_logprobs": teacher["teacher_logprobs"] if teacher else None,
+        "teacher_kind": teacher["teacher_kind"] if teacher else None,
+        "policy_version": response["policy_version"],
+        "promoted": promoted,
+        "off_policy": response["off_policy"],
+        "lineage": lineage(turn, method, reward_event_id),
+    }
+
+
+def inputs_occurred_at_ms(turn: TurnRecord, method: str) -> int:
+    """The latest occurred_at among the inputs the method used: independent of their arrival order."""
+    times = [int(record["occurred_at_ms"]) for record in used_inputs(turn, method).values()]
+    return max([int(turn["response"]["occurred_at_ms"]), *times])

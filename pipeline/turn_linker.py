@@ -1,0 +1,287 @@
+"""turn_linker: joins requests and responses into turns and gives each main turn its next state.
+
+Reads requests (RequestReceived), responses (ResponseGenerated), next_states (NextStateObserved
+from connectors; its own are skipped) and sessions (SessionClosed from serving; its own skipped).
+Writes next_states (NextStateObserved, source "conversation" or "session_end") and sessions
+(SessionClosed, reason "idle_timeout").
+
+- When the session's next MAIN request arrives, the previous main turn (greatest turn_index below
+  it) gets a NextStateObserved holding ALL messages appended after its response (tool results and
+  the new user message), role = the last appended message's role. It is emitted once that turn's
+  response is known too, so a response that arrives after the next request (or before its own
+  request) is handled. Side turns are recorded but never get a conversation next state.
+- The last turn is judged on what is known: when the session closes (explicit SessionClosed from
+  serving, or no activity for `idle_timeout_s`, detected by `on_tick`), its last main turn gets a
+  NextStateObserved with source "session_end", role "environment" and a fixed content saying the
+  user ended without replying, unless a connector already gave it a next state. The judge can
+  then still vote (silence after an answer is weak evidence, and the judge prompt says so), and
+  the session's state no longer leaks: a closed session keeps a small tombstone (for redelivery
+  detection) that `on_tick` deletes after `closed_retention_s`.
+State per session: namespace, seen, last_activity_ms, closed, closed_at_ms, waiting_responses
+(request_id -> response id, for responses before requests) and turns (turn_id -> index, kind,
+request_id, request_event_id, response_event_id, message_count, messages_digest, pending,
+next_state ("none" | "pending" | "emitted"), external).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from pipeline import conversation_diff
+from pipeline.config import PipelineConfig
+from pipeline.event_building import (
+    Event,
+    State,
+    build_event,
+    emitted_by,
+    envelope_of,
+    event_id_of,
+    event_type_of,
+    occurred_at_of,
+    producer_name,
+    remember_event,
+    session_id_of,
+    turn_id_of,
+)
+from pipeline.next_state_text import next_state_role, render_messages
+from pipeline.processor import Emit, ProcessResult
+from pipeline.topology import stage_named
+
+logger = logging.getLogger(__name__)
+
+NAME = "turn_linker"
+LOGIC_VERSION = "1"
+PRODUCER = producer_name(NAME, LOGIC_VERSION)
+SESSION_END_CONTENT = "(the user ended the session without replying)"
+RETRY_CONTENT = "(the user sent the same conversation again without a new message: a retry)"
+
+
+class TurnLinker:
+    name = NAME
+    inputs = stage_named(NAME).inputs
+    outputs = stage_named(NAME).outputs
+
+    def process(self, state: State | None, event: Event, config: PipelineConfig) -> ProcessResult:
+        state = state if state is not None else new_state(event)
+        if not remember_event(state, event_id_of(event), config.seen_window):
+            return state, []
+        handler = HANDLERS.get(event_type_of(event))
+        if handler is None or emitted_by(event, NAME):
+            return state, []
+        return state, handler(state, event, config)
+
+    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
+        if state["closed"]:
+            expired = now_ms - state["closed_at_ms"] >= config.linker.closed_retention_s * 1000
+            return (None, []) if expired else (state, [])
+        deadline_ms = state["last_activity_ms"] + int(config.linker.idle_timeout_s * 1000)
+        if now_ms < deadline_ms:
+            return state, []
+        return state, close_idle_session(state, deadline_ms, config)
+
+
+def new_state(event: Event) -> State:
+    return {
+        "namespace": envelope_of(event)["namespace"],
+        "session_id": session_id_of(event),
+        "seen": [],
+        "last_activity_ms": occurred_at_of(event),
+        "closed": False,
+        "closed_at_ms": None,
+        "waiting_responses": {},
+        "turns": {},
+    }
+
+
+def touch(state: State, event: Event) -> None:
+    state["last_activity_ms"] = max(state["last_activity_ms"], occurred_at_of(event))
+
+
+def on_request(state: State, event: Event, config: PipelineConfig) -> list[Emit]:
+    touch(state, event)
+    if state["closed"]:  # the user came back after an idle close: the session goes on
+        state["closed"], state["closed_at_ms"] = False, None
+    turn_id = turn_id_of(event) or event["request_id"]
+    messages: list[dict[str, Any]] = json.loads(event["messages_json"])
+    waiting = state["waiting_responses"].pop(event["request_id"], None)
+    turn = {
+        "index": int(event["turn_index"]),
+        "kind": event["turn_kind"],
+        "request_id": event["request_id"],
+        "request_event_id": event_id_of(event),
+        "response_event_id": waiting,
+        "message_count": len(messages),
+        "messages_digest": conversation_diff.messages_digest(messages),
+        "pending": None,
+        "next_state": "none",
+        "external": turn_id in state.get("external_turns", []),
+    }
+    state["turns"][turn_id] = turn
+    if turn["kind"] != "main":
+        return []
+    previous_id = previous_main_turn(state, turn["index"])
+    if previous_id is not None:
+        link_conversation(state, previous_id, messages, event, config)
+    return flush_pending(state, config)
+
+
+def previous_main_turn(state: State, index: int) -> str | None:
+    earlier = [
+        (t["index"], tid) for tid, t in state["turns"].items() if t["kind"] == "main" and t["index"] < index
+    ]
+    return max(earlier)[1] if earlier else None
+
+
+def last_main_turn(state: State) -> str | None:
+    mains = [(t["index"], tid) for tid, t in state["turns"].items() if t["kind"] == "main"]
+    return max(mains)[1] if mains else None
+
+
+def link_conversation(
+    state: State, turn_id: str, messages: list[dict[str, Any]], trigger: Event, config: PipelineConfig
+) -> None:
+    turn = state["turns"][turn_id]
+    if turn["next_state"] != "none":
+        return
+    appended, how = conversation_diff.appended_messages(
+        turn["message_count"], turn["messages_digest"], messages
+    )
+    if how != conversation_diff.PREFIX:
+        logger.info(
+            "turn %s: history was rewritten; next state taken after the last assistant message", turn_id
+        )
+    content = render_messages(appended) if appended else RETRY_CONTENT
+    turn["pending"] = {
+        "source": "conversation",
+        "role": next_state_role(appended),
+        "content": content,
+        "messages_json": json.dumps(appended, ensure_ascii=False, sort_keys=True),
+        "trigger_event_id": event_id_of(trigger),
+        "occurred_at_ms": occurred_at_of(trigger),
+    }
+    turn["next_state"] = "pending"
+
+
+def flush_pending(state: State, config: PipelineConfig) -> list[Emit]:
+    """Emit every pending next state whose turn has its response; in turn order."""
+    emits = []
+    for turn_id, turn in sorted(state["turns"].items(), key=lambda item: item[1]["index"]):
+        if turn["next_state"] == "pending" and turn["response_event_id"] is not None:
+            emits.append(Emit("next_states", next_state_event(state, turn_id, turn["pending"], config)))
+            turn["pending"], turn["next_state"] = None, "emitted"
+    return emits
+
+
+def next_state_event(state: State, turn_id: str, pending: dict[str, Any], config: PipelineConfig) -> Event:
+    return build_event(
+        "NextStateObserved",
+        producer=PRODUCER,
+        namespace=state["namespace"],
+        session_id=state["session_id"],
+        turn_id=turn_id,
+        occurred_at_ms=pending["occurred_at_ms"],
+        id_parts=(turn_id, pending["source"], pending["trigger_event_id"], config.linker.version),
+        source=pending["source"],
+        role=pending["role"],
+        content=pending["content"],
+        messages_json=pending["messages_json"],
+        outcome=None,
+    )
+
+
+def on_response(state: State, event: Event, config: PipelineConfig) -> list[Emit]:
+    touch(state, event)
+    request_id = event["request_id"]
+    for turn in state["turns"].values():
+        if turn["request_id"] == request_id:
+            turn["response_event_id"] = event_id_of(event)
+            return flush_pending(state, config)
+    state["waiting_responses"][request_id] = event_id_of(event)
+    return []
+
+
+def on_external_next_state(state: State, event: Event, config: PipelineConfig) -> list[Emit]:
+    """A connector observed what followed a turn: the session is active, and the turn needs no session_end state."""
+    touch(state, event)
+    turn_id = turn_id_of(event)
+    if turn_id is None:
+        return []
+    if turn_id in state["turns"]:
+        state["turns"][turn_id]["external"] = True
+    else:
+        state.setdefault("external_turns", []).append(turn_id)
+    return []
+
+
+def on_session_closed(state: State, event: Event, config: PipelineConfig) -> list[Emit]:
+    if state["closed"]:
+        return []
+    close(state, occurred_at_of(event))
+    mark_session_end(state, event.get("last_turn_id"), event_id_of(event), occurred_at_of(event))
+    return flush_pending(state, config)
+
+
+def close(state: State, closed_at_ms: int) -> None:
+    state["closed"], state["closed_at_ms"] = True, closed_at_ms
+    state.pop("external_turns", None)
+
+
+def mark_session_end(state: State, last_turn_id: str | None, trigger_id: str, occurred_at_ms: int) -> None:
+    """Give the session's last main turn a session_end next state, unless it already has one."""
+    turns = state["turns"]
+    if last_turn_id not in turns or turns[last_turn_id]["kind"] != "main":
+        last_turn_id = last_main_turn(state)
+    if last_turn_id is None:
+        return
+    turn = turns[last_turn_id]
+    if turn["next_state"] != "none" or turn["external"]:
+        return
+    turn["pending"] = {
+        "source": "session_end",
+        "role": "environment",
+        "content": SESSION_END_CONTENT,
+        "messages_json": None,
+        "trigger_event_id": trigger_id,
+        "occurred_at_ms": occurred_at_ms,
+    }
+    turn["next_state"] = "pending"
+
+
+def close_idle_session(state: State, deadline_ms: int, config: PipelineConfig) -> list[Emit]:
+    """No activity until `deadline_ms`: emit SessionClosed(idle_timeout) and the last turn's session_end state.
+
+    The events carry the deadline as occurred_at (not the tick's time), so they do not depend on
+    when the runtime happened to tick.
+    """
+    last_turn_id = last_main_turn(state)
+    closed = build_event(
+        "SessionClosed",
+        producer=PRODUCER,
+        namespace=state["namespace"],
+        session_id=state["session_id"],
+        turn_id=None,
+        occurred_at_ms=deadline_ms,
+        id_parts=(
+            str(state["session_id"]),
+            "idle_timeout",
+            str(state["last_activity_ms"]),
+            config.linker.version,
+        ),
+        reason="idle_timeout",
+        last_turn_id=last_turn_id,
+    )
+    close(state, deadline_ms)
+    mark_session_end(state, last_turn_id, event_id_of(closed), deadline_ms)
+    return [Emit("sessions", closed), *flush_pending(state, config)]
+
+
+HANDLERS = {
+    "RequestReceived": on_request,
+    "ResponseGenerated": on_response,
+    "NextStateObserved": on_external_next_state,
+    "SessionClosed": on_session_closed,
+}
+
+TURN_LINKER = TurnLinker()
