@@ -11,6 +11,7 @@ import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Self
 
 from schemas.errors import OrlError
 
@@ -106,7 +107,7 @@ class Consumer(abc.ABC):
     async def close(self) -> None:
         """Leave the group. Does not commit."""
 
-    async def __aenter__(self) -> Consumer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -166,7 +167,7 @@ class EventLog(abc.ABC):
     async def close(self) -> None:
         """Flush and release connections."""
 
-    async def __aenter__(self) -> EventLog:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

@@ -1,0 +1,368 @@
+"""The scale-out event log: Apache Kafka (or any Kafka-protocol broker) through aiokafka.
+
+Reads and writes the topics it is asked for on the brokers at `bootstrap_servers`, and the committed
+offsets of the consumer groups it is given. Appends go through one idempotent producer (acks=all);
+`append_and_commit` uses one transactional producer per group, so outputs and input offsets commit
+together; consumers read with isolation_level=read_committed so they never see an aborted output.
+Partitions are picked by our `Partitioner`, so a key lands where it lands on the SQLite log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError, ProducerFenced, TopicAlreadyExistsError
+
+from connectors.event_log.base import (
+    ConsumedRecord,
+    Consumer,
+    EventLog,
+    EventLogError,
+    OutgoingRecord,
+    RecordPosition,
+    TopicPartition,
+    TopicSpec,
+)
+from connectors.event_log.partitioner import Partitioner
+from schemas.errors import ServiceUnavailable
+
+_TOPIC_ALREADY_EXISTS = TopicAlreadyExistsError.errno
+_Client = TypeVar("_Client")
+_Kafka = TypeVar("_Kafka", AIOKafkaProducer, AIOKafkaConsumer)
+
+
+@contextlib.contextmanager
+def kafka_errors(address: str, action: str) -> Iterator[None]:
+    """Turn aiokafka's errors into ours: an unreachable broker is ServiceUnavailable, the rest EventLogError."""
+    try:
+        yield
+    except KafkaConnectionError as exc:
+        raise ServiceUnavailable(
+            f"Kafka broker at {address} unreachable while trying to {action}: {exc}"
+        ) from exc
+    except KafkaError as exc:
+        raise EventLogError(f"Kafka at {address} refused to {action}: {exc!r}") from exc
+
+
+async def start_with_retry(
+    make: Callable[[], _Client],
+    start: Callable[[_Client], Awaitable[None]],
+    stop: Callable[[_Client], Awaitable[None]],
+    address: str,
+    timeout_s: float,
+) -> _Client:
+    """Make and start a client until one starts, backing off, for at most timeout_s; then raise ServiceUnavailable.
+
+    A fresh client per attempt: aiokafka clients cannot be started twice.
+    """
+    deadline = time.monotonic() + timeout_s
+    backoff_s = 0.2
+    while True:
+        client = make()
+        try:
+            await asyncio.wait_for(start(client), timeout=max(deadline - time.monotonic(), 0.1))
+            return client
+        except (TimeoutError, KafkaError, OSError) as exc:
+            await stop(client)
+            if time.monotonic() + backoff_s >= deadline:
+                raise ServiceUnavailable(
+                    f"Kafka broker at {address} unreachable after {timeout_s:g} s: {exc!r}"
+                ) from exc
+        await asyncio.sleep(backoff_s)
+        backoff_s = min(backoff_s * 2, 2.0)
+
+
+async def _start_client(client: AIOKafkaProducer | AIOKafkaConsumer) -> None:
+    await client.start()
+
+
+async def _stop_client(client: AIOKafkaProducer | AIOKafkaConsumer) -> None:
+    await client.stop()
+
+
+def to_kafka(tp: TopicPartition) -> KafkaTopicPartition:
+    return KafkaTopicPartition(tp.topic, tp.partition)
+
+
+def from_kafka(tp: KafkaTopicPartition) -> TopicPartition:
+    return TopicPartition(tp.topic, tp.partition)
+
+
+class KafkaEventLog(EventLog):
+    """`EventLog` over Kafka. `transactional_member` names this process in its transactional ids: give a
+    restarted worker the same one, so that its new producer fences the old one and aborts its open transaction."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        client_id: str = "orl",
+        connect_timeout_s: float = 15.0,
+        session_timeout_s: float = 10.0,
+        heartbeat_interval_s: float = 1.0,
+        transactional_member: str | None = None,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.client_id = client_id
+        self.connect_timeout_s = connect_timeout_s
+        self.session_timeout_s = session_timeout_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._transactional_member = transactional_member or uuid.uuid4().hex
+        self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        self._offsets_reader: AIOKafkaConsumer | None = None
+        self._txn_producers: dict[str, AIOKafkaProducer] = {}
+        self._partition_counts: dict[str, int] = {}
+        self._partitioner = Partitioner()
+
+    def client_options(self) -> dict[str, Any]:
+        return {"bootstrap_servers": self.bootstrap_servers, "client_id": self.client_id}
+
+    async def start(self) -> None:
+        self._producer = await self.connect(
+            lambda: AIOKafkaProducer(**self.client_options(), enable_idempotence=True, acks="all")
+        )
+        self._admin = await start_with_retry(
+            lambda: AIOKafkaAdminClient(**self.client_options()),
+            AIOKafkaAdminClient.start,
+            AIOKafkaAdminClient.close,
+            self.bootstrap_servers,
+            self.connect_timeout_s,
+        )
+
+    async def connect(self, make: Callable[[], _Kafka]) -> _Kafka:
+        """Start a producer or consumer made by `make`, retrying within connect_timeout_s."""
+        return await start_with_retry(
+            make, _start_client, _stop_client, self.bootstrap_servers, self.connect_timeout_s
+        )
+
+    def _started(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
+        if self._producer is None or self._admin is None:
+            raise EventLogError(f"the Kafka event log at {self.bootstrap_servers} is not started (or closed)")
+        return self._producer, self._admin
+
+    async def create_topics(self, specs: Sequence[TopicSpec]) -> None:
+        _, admin = self._started()
+        new_topics = [NewTopic(spec.name, spec.partitions, 1) for spec in specs]
+        with kafka_errors(self.bootstrap_servers, "create topics"):
+            response = await admin.create_topics(new_topics)
+        failed = [
+            (t, code, msg)
+            for t, code, *msg in response.topic_errors
+            if code not in (0, _TOPIC_ALREADY_EXISTS)
+        ]
+        if failed:
+            raise EventLogError(f"Kafka at {self.bootstrap_servers} did not create topics: {failed}")
+
+    async def partitions_for(self, topic: str) -> int:
+        if topic in self._partition_counts:
+            return self._partition_counts[topic]
+        _, admin = self._started()
+        with kafka_errors(self.bootstrap_servers, f"describe topic {topic!r}"):
+            # list first: a metadata request naming an unknown topic would auto-create it on most brokers
+            if topic not in await admin.list_topics():
+                raise EventLogError(f"topic {topic!r} does not exist on Kafka at {self.bootstrap_servers}")
+            (description,) = await admin.describe_topics([topic])
+        self._partition_counts[topic] = len(description["partitions"])
+        return self._partition_counts[topic]
+
+    async def _send_all(
+        self, producer: AIOKafkaProducer, outputs: Sequence[tuple[str, OutgoingRecord]]
+    ) -> list[RecordPosition]:
+        futures = []
+        for topic, record in outputs:
+            partition = self._partitioner.partition(topic, record.key, await self.partitions_for(topic))
+            headers = list(record.headers) or None
+            futures.append(
+                await producer.send(topic, record.value, key=record.key, partition=partition, headers=headers)
+            )
+        return [RecordPosition(md.partition, md.offset) for md in await asyncio.gather(*futures)]
+
+    async def append(self, topic: str, record: OutgoingRecord) -> RecordPosition:
+        return (await self.append_batch(topic, [record]))[0]
+
+    async def append_batch(self, topic: str, records: Sequence[OutgoingRecord]) -> list[RecordPosition]:
+        producer, _ = self._started()
+        with kafka_errors(self.bootstrap_servers, f"append to {topic!r}"):
+            return await self._send_all(producer, [(topic, record) for record in records])
+
+    async def append_and_commit(
+        self,
+        outputs: Sequence[tuple[str, OutgoingRecord]],
+        group_id: str,
+        offsets: Mapping[TopicPartition, int],
+    ) -> None:
+        producer = await self._txn_producer(group_id)
+        try:
+            with kafka_errors(self.bootstrap_servers, f"commit a transaction for group {group_id!r}"):
+                async with producer.transaction():
+                    await self._send_all(producer, outputs)
+                    if offsets:
+                        kafka_offsets = {to_kafka(tp): offset for tp, offset in offsets.items()}
+                        await producer.send_offsets_to_transaction(kafka_offsets, group_id)
+        except EventLogError as exc:
+            if isinstance(exc.__cause__, ProducerFenced):
+                # A newer producer with our transactional id took over: this one is a zombie for good.
+                del self._txn_producers[group_id]
+                await producer.stop()
+            raise
+
+    async def _txn_producer(self, group_id: str) -> AIOKafkaProducer:
+        if group_id not in self._txn_producers:
+            self._started()
+            transactional_id = f"orl-{group_id}-{self._transactional_member}"
+            self._txn_producers[group_id] = await self.connect(
+                lambda: AIOKafkaProducer(**self.client_options(), transactional_id=transactional_id)
+            )
+        return self._txn_producers[group_id]
+
+    async def end_offsets(self, topic: str) -> dict[int, int]:
+        partitions = await self.partitions_for(topic)
+        if self._offsets_reader is None:
+            self._offsets_reader = await self.connect(
+                lambda: AIOKafkaConsumer(**self.client_options(), enable_auto_commit=False)
+            )
+        tps = [KafkaTopicPartition(topic, p) for p in range(partitions)]
+        with kafka_errors(self.bootstrap_servers, f"read end offsets of {topic!r}"):
+            ends = await self._offsets_reader.end_offsets(tps)
+        return {tp.partition: offset for tp, offset in ends.items()}
+
+    def consumer(
+        self, group_id: str, topics: Sequence[str], *, auto_offset_reset: str = "earliest"
+    ) -> Consumer:
+        if auto_offset_reset not in ("earliest", "latest"):
+            raise EventLogError(
+                f"auto_offset_reset must be 'earliest' or 'latest', not {auto_offset_reset!r}"
+            )
+        return KafkaConsumer(self, group_id, list(topics), auto_offset_reset)
+
+    async def close(self) -> None:
+        for client in [self._producer, self._offsets_reader, *self._txn_producers.values()]:
+            if client is not None:
+                await client.stop()
+        if self._admin is not None:
+            await self._admin.close()
+        self._producer, self._admin, self._offsets_reader, self._txn_producers = None, None, None, {}
+
+
+class KafkaConsumer(Consumer):
+    """A member of a Kafka consumer group (no auto-commit, read_committed)."""
+
+    def __init__(self, log: KafkaEventLog, group_id: str, topics: list[str], auto_offset_reset: str) -> None:
+        self._log = log
+        self._address = log.bootstrap_servers
+        self._group_id = group_id
+        self._topics = topics
+        self._reset = auto_offset_reset
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(
+            *self._topics,
+            **self._log.client_options(),
+            group_id=self._group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=self._reset,
+            isolation_level="read_committed",
+            session_timeout_ms=int(self._log.session_timeout_s * 1000),
+            heartbeat_interval_ms=int(self._log.heartbeat_interval_s * 1000),
+        )
+        # One attempt, not start_with_retry: a retry would join as a new member. Joining may wait for
+        # the coordinator to expire a dead member (one session timeout), hence the longer bound.
+        join_timeout_s = self._log.connect_timeout_s + 2 * self._log.session_timeout_s
+        try:
+            with kafka_errors(self._address, f"join group {self._group_id!r}"):
+                await asyncio.wait_for(consumer.start(), timeout=join_timeout_s)
+        except TimeoutError as exc:
+            await consumer.stop()
+            raise ServiceUnavailable(
+                f"Kafka at {self._address}: no assignment in group {self._group_id!r} within {join_timeout_s:g} s"
+            ) from exc
+        except (ServiceUnavailable, EventLogError):
+            await consumer.stop()
+            raise
+        self._consumer = consumer
+
+    def _started(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise EventLogError(f"the consumer of group {self._group_id!r} is not started (or closed)")
+        return self._consumer
+
+    async def assignment(self) -> set[TopicPartition]:
+        return {from_kafka(tp) for tp in self._started().assignment()}
+
+    async def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[ConsumedRecord]:
+        with kafka_errors(self._address, f"poll for group {self._group_id!r}"):
+            batches = await self._started().getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        return [
+            ConsumedRecord(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers), r.timestamp)
+            for _, records in sorted(batches.items())
+            for r in records
+        ]
+
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        consumer = self._started()
+        with kafka_errors(self._address, f"commit offsets of group {self._group_id!r}"):
+            if offsets is None:
+                positions = {tp: await consumer.position(tp) for tp in consumer.assignment()}
+            else:
+                positions = {to_kafka(tp): offset for tp, offset in offsets.items()}
+            if positions:
+                await consumer.commit(positions)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        with kafka_errors(self._address, f"read the committed offset of {tp}"):
+            offset = await self._started().committed(to_kafka(tp))
+        return None if offset is None or offset < 0 else int(offset)
+
+    def _owned(self, tps: Sequence[TopicPartition] | None) -> list[KafkaTopicPartition]:
+        assigned = self._started().assignment()
+        chosen = sorted(assigned) if tps is None else [to_kafka(tp) for tp in tps]
+        foreign = [tp for tp in chosen if tp not in assigned]
+        if foreign:
+            raise EventLogError(f"partitions {foreign} are not assigned to this member of {self._group_id!r}")
+        return chosen
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        if offset < 0:
+            raise EventLogError(f"cannot seek {tp} to negative offset {offset}")
+        self._started().seek(self._owned([tp])[0], offset)
+
+    async def seek_to_beginning(self, tps: Sequence[TopicPartition] | None = None) -> None:
+        with kafka_errors(self._address, "seek to the beginning"):
+            await self._started().seek_to_beginning(*self._owned(tps))
+
+    async def seek_to_timestamp(self, timestamp_ms: int, tps: Sequence[TopicPartition] | None = None) -> None:
+        consumer, owned = self._started(), self._owned(tps)
+        with kafka_errors(self._address, f"look up offsets for timestamp {timestamp_ms}"):
+            found = await consumer.offsets_for_times({tp: timestamp_ms for tp in owned})
+            ends = await consumer.end_offsets(owned)
+        for tp in owned:
+            hit = found.get(tp)
+            consumer.seek(tp, ends[tp] if hit is None else hit.offset)
+
+    async def lag(self) -> dict[TopicPartition, int]:
+        consumer = self._started()
+        owned = sorted(consumer.assignment())
+        with kafka_errors(self._address, f"compute the lag of group {self._group_id!r}"):
+            ends = await consumer.end_offsets(owned)
+            beginnings = await consumer.beginning_offsets(owned)
+            committed = {tp: await self.committed(from_kafka(tp)) for tp in owned}
+        return {
+            from_kafka(tp): ends[tp] - (beginnings[tp] if committed[tp] is None else committed[tp])
+            for tp in owned
+        }
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            with kafka_errors(self._address, f"leave group {self._group_id!r}"):
+                await self._consumer.stop()
+        self._consumer = None
