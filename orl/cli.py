@@ -31,12 +31,36 @@ class Command:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("topics", "Create every topic of a namespace on the event log.", "orl.admin:AdminSettings",
-            "orl.admin:create_topics"),
-    Command("model", "Prepare the base model (convert the shipped SmolLM2 GGUF to safetensors once).",
-            "orl.admin:AdminSettings", "orl.admin:prepare_model"),
-    Command("settings", "Print the effective settings (secrets masked) and exit.", "orl.admin:AdminSettings",
-            "orl.admin:print_settings"),
+    Command(
+        "serve",
+        "Run the OpenAI-compatible policy server that records every turn.",
+        "serving.settings:ServeSettings",
+        "serving.main:serve",
+    ),
+    Command(
+        "pipeline",
+        "Run the stream processors that turn recorded turns into scored samples.",
+        "pipeline.settings:PipelineSettings",
+        "pipeline.main:run",
+    ),
+    Command(
+        "topics",
+        "Create every topic of a namespace on the event log.",
+        "orl.admin:AdminSettings",
+        "orl.admin:create_topics",
+    ),
+    Command(
+        "model",
+        "Prepare the base model (convert the shipped SmolLM2 GGUF to safetensors once).",
+        "orl.admin:AdminSettings",
+        "orl.admin:prepare_model",
+    ),
+    Command(
+        "settings",
+        "Print the effective settings (secrets masked) and exit.",
+        "orl.admin:AdminSettings",
+        "orl.admin:print_settings",
+    ),
 )
 
 
@@ -46,10 +70,15 @@ def _load(path: str) -> object:
 
 
 def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="orl", description="Train a self-hosted LLM agent from its own live use.")
+    parser = argparse.ArgumentParser(
+        prog="orl", description="Train a self-hosted LLM agent from its own live use."
+    )
     parser.add_argument("--version", action="version", version=f"orl {__version__}")
-    parser.add_argument("--log-level", default=os.environ.get("ORL_LOG_LEVEL", "INFO"),
-                        help="Logging level [env ORL_LOG_LEVEL; default INFO]")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("ORL_LOG_LEVEL", "INFO"),
+        help="Logging level [env ORL_LOG_LEVEL; default INFO]",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in commands:
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
@@ -66,7 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     command: Command = args._command
     try:
         settings = build_settings(args._settings_cls, args, os.environ)

@@ -19,8 +19,11 @@ from pipeline.next_state_text import Message
 from schemas.errors import ConfigError
 
 ENTRY_POINT_GROUP = "orl.judges"
+HINT_ENTRY_POINT_GROUP = "orl.hint_extractors"
 
 RuleJudge = Callable[[list[Message], str, dict[str, Any]], tuple[int | None, str]]
+# (request_messages, response_text, next_state) -> (score 1/-1 or None, hint or None, explanation)
+HintExtractor = Callable[[list[Message], str, dict[str, Any]], tuple[int | None, str | None, str]]
 
 
 def sign(value: float) -> int:
@@ -66,9 +69,19 @@ def load_rule_judge(name: str) -> RuleJudge:
     """A built-in rule judge, or one registered under the "orl.judges" entry-point group."""
     if name in BUILT_IN_RULE_JUDGES:
         return BUILT_IN_RULE_JUDGES[name]
-    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+    judge: RuleJudge = _load_entry_point(ENTRY_POINT_GROUP, name, sorted(BUILT_IN_RULE_JUDGES))
+    return judge
+
+
+def load_hint_extractor(name: str) -> HintExtractor:
+    """A rule-based hint extractor registered under the "orl.hint_extractors" entry-point group."""
+    extractor: HintExtractor = _load_entry_point(HINT_ENTRY_POINT_GROUP, name, [])
+    return extractor
+
+
+def _load_entry_point(group: str, name: str, built_in: list[str]) -> Any:
+    for entry_point in entry_points(group=group):
         if entry_point.name == name:
-            judge: RuleJudge = entry_point.load()
-            return judge
-    known = sorted(BUILT_IN_RULE_JUDGES) + sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-    raise ConfigError(f"no rule judge named {name!r}; known: {', '.join(known)}")
+            return entry_point.load()
+    known = built_in + sorted(ep.name for ep in entry_points(group=group))
+    raise ConfigError(f"no entry point {name!r} in group {group!r}; known: {', '.join(known) or 'none'}")

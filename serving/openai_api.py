@@ -19,8 +19,15 @@ MAX_STOP_SEQUENCES = 4
 
 
 class ApiError(OrlError):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 error_type: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        error_type: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -32,7 +39,9 @@ class ApiError(OrlError):
         return error_body(self.message, self.error_type, self.param, self.code)
 
 
-def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, error_type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
@@ -88,12 +97,16 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise bad_request(f"request body is not valid UTF-8 (byte {error.start})", code="invalid_encoding") from error
+        raise bad_request(
+            f"request body is not valid UTF-8 (byte {error.start})", code="invalid_encoding"
+        ) from error
     try:
         body = json.loads(text)
     except json.JSONDecodeError as error:
-        raise bad_request(f"request body is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
-                          code="invalid_json") from error
+        raise bad_request(
+            f"request body is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
+            code="invalid_json",
+        ) from error
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object", code="invalid_type")
     n = body.get("n", 1)
@@ -118,19 +131,28 @@ def _check_message(index: int, message: Any) -> None:
         raise bad_request(f"{param} must be an object", param=param, code="invalid_type")
     role = message.get("role")
     if role not in ROLES:
-        raise bad_request(f"{param}.role must be one of {', '.join(ROLES)}; got {role!r}", param=f"{param}.role")
+        raise bad_request(
+            f"{param}.role must be one of {', '.join(ROLES)}; got {role!r}", param=f"{param}.role"
+        )
     content = message.get("content")
     if content is None:
         if not (role == "assistant" and message.get("tool_calls")):
             raise bad_request(f"{param}.content is required for role {role!r}", param=f"{param}.content")
     elif isinstance(content, list):
         for part_index, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise bad_request(f"{param}.content[{part_index}] must be a text part {{'type':'text','text':...}}",
-                                  param=f"{param}.content[{part_index}]")
+            if not (
+                isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            ):
+                raise bad_request(
+                    f"{param}.content[{part_index}] must be a text part {{'type':'text','text':...}}",
+                    param=f"{param}.content[{part_index}]",
+                )
     elif not isinstance(content, str):
-        raise bad_request(f"{param}.content must be a string or an array of text parts", param=f"{param}.content",
-                          code="invalid_type")
+        raise bad_request(
+            f"{param}.content must be a string or an array of text parts",
+            param=f"{param}.content",
+            code="invalid_type",
+        )
     if role == "tool" and not isinstance(message.get("tool_call_id"), str):
         raise bad_request(f"{param}.tool_call_id is required for role 'tool'", param=f"{param}.tool_call_id")
     if message.get("tool_calls") is not None:
@@ -139,12 +161,16 @@ def _check_message(index: int, message: Any) -> None:
 
 def _check_tool_calls(param: str, calls: Any) -> None:
     if not isinstance(calls, list):
-        raise bad_request(f"{param}.tool_calls must be an array", param=f"{param}.tool_calls", code="invalid_type")
+        raise bad_request(
+            f"{param}.tool_calls must be an array", param=f"{param}.tool_calls", code="invalid_type"
+        )
     for i, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise bad_request(f"{param}.tool_calls[{i}].function.name is required",
-                              param=f"{param}.tool_calls[{i}].function")
+            raise bad_request(
+                f"{param}.tool_calls[{i}].function.name is required",
+                param=f"{param}.tool_calls[{i}].function",
+            )
 
 
 def _tools(value: Any) -> list[dict[str, Any]] | None:
@@ -153,10 +179,15 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     if not isinstance(value, list):
         raise bad_request("'tools' must be an array", param="tools", code="invalid_type")
     for i, tool in enumerate(value):
-        ok = isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("function"), dict)
+        ok = (
+            isinstance(tool, dict)
+            and tool.get("type") == "function"
+            and isinstance(tool.get("function"), dict)
+        )
         if not ok or not isinstance(tool["function"].get("name"), str):
-            raise bad_request(f"tools[{i}] must be {{'type':'function','function':{{'name':...}}}}",
-                              param=f"tools[{i}]")
+            raise bad_request(
+                f"tools[{i}] must be {{'type':'function','function':{{'name':...}}}}", param=f"tools[{i}]"
+            )
     return value or None
 
 
@@ -169,9 +200,12 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> str | dict[s
         name = value["function"].get("name")
         if tools and any(t["function"]["name"] == name for t in tools):
             return value
-        raise bad_request(f"tool_choice names function {name!r}, which is not in 'tools'", param="tool_choice")
-    raise bad_request("tool_choice must be 'none', 'auto', 'required' (with tools) or a named function",
-                      param="tool_choice")
+        raise bad_request(
+            f"tool_choice names function {name!r}, which is not in 'tools'", param="tool_choice"
+        )
+    raise bad_request(
+        "tool_choice must be 'none', 'auto', 'required' (with tools) or a named function", param="tool_choice"
+    )
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:

@@ -42,7 +42,10 @@ def normalized_message(message: Message) -> dict[str, Any]:
     if isinstance(content, list):  # content parts: keep the text parts only
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
     calls = [
-        (call.get("function", {}).get("name"), _canonical_arguments(call.get("function", {}).get("arguments")))
+        (
+            call.get("function", {}).get("name"),
+            _canonical_arguments(call.get("function", {}).get("arguments")),
+        )
         for call in message.get("tool_calls") or []
     ]
     return {
@@ -104,7 +107,9 @@ class SessionTracker:
             state.last_main_turn_id = turn_id
         return TurnAssignment(session_id, turn_id, index, previous if main else None, method)
 
-    def record_response(self, assignment: TurnAssignment, messages: Sequence[Message], reply: Message) -> None:
+    def record_response(
+        self, assignment: TurnAssignment, messages: Sequence[Message], reply: Message
+    ) -> None:
         """Remember a main turn's conversation so the client's next request (which repeats it) links to it."""
         key = conversation_key([*messages, reply])
         self._by_conversation[key] = (assignment.session_id, assignment.turn_id)

@@ -26,8 +26,26 @@ class ParsedReply:
 
 
 def forced_call_prefix(function_name: str) -> str:
-    """Text appended after the assistant header so the model must call `function_name`."""
-    return f'{OPEN}{{"name": {json.dumps(function_name)}, "arguments": '
+    """Text appended after the assistant header so the model must write `function_name`'s arguments object."""
+    return f'{OPEN}{{"name": {json.dumps(function_name)}, "arguments": {{'
+
+
+def forced_call(function_name: str, generated: str, request_id: str) -> ParsedReply:
+    """The call a forced prefix produced: the arguments object the model wrote after it.
+
+    When the model's arguments are not valid JSON they are returned as written (OpenAI's
+    documented behaviour: arguments may not be valid JSON), never dropped.
+    """
+    text = "{" + generated
+    try:
+        arguments, _ = json.JSONDecoder().raw_decode(text)
+        arguments_text = json.dumps(arguments)
+    except ValueError:
+        arguments_text = text.split(CLOSE)[0].strip()
+    call_id = "call_" + deterministic_id("tool_call", request_id, 0).split("-", 1)[1]
+    return ParsedReply(content=None, tool_calls=[
+        {"id": call_id, "type": "function", "function": {"name": function_name, "arguments": arguments_text}}
+    ])
 
 
 def parse_reply(text: str, request_id: str) -> ParsedReply:

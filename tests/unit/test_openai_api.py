@@ -5,7 +5,7 @@ import json
 import pytest
 
 from serving.openai_api import ApiError, parse_chat_request
-from serving.tool_calls import forced_call_prefix, parse_reply
+from serving.tool_calls import forced_call, parse_reply
 
 
 def parse(body: object, limit: int = 1024):
@@ -90,5 +90,7 @@ def test_tool_calls_are_parsed_into_openai_shape() -> None:
 
 def test_malformed_calls_stay_content_and_forced_prefix_completes_a_call() -> None:
     assert parse_reply("<tool_call>{oops</tool_call>", "r").tool_calls == []
-    completed = forced_call_prefix("add") + '{"a": 2}}</tool_call>'
-    assert parse_reply(completed, "r").tool_calls[0]["function"]["name"] == "add"
+    call = forced_call("add", '"a": 2, "b": 3}}\n</tool_call>', "r").tool_calls[0]
+    assert call["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}
+    broken = forced_call("add", '"a": 2, oops', "r").tool_calls[0]
+    assert broken["function"]["arguments"] == '{"a": 2, oops'  # returned as written, never dropped

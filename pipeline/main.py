@@ -1,0 +1,130 @@
+"""`orl pipeline`: builds the stages from settings and runs them over the event log.
+
+With `--role all` every stage runs in this process, one StreamRunner (one consumer group) each;
+with a stage name only that stage runs, so stages can be separate processes. Reads and writes the
+topics declared in pipeline/topology.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from connectors.event_log.factory import open_event_log
+from connectors.metrics import Metrics
+from pipeline.config import HintSelectionConfig, LinkerConfig, PipelineConfig, SampleConfig, TallyConfig
+from pipeline.effects import EffectStage
+from pipeline.judge_stage import JudgeStage
+from pipeline.judging import JudgeConfig
+from pipeline.processor import Processor
+from pipeline.pure_stages import PURE_PROCESSORS
+from pipeline.rule_judges import load_hint_extractor, load_rule_judge
+from pipeline.settings import PipelineSettings
+from pipeline.stream_runner import StreamRunner
+from pipeline.teacher_stage import TEACHER_KINDS, TeacherStage
+from pipeline.topology import STAGES
+from schemas.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+Stage = Processor | EffectStage
+
+
+def judge_configs(settings: PipelineSettings) -> tuple[JudgeConfig | None, JudgeConfig | None]:
+    """The reward judge (all methods but opd) and the hint judge (opd and combined)."""
+    url = settings.judge_url or settings.server_url
+
+    def config(judge_id: str, choice: str) -> JudgeConfig:
+        rule = choice != "llm"
+        return JudgeConfig(
+            judge_id=f"{judge_id}:{choice}" if rule else judge_id,
+            kind="rule" if rule else "llm",
+            endpoint_url="" if rule else url,
+            model="" if rule else settings.judge_model,
+            m=1 if rule else settings.judge_votes,
+            temperature=settings.judge_temperature,
+            max_tokens=settings.judge_max_tokens,
+            timeout_s=settings.judge_timeout_s,
+        )
+
+    reward = config("prm", settings.judge) if settings.method in ("binary", "combined") else None
+    hint = config("hint", settings.hint_judge) if settings.method in ("opd", "combined") else None
+    return reward, hint
+
+
+def pipeline_config(settings: PipelineSettings) -> PipelineConfig:
+    reward, hint = judge_configs(settings)
+    return PipelineConfig(
+        linker=LinkerConfig(idle_timeout_s=settings.idle_timeout_s),
+        tally=TallyConfig(votes_per_judgement=reward.m if reward else 1),
+        hints=HintSelectionConfig(votes_per_judgement=hint.m if hint else 1),
+        samples=SampleConfig(method=settings.method, promotion_reward=settings.promotion_reward),  # type: ignore[arg-type]
+    )
+
+
+def build_stages(settings: PipelineSettings) -> list[Stage]:
+    if settings.method not in ("binary", "opd", "combined"):
+        raise ConfigError(f"--method must be binary, opd or combined, not {settings.method!r}")
+    if settings.teacher_kind not in TEACHER_KINDS:
+        raise ConfigError(f"--teacher-kind must be one of {', '.join(TEACHER_KINDS)}")
+    reward, hint = judge_configs(settings)
+    judge = JudgeStage(
+        reward_judge=reward,
+        hint_judge=hint,
+        api_key=settings.judge_api_key or settings.api_key,
+        rule_judge=load_rule_judge(settings.judge) if reward and reward.kind == "rule" else None,
+        hint_extractor=load_hint_extractor(settings.hint_judge) if hint and hint.kind == "rule" else None,
+        concurrency=settings.effect_concurrency,
+    )
+    teacher = TeacherStage(settings.server_url, settings.api_key, teacher_kind=settings.teacher_kind)
+    by_name: dict[str, Stage] = {**PURE_PROCESSORS, "judge": judge, "teacher": teacher}
+    names = [stage.name for stage in STAGES]
+    if settings.method == "binary":
+        names = [n for n in names if n not in ("hint_selector", "teacher")]
+    if settings.role != "all":
+        if settings.role not in by_name:
+            raise ConfigError(f"--role must be 'all' or one of {', '.join(by_name)}; got {settings.role!r}")
+        names = [settings.role]
+    return [by_name[name] for name in names]
+
+
+async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
+    config = pipeline_config(settings)
+    metrics = Metrics()
+    async with open_event_log(settings.effective_log_url()) as log:
+        runners = [
+            StreamRunner(
+                log,
+                stage,
+                config,
+                settings.namespace,
+                metrics=metrics,
+                tick_interval_s=settings.tick_interval_s,
+                effect_concurrency=settings.effect_concurrency,
+            )
+            for stage in build_stages(settings)
+        ]
+        logger.info(
+            "pipeline (%s) running stages: %s", settings.method, ", ".join(r.processor.name for r in runners)
+        )
+        await asyncio.gather(*(runner.run(stop) for runner in runners))
+
+
+def run(settings: PipelineSettings) -> int:
+    """Entry point of `orl pipeline`."""
+    if settings.runtime == "faust":
+        from pipeline.faust_runtime import run_worker  # type: ignore[attr-defined]
+
+        return int(run_worker(settings) or 0)
+    if settings.runtime != "embedded":
+        raise ConfigError(f"--runtime must be embedded or faust, not {settings.runtime!r}")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_pipeline(settings, stop)
+
+    asyncio.run(main())
+    return 0

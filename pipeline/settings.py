@@ -1,0 +1,58 @@
+"""Settings of `orl pipeline` (every field is a flag and an environment variable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from connectors.settings import ConnectionSettings, setting
+
+
+@dataclass(frozen=True)
+class PipelineSettings(ConnectionSettings):
+    role: str = setting(
+        "all",
+        "ORL_PIPELINE_ROLE",
+        "Stage to run (turn_linker, judge, vote_tally, hint_selector, "
+        "teacher, sample_builder) or 'all' in one process.",
+    )
+    runtime: str = setting(
+        "embedded", "ORL_PIPELINE_RUNTIME", "embedded (any log, one process per role) | faust."
+    )
+    method: str = setting("combined", "ORL_METHOD", "Training signal: binary | opd | combined.")
+    server_url: str = setting(
+        "http://127.0.0.1:8000/v1",
+        "ORL_SERVER_URL",
+        "orl server (scoring calls for the teacher; default LLM judge).",
+    )
+    api_key: str = setting(
+        "", "ORL_API_KEY", "Bearer key for --server-url (and the judge if it is orl).", secret=True
+    )
+    judge: str = setting(
+        "llm",
+        "ORL_JUDGE",
+        "Reward judge: 'llm' (OpenAI-compatible endpoint) or a rule judge "
+        "name from the orl.judges entry points (built in: outcome).",
+    )
+    judge_url: str = setting("", "ORL_JUDGE_URL", "Judge endpoint base URL (default: --server-url).")
+    judge_api_key: str = setting(
+        "", "ORL_JUDGE_API_KEY", "Judge endpoint key (default: --api-key).", secret=True
+    )
+    judge_model: str = setting("", "ORL_JUDGE_MODEL", "Model name sent to the judge endpoint.")
+    judge_votes: int = setting(3, "ORL_JUDGE_VOTES", "Votes per judgement for an LLM judge (m).")
+    judge_temperature: float = setting(0.6, "ORL_JUDGE_TEMPERATURE", "Judge sampling temperature.")
+    judge_max_tokens: int = setting(1024, "ORL_JUDGE_MAX_TOKENS", "Judge output limit in tokens.")
+    judge_timeout_s: float = setting(120.0, "ORL_JUDGE_TIMEOUT_S", "Timeout of one judge call.")
+    hint_judge: str = setting(
+        "llm", "ORL_HINT_JUDGE", "Hint extractor: 'llm' or a name from the orl.hint_extractors entry points."
+    )
+    teacher_kind: str = setting(
+        "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy."
+    )
+    idle_timeout_s: float = setting(
+        1800.0, "ORL_IDLE_TIMEOUT_S", "Close a session after this long without events."
+    )
+    promotion_reward: float = setting(
+        0.1, "ORL_PROMOTION_REWARD", "At-least-one promotion penalty when a session's votes average 0."
+    )
+    effect_concurrency: int = setting(4, "ORL_EFFECT_CONCURRENCY", "Concurrent judge / teacher calls.")
+    tick_interval_s: float = setting(1.0, "ORL_TICK_INTERVAL_S", "How often idle sessions are checked.")

@@ -1,0 +1,227 @@
+"""Runs one pipeline stage over the event log, exactly once, on any EventLog implementation.
+
+A stage is a pure processor (pipeline/processor.py) or an effect stage (pipeline/effects.py),
+whose planned calls are performed concurrently (at most `effect_concurrency` at a time) before the
+batch is committed.
+
+For each batch of input records the runner decodes the events (undecodable bytes become
+DeadLettered events on `<topic>.dlq`), calls the processor with the session's state, and then, in
+ONE `append_and_commit`, appends the output events, the changed state and the new input offsets.
+State lives on a changelog topic `<namespace>.<processor>.changelog` (last value per session key; an
+empty value deletes it), so after a crash the state, the outputs and the offsets all agree: on the
+embedded log this is one SQLite transaction, on Kafka one transaction.
+
+Reads: the processor's input topics and its changelog. Writes: its output topics, its changelog,
+the dead-letter topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors.event_log.base import ConsumedRecord, EventLog, OutgoingRecord, TopicPartition, TopicSpec
+from connectors.metrics import Metrics
+from pipeline.config import PipelineConfig
+from pipeline.effects import EffectCall, EffectStage
+from pipeline.processor import Emit, Processor
+from schemas.codec import decode, encode
+from schemas.errors import EventDecodeError
+from schemas.events import make_event
+from schemas.topics import dlq_topic, topic_name
+
+logger = logging.getLogger(__name__)
+PRODUCER = "pipeline/0.1.0"
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class StreamRunner:
+    log: EventLog
+    processor: Processor | EffectStage
+    config: PipelineConfig
+    namespace: str
+    metrics: Metrics = field(default_factory=Metrics)
+    clock_ms: Callable[[], int] = wall_clock_ms
+    tick_interval_s: float = 1.0
+    partitions: int = 1
+    effect_concurrency: int = 4
+    states: dict[str, Any] = field(default_factory=dict)
+    _last_tick_s: float = 0.0
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.namespace}.{self.processor.name}"
+
+    @property
+    def changelog(self) -> str:
+        return f"{self.namespace}.{self.processor.name}.changelog"
+
+    def _full(self, topic: str) -> str:
+        return topic_name(self.namespace, topic)
+
+    async def prepare(self) -> None:
+        """Create every topic this processor touches, then rebuild its state from the changelog."""
+        names = [self._full(t) for t in (*self.processor.inputs, *self.processor.outputs)]
+        names += [dlq_topic(self._full(t)) for t in self.processor.inputs]
+        specs = [TopicSpec(n, self.partitions) for n in names] + [TopicSpec(self.changelog, self.partitions)]
+        await self.log.create_topics(specs)
+        self.states = await read_changelog(self.log, self.changelog, f"{self.group_id}.restore")
+        logger.info("%s: restored %d session states", self.processor.name, len(self.states))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Process until `stop` is set (the embedded `orl pipeline` loop)."""
+        await self.prepare()
+        consumer = self.log.consumer(self.group_id, [self._full(t) for t in self.processor.inputs])
+        async with consumer:
+            while not stop.is_set():
+                records = await consumer.poll(max_records=500, timeout_s=0.2)
+                if records:
+                    await self.handle(records)
+                await self.maybe_tick()
+
+    async def run_until_idle(self, idle_polls: int = 2) -> int:
+        """Process everything available now, then return how many records were handled (tests, replay)."""
+        await self.prepare()
+        handled, idle = 0, 0
+        async with self.log.consumer(
+            self.group_id, [self._full(t) for t in self.processor.inputs]
+        ) as consumer:
+            while idle < idle_polls:
+                records = await consumer.poll(max_records=500, timeout_s=0.2)
+                idle = 0 if records else idle + 1
+                if records:
+                    await self.handle(records)
+                    handled += len(records)
+        return handled
+
+    async def handle(self, records: list[ConsumedRecord]) -> None:
+        outputs: list[tuple[str, OutgoingRecord]] = []
+        dirty: set[str] = set()
+        offsets: dict[TopicPartition, int] = {}
+        calls: list[EffectCall] = []
+        for record in records:
+            offsets[record.topic_partition] = record.offset + 1
+            try:
+                event = decode(record.value)
+            except EventDecodeError as error:
+                outputs.append(self._dead_letter(record, str(error)))
+                continue
+            key = (record.key or b"").decode() or str(event["envelope"].get("session_id") or "")
+            if isinstance(self.processor, EffectStage):
+                new_state, planned = self.processor.plan(self.states.get(key), event, self.config)
+                calls.extend(planned)
+                emits: list[Emit] = []
+            else:
+                new_state, emits = self.processor.process(self.states.get(key), event, self.config)
+            self._apply(key, new_state, dirty)
+            outputs.extend(self._encode(emits))
+        if calls:
+            outputs.extend(self._encode(await self._perform(calls)))
+        outputs.extend(self._changelog_records(dirty))
+        await self.log.append_and_commit(outputs, self.group_id, offsets)
+        self.metrics.count("records_processed", len(records), processor=self.processor.name)
+
+    async def _perform(self, calls: list[EffectCall]) -> list[Emit]:
+        assert isinstance(self.processor, EffectStage)
+        stage = self.processor
+        limit = asyncio.Semaphore(self.effect_concurrency)
+
+        async def one(call: EffectCall) -> list[Emit]:
+            async with limit:
+                return await stage.perform(call)
+
+        results = await asyncio.gather(*(one(call) for call in calls))
+        self.metrics.count("effect_calls", len(calls), processor=stage.name)
+        return [emit for emits in results for emit in emits]
+
+    async def maybe_tick(self) -> None:
+        now_s = time.monotonic()
+        if now_s - self._last_tick_s < self.tick_interval_s:
+            return
+        self._last_tick_s = now_s
+        await self.tick(self.clock_ms())
+
+    async def tick(self, now_ms: int) -> None:
+        """Time-based work (idle timeouts) for every stored session, committed like a batch."""
+        outputs: list[tuple[str, OutgoingRecord]] = []
+        dirty: set[str] = set()
+        for key in list(self.states):
+            new_state, emits = self.processor.on_tick(self.states[key], now_ms, self.config)
+            if new_state != self.states.get(key):
+                self._apply(key, new_state, dirty)
+            outputs.extend(self._encode(emits))
+        if outputs or dirty:
+            outputs.extend(self._changelog_records(dirty))
+            await self.log.append_and_commit(outputs, self.group_id, {})
+
+    def _apply(self, key: str, new_state: Any, dirty: set[str]) -> None:
+        if new_state is None:
+            self.states.pop(key, None)
+        else:
+            self.states[key] = new_state
+        dirty.add(key)
+
+    def _encode(self, emits: Iterable[Emit]) -> list[tuple[str, OutgoingRecord]]:
+        out = []
+        for emit in emits:
+            session = emit.event["envelope"].get("session_id")
+            record = OutgoingRecord(value=encode(emit.event), key=session.encode() if session else None)
+            out.append((self._full(emit.topic), record))
+            self.metrics.count("events_emitted", topic=emit.topic, processor=self.processor.name)
+        return out
+
+    def _changelog_records(self, dirty: set[str]) -> list[tuple[str, OutgoingRecord]]:
+        records = []
+        for key in sorted(dirty):
+            state = self.states.get(key)
+            value = (
+                b"" if state is None else json.dumps(state, sort_keys=True, separators=(",", ":")).encode()
+            )
+            records.append((self.changelog, OutgoingRecord(value=value, key=key.encode())))
+        return records
+
+    def _dead_letter(self, record: ConsumedRecord, error: str) -> tuple[str, OutgoingRecord]:
+        self.metrics.count("dead_lettered", topic=record.topic, processor=self.processor.name)
+        logger.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
+        event = make_event(
+            "DeadLettered",
+            namespace=self.namespace,
+            producer=PRODUCER,
+            occurred_at_ms=record.timestamp_ms,
+            id_parts=[record.topic, record.partition, record.offset],
+            source_topic=record.topic,
+            source_partition=record.partition,
+            source_offset=record.offset,
+            original_bytes=record.value,
+            error=error,
+        )
+        return dlq_topic(record.topic), OutgoingRecord(value=encode(event), key=record.key)
+
+
+async def read_changelog(log: EventLog, topic: str, group_id: str) -> dict[str, Any]:
+    """The last state per key on a changelog topic (empty value = deleted), read from the beginning."""
+    ends = await log.end_offsets(topic)
+    states: dict[str, Any] = {}
+    if not any(ends.values()):
+        return states
+    async with log.consumer(group_id, [topic]) as consumer:
+        await consumer.seek_to_beginning()
+        positions = {p: 0 for p in ends}
+        while any(positions[p] < ends[p] for p in ends):
+            for record in await consumer.poll(max_records=5000, timeout_s=1.0):
+                positions[record.partition] = record.offset + 1
+                key = (record.key or b"").decode()
+                if record.value:
+                    states[key] = json.loads(record.value)
+                else:
+                    states.pop(key, None)
+    return states

@@ -1,0 +1,57 @@
+"""What the effect stages remember of a session's turns: the request and the response, by turn id.
+
+Both effect stages need the turn's messages and response when a later event (a next state, a
+selected hint) names the turn; this module keeps that per-session memory, bounded in turns and
+forgotten `retention_ms` after the session's last event.
+Reads and writes no topics itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pipeline.event_building import Event, State, event_id_of, event_type_of, occurred_at_of, turn_id_of
+
+MAX_TURNS_PER_SESSION = 64
+
+
+def new_turn_memory() -> State:
+    return {"turns": {}, "seen": [], "last_activity_ms": 0}
+
+
+def remember_turn_event(state: State, event: Event) -> None:
+    """Store what a RequestReceived (main turns only) or ResponseGenerated says about its turn."""
+    state["last_activity_ms"] = max(state["last_activity_ms"], occurred_at_of(event))
+    turn_id = turn_id_of(event)
+    kind = event_type_of(event)
+    if turn_id is None or kind not in ("RequestReceived", "ResponseGenerated"):
+        return
+    if kind == "RequestReceived" and event["turn_kind"] != "main":
+        return
+    turn = state["turns"].setdefault(turn_id, {})
+    if kind == "RequestReceived":
+        turn["messages"] = json.loads(event["messages_json"])
+        turn["tools"] = json.loads(event["tools_json"]) if event.get("tools_json") else None
+        turn["request_event_id"] = event_id_of(event)
+    else:
+        turn["response_text"] = event["response_text"]
+        turn["response_token_ids"] = list(event["response_token_ids"])
+        turn["temperature"] = float(event["sampling"]["temperature"])
+        turn["response_event_id"] = event_id_of(event)
+    while len(state["turns"]) > MAX_TURNS_PER_SESSION:
+        state["turns"].pop(next(iter(state["turns"])))
+
+
+def complete_turn(state: State | None, turn_id: str | None) -> dict[str, Any] | None:
+    """The remembered turn if both its main request and its response were seen."""
+    if state is None or turn_id is None:
+        return None
+    turn = state["turns"].get(turn_id)
+    if turn is None or "messages" not in turn or "response_text" not in turn:
+        return None
+    return dict(turn)
+
+
+def forget_if_idle(state: State, now_ms: int, retention_ms: int) -> State | None:
+    return None if now_ms - state.get("last_activity_ms", 0) > retention_ms else state

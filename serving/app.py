@@ -1,0 +1,379 @@
+"""The HTTP surface of `orl serve`: OpenAI chat completions that record every turn as events.
+
+Routes: POST /v1/chat/completions (plain and server-sent events), GET /v1/models,
+POST /v1/sessions/{id}/end, POST /v1/orl/score (teacher logprobs for the pipeline), GET /healthz,
+/readyz, /metrics, and /admin/* (admin key). Writes RequestReceived, ResponseGenerated and
+SessionClosed through the recorder; reads nothing from the log itself.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from connectors.metrics import Metrics
+from serving.capture import EventRecorder
+from serving.openai_api import ApiError, ChatRequest, bad_request, error_body, parse_chat_request
+from serving.policy.base import Generation, PolicyBackend, PolicyError, SamplingParams
+from serving.policy.chat_template import ChatTemplate
+from serving.session_tracker import SessionTracker, TurnAssignment
+from serving.settings import ServeSettings
+from serving.tool_calls import forced_call, forced_call_prefix, parse_reply
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass
+class ServerState:
+    settings: ServeSettings
+    backend: PolicyBackend
+    template: ChatTemplate
+    recorder: EventRecorder
+    metrics: Metrics
+    tracker: SessionTracker = field(default_factory=SessionTracker)
+    ready: bool = False
+    admin_routes: list[Route] = field(default_factory=list)
+
+
+def build_app(state: ServerState) -> Starlette:
+    api = _ApiHandlers(state)
+    routes = [
+        Route("/healthz", api.healthz, methods=["GET"]),
+        Route("/readyz", api.readyz, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/v1/models", _guard(api.models, state.settings.api_keys), methods=["GET"]),
+        Route("/v1/chat/completions", _guard(api.chat, state.settings.api_keys), methods=["POST"]),
+        Route(
+            "/v1/sessions/{session_id}/end",
+            _guard(api.end_session, state.settings.api_keys),
+            methods=["POST"],
+        ),
+        Route("/v1/orl/score", _guard(api.score, state.settings.api_keys), methods=["POST"]),
+        *[
+            Route(r.path, _guard(r.endpoint, (state.settings.admin_key,)), methods=r.methods)
+            for r in state.admin_routes
+        ],
+    ]
+    return Starlette(routes=routes)
+
+
+def api_error(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def _guard(handler: Handler, keys: tuple[str, ...]) -> Handler:
+    """Bearer-key check (constant time); every error, including unexpected input, is OpenAI-shaped JSON."""
+
+    async def guarded(request: Request) -> Response:
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else ""
+        if not token or not any(hmac.compare_digest(token, key) for key in keys if key):
+            return JSONResponse(
+                error_body(
+                    "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
+                    "invalid_request_error",
+                    code="invalid_api_key",
+                ),
+                status_code=401,
+            )
+        try:
+            return await handler(request)
+        except ApiError as error:
+            return api_error(error)
+        except PolicyError as error:  # the backend failed on valid input: a server error, still OpenAI-shaped
+            return JSONResponse(error_body(str(error), "server_error", code="backend_error"), status_code=500)
+
+    return guarded
+
+
+class _ApiHandlers:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.settings = state.settings
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        ready = self.state.ready
+        body = {"ready": ready, "policy_version": self.state.backend.policy_version}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        self.state.metrics.set("policy_version", self.state.backend.policy_version)
+        self.state.metrics.set("spool_depth", self.state.recorder.spool.depth())
+        return Response(self.state.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    async def models(self, request: Request) -> Response:
+        name = self.settings.served_model_name
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "orl",
+                        "policy_version": self.state.backend.policy_version,
+                    }
+                ],
+            }
+        )
+
+    async def end_session(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        was_open = self.state.tracker.close(session_id)
+        self.state.recorder.session_closed(session_id, None)
+        return JSONResponse({"session_id": session_id, "closed": True, "was_open": was_open})
+
+    async def chat(self, request: Request) -> Response:
+        started = time.perf_counter()
+        req = parse_chat_request(
+            await _body(request, self.settings.max_body_bytes),
+            max_tokens_limit=self.settings.max_tokens_limit,
+        )
+        main = _turn_type(request, self.settings.default_turn_type) == "main"
+        prompt_ids = self._prompt_ids(req)
+        params = self._sampling(req, len(prompt_ids))
+        turn = self.state.tracker.assign(
+            req.messages,
+            header_session=request.headers.get("x-session-id"),
+            body_session=req.session_id,
+            user=req.user,
+            main=main,
+        )
+        request_id = "chatcmpl-" + uuid.uuid4().hex
+        self.state.recorder.request_received(request_id, turn, req, params, main=main, client_id=req.user)
+        done = _truthy(request.headers.get("x-session-done"))
+        turn_call = _Turn(self.state, req, turn, request_id, params, main, done, started)
+        stream = self.state.backend.generate_stream(prompt_ids, params)
+        if req.stream:
+            return StreamingResponse(
+                turn_call.sse(stream),
+                media_type="text/event-stream",
+                headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id},
+            )
+        generation = await stream.result()
+        body = turn_call.finish(generation)
+        return JSONResponse(body, headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id})
+
+    async def score(self, request: Request) -> Response:
+        body = _json(await _body(request, self.settings.max_body_bytes))
+        messages = body.get("messages")
+        response_ids = body.get("response_token_ids")
+        if not isinstance(messages, list) or not messages:
+            raise bad_request("'messages' must be a non-empty array", param="messages")
+        if not isinstance(response_ids, list) or not all(isinstance(i, int) for i in response_ids):
+            raise bad_request("'response_token_ids' must be an array of integers", param="response_token_ids")
+        temperature = float(body.get("temperature", 1.0))
+        prompt_ids = self.state.template.render(messages, body.get("tools"))
+        if len(prompt_ids) + len(response_ids) > self.state.backend.context_window:
+            raise bad_request(
+                "prompt plus response exceed the context window", code="context_length_exceeded"
+            )
+        version = self.state.backend.policy_version
+        logprobs = await self.state.backend.score(
+            prompt_ids, response_ids, temperature, use_base=bool(body.get("use_base", False))
+        )
+        return JSONResponse(
+            {
+                "prompt_token_ids": prompt_ids,
+                "logprobs": logprobs,
+                "policy_version": 0 if body.get("use_base") else version,
+            }
+        )
+
+    def _prompt_ids(self, req: ChatRequest) -> list[int]:
+        try:
+            text = self.state.template.render_text(
+                req.messages, req.tools if req.tool_choice != "none" else None
+            )
+        except PolicyError as error:
+            raise bad_request(str(error), param="messages") from error
+        forced = req.forced_tool()
+        if forced:
+            text += forced_call_prefix(forced)
+        ids = list(self.state.template.tokenizer(text, add_special_tokens=False)["input_ids"])
+        window = self.state.backend.context_window
+        if len(ids) >= window:
+            raise bad_request(
+                f"the prompt has {len(ids)} tokens; this model's context window is {window}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        return ids
+
+    def _sampling(self, req: ChatRequest, prompt_tokens: int) -> SamplingParams:
+        room = self.state.backend.context_window - prompt_tokens
+        wanted = req.max_tokens or self.settings.default_max_tokens
+        if req.max_tokens and req.max_tokens > room:
+            raise bad_request(
+                f"max_tokens {req.max_tokens} exceeds the {room} tokens left in the context window "
+                f"after a {prompt_tokens}-token prompt",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return SamplingParams(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            max_tokens=min(wanted, room),
+            stop=req.stop,
+            seed=req.seed,
+        )
+
+
+@dataclass
+class _Turn:
+    """One chat turn after validation: produces the reply and records it."""
+
+    state: ServerState
+    req: ChatRequest
+    turn: TurnAssignment
+    request_id: str
+    params: SamplingParams
+    main: bool
+    session_done: bool
+    started: float
+
+    def finish(self, generation: Generation) -> dict[str, Any]:
+        text, tool_calls = self._reply(generation)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        self.state.recorder.response_generated(
+            self.request_id,
+            self.turn,
+            generation,
+            self.params,
+            text=text or "",
+            tool_calls=tool_calls,
+            model=self.state.settings.served_model_name,
+        )
+        if self.main:
+            self.state.tracker.record_response(self.turn, self.req.messages, message)
+        if self.session_done:
+            self.state.tracker.close(self.turn.session_id)
+            self.state.recorder.session_closed(self.turn.session_id, self.turn.turn_id)
+        self._count(generation)
+        return {
+            "id": self.request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.state.settings.served_model_name,
+            "system_fingerprint": f"v{generation.policy_version}",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": "tool_calls" if tool_calls else generation.finish_reason,
+                }
+            ],
+            "usage": _usage(generation),
+        }
+
+    async def sse(self, stream: Any) -> AsyncIterator[bytes]:
+        buffered = bool(self.req.tools)  # tool calls are only known once the text is complete
+        yield _sse(self._chunk({"role": "assistant", "content": ""}, None))
+        try:
+            async for step in stream:
+                if step.text and not buffered:
+                    yield _sse(self._chunk({"content": step.text}, None))
+            generation = stream.generation
+        finally:
+            await stream.aclose()
+        body = self.finish(generation)
+        message = body["choices"][0]["message"]
+        if buffered:
+            delta = {k: v for k, v in message.items() if k in ("content", "tool_calls") and v}
+            if "tool_calls" in delta:
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
+            yield _sse(self._chunk(delta, None))
+        yield _sse(self._chunk({}, body["choices"][0]["finish_reason"]))
+        if self.req.include_usage:
+            yield _sse({**self._chunk({}, None), "choices": [], "usage": body["usage"]})
+        yield b"data: [DONE]\n\n"
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+        return {
+            "id": self.request_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.state.settings.served_model_name,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+
+    def _reply(self, generation: Generation) -> tuple[str | None, list[dict[str, Any]]]:
+        forced = self.req.forced_tool()
+        if forced:
+            parsed = forced_call(forced, generation.text, self.request_id)
+        elif not self.req.tools or self.req.tool_choice == "none":
+            return generation.text, []
+        else:
+            parsed = parse_reply(generation.text, self.request_id)
+        return parsed.content, parsed.tool_calls
+
+    def _count(self, generation: Generation) -> None:
+        metrics = self.state.metrics
+        metrics.count(
+            "chat_completions",
+            turn_kind="main" if self.main else "side",
+            finish_reason=generation.finish_reason,
+        )
+        metrics.count("completion_tokens", len(generation.token_ids))
+        metrics.observe("request_latency_seconds", time.perf_counter() - self.started)
+
+
+def _usage(generation: Generation) -> dict[str, int]:
+    prompt, completion = len(generation.prompt_token_ids), len(generation.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(
+            413,
+            f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+            code="request_too_large",
+        )
+    body = await request.body()
+    if len(body) > limit:
+        raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
+    return body
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad_request(f"request body is not valid JSON: {error}", code="invalid_json") from error
+    if not isinstance(value, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_type")
+    return value
+
+
+def _turn_type(request: Request, default: str) -> str:
+    value = (request.headers.get("x-turn-type") or default).lower()
+    if value not in ("main", "side"):
+        raise bad_request(f"X-Turn-Type must be 'main' or 'side'; got {value!r}", param="X-Turn-Type")
+    return value
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes")

@@ -1,0 +1,141 @@
+"""Turns what the server saw and did into events: RequestReceived, ResponseGenerated, SessionClosed.
+
+Writes: the `requests`, `responses` and `sessions` topics of the namespace (through the spool).
+Token ids and logprobs are recorded exactly as the backend sampled them; text is never re-tokenized.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.codec import encode
+from schemas.events import make_event
+from schemas.topics import topic_name
+from serving.openai_api import ChatRequest
+from serving.policy.base import Generation, SamplingParams
+from serving.session_tracker import TurnAssignment
+from serving.spool import EventSpool
+
+PRODUCER = "serving/0.1.0"
+
+
+def sampling_record(params: SamplingParams) -> dict[str, Any]:
+    return {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_tokens,
+        "stop": list(params.stop),
+        "seed": params.seed,
+    }
+
+
+@dataclass
+class EventRecorder:
+    """Builds and spools the server's events. `enabled=False` records nothing (benchmarks only)."""
+
+    spool: EventSpool
+    namespace: str
+    clock_ms: Callable[[], int]
+    on_spooled: Callable[[], None] = lambda: None
+    enabled: bool = True
+    spooled: int = 0
+
+    def request_received(
+        self,
+        request_id: str,
+        turn: TurnAssignment,
+        req: ChatRequest,
+        params: SamplingParams,
+        *,
+        main: bool,
+        client_id: str | None,
+    ) -> None:
+        self._put(
+            "requests",
+            make_event(
+                "RequestReceived",
+                namespace=self.namespace,
+                producer=PRODUCER,
+                occurred_at_ms=self.clock_ms(),
+                id_parts=[request_id],
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                request_id=request_id,
+                turn_kind="main" if main else "side",
+                turn_index=turn.turn_index,
+                previous_turn_id=turn.previous_turn_id,
+                link_method=turn.link_method,
+                messages_json=json.dumps(req.messages, ensure_ascii=False),
+                tools_json=json.dumps(req.tools) if req.tools else None,
+                tool_choice_json=json.dumps(req.tool_choice) if req.tool_choice is not None else None,
+                sampling=sampling_record(params),
+                model=req.model,
+                stream=req.stream,
+                client_id=client_id,
+            ),
+        )
+
+    def response_generated(
+        self,
+        request_id: str,
+        turn: TurnAssignment,
+        generation: Generation,
+        params: SamplingParams,
+        *,
+        text: str,
+        tool_calls: list[dict[str, Any]],
+        model: str,
+    ) -> None:
+        self._put(
+            "responses",
+            make_event(
+                "ResponseGenerated",
+                namespace=self.namespace,
+                producer=PRODUCER,
+                occurred_at_ms=self.clock_ms(),
+                id_parts=[request_id],
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                request_id=request_id,
+                prompt_token_ids=generation.prompt_token_ids,
+                response_token_ids=generation.token_ids,
+                response_logprobs=generation.logprobs,
+                response_text=text,
+                tool_calls_json=json.dumps(tool_calls) if tool_calls else None,
+                finish_reason=generation.finish_reason,
+                sampling=sampling_record(params),
+                policy_version=generation.policy_version,
+                policy_spans=[],
+                latency_ms=generation.latency_ms,
+                prompt_tokens=len(generation.prompt_token_ids),
+                completion_tokens=len(generation.token_ids),
+                model=model,
+            ),
+        )
+
+    def session_closed(self, session_id: str, last_turn_id: str | None, reason: str = "explicit") -> None:
+        self._put(
+            "sessions",
+            make_event(
+                "SessionClosed",
+                namespace=self.namespace,
+                producer=PRODUCER,
+                occurred_at_ms=self.clock_ms(),
+                id_parts=[session_id, last_turn_id, reason],
+                session_id=session_id,
+                turn_id=last_turn_id,
+                reason=reason,
+                last_turn_id=last_turn_id,
+            ),
+        )
+
+    def _put(self, topic: str, event: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        key = event["envelope"]["session_id"]
+        self.spool.put(topic_name(self.namespace, topic), key.encode() if key else None, encode(event))
+        self.spooled += 1
+        self.on_spooled()

@@ -1,0 +1,156 @@
+"""`orl serve`: wires the policy backend, the recorder (spool -> event log) and the HTTP app, then serves.
+
+Reads: nothing at start but the model folder; while running, the checkpoints topic (hot swap).
+Writes: requests, responses, sessions, policy_activations (through the spool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import uvicorn
+
+from connectors.event_log.base import EventLog, TopicSpec
+from connectors.event_log.factory import open_event_log
+from connectors.metrics import Metrics
+from connectors.model_files import resolve_model
+from schemas.errors import ConfigError
+from schemas.topics import TOPICS, topic_name
+from serving.app import ServerState, build_app
+from serving.capture import EventRecorder
+from serving.policy.base import PolicyBackend
+from serving.policy.chat_template import ChatTemplate
+from serving.settings import ServeSettings
+from serving.spool import EventSpool, SpoolDrainer
+
+logger = logging.getLogger(__name__)
+
+
+def check_settings(settings: ServeSettings) -> None:
+    if not settings.api_keys:
+        raise ConfigError(
+            "no API key: set --api-keys / ORL_API_KEYS (orl never serves without authentication)"
+        )
+    if not settings.admin_key:
+        raise ConfigError("no admin key: set --admin-key / ORL_ADMIN_KEY")
+    if settings.admin_key in settings.api_keys:
+        raise ConfigError("--admin-key must differ from every --api-keys entry")
+    if settings.backend not in ("transformers", "sglang"):
+        raise ConfigError(f"--backend must be transformers or sglang, not {settings.backend!r}")
+    if settings.default_turn_type not in ("main", "side"):
+        raise ConfigError(f"--default-turn-type must be main or side, not {settings.default_turn_type!r}")
+
+
+def build_backend(settings: ServeSettings) -> tuple[PolicyBackend, ChatTemplate]:
+    model_dir = resolve_model(settings.model, settings.model_cache_dir)
+    template = ChatTemplate.from_dir(model_dir)
+    if settings.backend == "sglang":
+        from serving.policy.sglang_backend import SGLangBackend
+
+        if not settings.sglang_url:
+            raise ConfigError("--backend sglang needs --sglang-url / ORL_SGLANG_URL")
+        backend: PolicyBackend = SGLangBackend(
+            settings.sglang_url,
+            api_key=settings.sglang_api_key or None,
+            model_name=settings.served_model_name,
+            tokenizer_dir=model_dir,
+        )
+        return backend, template
+    from serving.policy.transformers_backend import TransformersBackend
+
+    backend = TransformersBackend(
+        model_dir,
+        model_name=settings.served_model_name,
+        max_batch_size=settings.max_batch_size,
+        num_threads=settings.threads or None,
+    )
+    return backend, template
+
+
+async def create_server_topics(log: EventLog, namespace: str) -> None:
+    await log.create_topics([TopicSpec(topic_name(namespace, topic)) for topic in TOPICS])
+
+
+@dataclass
+class RunningServer:
+    state: ServerState
+    drainer: SpoolDrainer
+    log: EventLog
+
+
+@asynccontextmanager
+async def running_server(
+    settings: ServeSettings, backend: PolicyBackend | None = None, template: ChatTemplate | None = None
+) -> AsyncIterator[RunningServer]:
+    """Everything `orl serve` runs, minus the HTTP listener: tests drive `build_app(state)` directly."""
+    check_settings(settings)
+    if backend is None or template is None:
+        backend, template = build_backend(settings)
+    log = open_event_log(settings.effective_log_url())
+    spool = EventSpool(settings.data_dir / f"spool-{settings.server_id}.db")
+    metrics = Metrics()
+    drainer = SpoolDrainer(spool, log)
+    recorder = EventRecorder(
+        spool,
+        settings.namespace,
+        clock_ms=lambda: int(time.time() * 1000),
+        on_spooled=drainer.wake,
+        enabled=settings.capture,
+    )
+    state = ServerState(settings, backend, template, recorder, metrics)
+    await backend.start()
+    drain_task = asyncio.create_task(_start_log_then_drain(log, settings.namespace, drainer))
+    try:
+        state.ready = True
+        yield RunningServer(state, drainer, log)
+    finally:
+        state.ready = False
+        drain_task.cancel()
+        await asyncio.gather(drain_task, return_exceptions=True)
+        await backend.close()
+        await log.close()
+        spool.close()
+
+
+async def _start_log_then_drain(log: EventLog, namespace: str, drainer: SpoolDrainer) -> None:
+    """Connect to the log (retrying while it is down: requests are answered meanwhile), then drain forever."""
+    delay = 0.5
+    while True:
+        try:
+            await log.start()
+            await create_server_topics(log, namespace)
+            break
+        except ConfigError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any connection failure: keep spooling and retry
+            logger.warning("event log not reachable yet (%s); retrying in %.1f s", error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+    await drainer.run()
+
+
+def serve(settings: ServeSettings) -> int:
+    """Entry point of `orl serve`."""
+    check_settings(settings)
+
+    async def main() -> None:
+        async with running_server(settings) as server:
+            config = uvicorn.Config(
+                build_app(server.state),
+                host=settings.host,
+                port=settings.port,
+                log_level="warning",
+                access_log=False,
+            )
+            logger.info(
+                "serving %s on http://%s:%d/v1", settings.served_model_name, settings.host, settings.port
+            )
+            await uvicorn.Server(config).serve()
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,208 @@
+"""The policy backend interface every orl server uses (in-process transformers, SGLang over HTTP).
+
+A backend turns prompt token ids into sampled token ids with their logprobs, scores fixed responses,
+and hot-swaps checkpoints. It knows nothing about events: the server records what it returns.
+
+Logprob semantics (the trainer relies on them):
+
+* `Generation.logprobs[i]` is log p(token_ids[i]) under the temperature-scaled distribution
+  softmax(logits / T), taken BEFORE top-p filtering, so it is exactly what the trainer recomputes
+  from the same token ids at the same temperature. For T == 0 (greedy) it is the T = 1 logprob.
+* `token_ids` are the sampled ids, never re-tokenized text. They include the end-of-turn token when
+  the model emitted one (finish_reason "stop"), and the token that completed a stop string; `text`
+  excludes both (OpenAI semantics).
+* `score(prompt, response, T)` returns log p(response[i] | prompt, response[:i]) at temperature T
+  (T == 0 means T = 1), one value per response token; `use_base=True` scores with the frozen base
+  weights (the "frozen reference" teacher) whatever checkpoint is live.
+
+Hot swap: `load_checkpoint` never refuses or aborts a request. Generations already running finish on
+the weights they started with; generations admitted after the swap use the new ones. Each
+`Generation.policy_version` is the version whose weights produced its tokens (0 = the base model).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from schemas.errors import OrlError
+
+FinishReason = Literal["stop", "length", "abort"]
+CheckpointKind = Literal["full", "lora"]
+
+
+class PolicyError(OrlError):
+    """A generation or scoring request could not be served (bad input, backend failure)."""
+
+
+class CheckpointError(OrlError):
+    """A checkpoint could not be loaded; the old policy keeps serving."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one response. temperature 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise PolicyError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise PolicyError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise PolicyError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """One sampled token; `text` is the newly decodable text (may be "" mid multi-byte character)."""
+
+    token_id: int
+    logprob: float
+    text: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A finished response with the exact ids and logprobs that were sampled."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: FinishReason
+    policy_version: int
+    latency_ms: float
+
+
+_StreamItem = TokenStep | Generation | BaseException
+
+
+class GenerationStream:
+    """An async iterator of TokenSteps; once exhausted, `generation` holds the finished response.
+
+    Producers (a worker thread or an asyncio task) call `publish` / `publish_threadsafe` with
+    TokenSteps, then exactly one Generation or exception. `aclose()` tells the producer to stop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._queue: asyncio.Queue[_StreamItem] = asyncio.Queue()
+        self._generation: Generation | None = None
+        self._on_close: Callable[[], object] | None = None
+
+    def set_on_close(self, callback: Callable[[], object]) -> None:
+        """Register what `aclose()` calls to stop the producer."""
+        self._on_close = callback
+
+    def publish(self, item: _StreamItem) -> None:
+        """Deliver an item from the event loop's own thread."""
+        self._queue.put_nowait(item)
+
+    def publish_threadsafe(self, item: _StreamItem) -> None:
+        """Deliver an item from any other thread."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> TokenStep:
+        if self._generation is not None:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, TokenStep):
+            return item
+        if isinstance(item, Generation):
+            self._generation = item
+            raise StopAsyncIteration
+        raise item
+
+    @property
+    def generation(self) -> Generation:
+        """The finished response; only after the iteration ended."""
+        if self._generation is None:
+            raise PolicyError("the generation is not finished yet: iterate the stream to the end first")
+        return self._generation
+
+    async def result(self) -> Generation:
+        """Drain the remaining steps and return the finished response."""
+        async for _ in self:
+            pass
+        return self.generation
+
+    async def aclose(self) -> None:
+        """Stop early (client went away): the producer drops the request."""
+        if self._generation is None and self._on_close is not None:
+            self._on_close()
+
+
+class PolicyBackend(abc.ABC):
+    """A served policy: generation, scoring and hot swap of checkpoints."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model or connect to the server; call once before anything else."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release threads, memory and connections."""
+
+    @property
+    @abc.abstractmethod
+    def policy_version(self) -> int:
+        """The version new requests get now (0 = the base model)."""
+
+    @property
+    @abc.abstractmethod
+    def model_name(self) -> str:
+        """The name clients see in responses."""
+
+    @property
+    @abc.abstractmethod
+    def context_window(self) -> int:
+        """The maximum prompt + response length in tokens."""
+
+    @abc.abstractmethod
+    def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
+        """Start a generation; iterate the stream for tokens, then read `stream.generation`."""
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """Generate a whole response."""
+        return await self.generate_stream(prompt_ids, params).result()
+
+    @abc.abstractmethod
+    async def score(
+        self,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        temperature: float = 1.0,
+        *,
+        use_base: bool = False,
+    ) -> list[float]:
+        """Logprobs of `response_ids` after `prompt_ids`; one per response token."""
+
+    @abc.abstractmethod
+    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
+        """Hot-swap to the checkpoint at `path` ("full" safetensors folder or "lora" peft adapter)."""
+
+
+def effective_temperature(temperature: float) -> float:
+    """The temperature logprobs are taken at: greedy (0) reports T = 1 logprobs."""
+    return temperature if temperature > 0 else 1.0
+
+
+def check_prompt(prompt_ids: list[int], context_window: int) -> None:
+    """Refuse empty prompts and prompts that leave no room for a single response token."""
+    if not prompt_ids:
+        raise PolicyError("the prompt is empty")
+    if len(prompt_ids) >= context_window:
+        raise PolicyError(f"the prompt has {len(prompt_ids)} tokens; the context window is {context_window}")

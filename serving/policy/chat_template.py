@@ -1,0 +1,139 @@
+"""Render OpenAI chat messages (and tools) to prompt token ids with the model's chat template.
+
+Both backends take token ids, so the server tokenizes once, here, and records exactly those ids.
+Templates that do not know tools (SmolLM2 ships plain ChatML) still get sensible prompts: tool
+definitions go into the system message, assistant tool calls become `<tool_call>` JSON blocks and
+tool results become user turns wrapped in `<tool_response>` (the Hermes / Qwen convention).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from serving.policy.base import PolicyError
+
+Message = dict[str, Any]
+
+
+class ChatTemplate:
+    """Prompt rendering and decoding for one tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise PolicyError("the tokenizer has no chat template")
+        self._tok = tokenizer
+        self._knows_tools = "tool" in str(tokenizer.chat_template)
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> ChatTemplate:
+        """Load the tokenizer saved with a model folder."""
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(model_dir))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tok
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Ids that end a turn: the tokenizer's eos (SmolLM2: <|im_end|>, id 2)."""
+        eos = self._tok.eos_token_id
+        return frozenset([eos] if isinstance(eos, int) else list(eos or []))
+
+    def render_text(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> str:
+        """The prompt as text, ending with the assistant generation prompt."""
+        if not messages:
+            raise PolicyError("messages must not be empty")
+        if self._knows_tools:
+            msgs = [_plain_content(m) for m in messages]
+            kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
+        else:
+            msgs = _without_tool_roles(messages, tools)
+            kwargs = {}
+        text = self._tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kwargs)
+        return str(text)
+
+    def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt token ids (the template already holds every special token)."""
+        text = self.render_text(messages, tools)
+        return list(self._tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Token ids to text, without the tokenizer's space clean-up (exactly what was sampled)."""
+        return str(
+            self._tok.decode(
+                list(token_ids),
+                skip_special_tokens=skip_special_tokens,
+                clean_up_tokenization_spaces=False,
+            )
+        )
+
+
+def content_text(content: Any) -> str:
+    """OpenAI content (None, a string, or a list of parts) as plain text; non-text parts are dropped."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    raise PolicyError(f"unsupported message content of type {type(content).__name__}")
+
+
+def _plain_content(message: Message) -> Message:
+    return {**message, "content": content_text(message.get("content"))}
+
+
+def _without_tool_roles(messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> list[Message]:
+    out: list[Message] = []
+    for m in messages:
+        role = m.get("role")
+        if role is None:
+            raise PolicyError("every message needs a role")
+        text = content_text(m.get("content"))
+        if role == "tool":
+            out.append({"role": "user", "content": _tool_response(m, text)})
+        elif role == "assistant" and m.get("tool_calls"):
+            out.append({"role": "assistant", "content": _with_tool_calls(text, m["tool_calls"])})
+        else:
+            out.append({"role": role, "content": text})
+    if tools:
+        out = _with_tool_definitions(out, tools)
+    return out
+
+
+def _tool_response(message: Message, text: str) -> str:
+    name = message.get("name") or message.get("tool_call_id") or "tool"
+    return f'<tool_response name="{name}">\n{text}\n</tool_response>'
+
+
+def _with_tool_calls(text: str, tool_calls: list[dict[str, Any]]) -> str:
+    blocks = []
+    for call in tool_calls:
+        fn = call.get("function", call)
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            with contextlib.suppress(json.JSONDecodeError):  # else keep the raw string the model produced
+                args = json.loads(args)
+        blocks.append(
+            "<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>"
+        )
+    return "\n".join([text, *blocks]) if text else "\n".join(blocks)
+
+
+def _with_tool_definitions(messages: list[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
+    listing = "\n".join(json.dumps(t) for t in tools)
+    preamble = (
+        "You may call functions. Their signatures:\n<tools>\n"
+        + listing
+        + '\n</tools>\nTo call one, reply with <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>'
+    )
+    if messages and messages[0]["role"] == "system":
+        first = {"role": "system", "content": messages[0]["content"] + "\n\n" + preamble}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": preamble}, *messages]

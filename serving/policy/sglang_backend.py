@@ -1,0 +1,360 @@
+"""Policy backend that drives an SGLang server over HTTP (the GPU deployment).
+
+Generation goes through SGLang's native `POST /generate` with `input_ids` (the prompt the server
+rendered with `ChatTemplate`, so the recorded ids are exactly what the model saw) and
+`return_logprob`, reading the sampled ids and logprobs from `meta_info.output_token_logprobs`
+(`[logprob, token_id, text]` entries). Streaming reads the SSE `data: {...}` chunks; the token
+count in `meta_info.completion_tokens` tells which entries are new, so cumulative and incremental
+streaming servers both work. Scoring is a prefill-only `/generate` (max_new_tokens 0) reading
+`meta_info.input_token_logprobs` of the response suffix.
+
+Hot swap (reference/peers.md 4.1): full checkpoints via `POST /update_weights_from_disk` with
+`weight_version` and `abort_all_requests=false` (a version bump must never abort running requests);
+LoRA adapters via `POST /load_lora_adapter` under an immutable name per version (`v<version>`),
+which later requests pass as `lora_path`. Logprob temperature: SGLang must be configured to return
+temperature-scaled logprobs (the orl contract in `base.py`); orl passes each request's temperature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from schemas.errors import ServiceUnavailable
+from serving.policy.base import (
+    CheckpointError,
+    CheckpointKind,
+    FinishReason,
+    Generation,
+    GenerationStream,
+    PolicyBackend,
+    PolicyError,
+    SamplingParams,
+    TokenStep,
+    check_prompt,
+    effective_temperature,
+)
+from serving.policy.chat_template import ChatTemplate
+from serving.policy.detokenizer import IncrementalDecoder
+
+log = logging.getLogger(__name__)
+
+_LORAS_KEPT = 3  # adapters of the newest versions stay loaded for requests still running on them
+
+
+class SGLangBackend(PolicyBackend):
+    """A policy served by an SGLang server at `base_url`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model_name: str,
+        tokenizer_dir: Path,
+        api_key: str | None = None,
+        reference_url: str | None = None,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 3.0,
+        context_window: int | None = None,
+    ) -> None:
+        self._url = base_url.rstrip("/")
+        self._ref_url = reference_url.rstrip("/") if reference_url else None
+        self._name = model_name
+        self._tokenizer_dir = Path(tokenizer_dir)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._context_window = context_window or 0
+        self._client: httpx.AsyncClient | None = None
+        self._template: ChatTemplate | None = None
+        self._version = 0
+        self._full_loaded = False
+        self._loras: list[str] = []
+        self._swap_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self._template = await asyncio.to_thread(ChatTemplate.from_dir, self._tokenizer_dir)
+        if not self._context_window:
+            self._context_window = _context_window_of(self._tokenizer_dir)
+        self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+        body = await self._request("GET", "/get_weight_version")
+        self._version = _version_number(body.get("weight_version"), default=0)
+        log.info("SGLang backend %s at %s, weight version %d", self._name, self._url, self._version)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def context_window(self) -> int:
+        return self._context_window
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        if self._template is None:
+            raise PolicyError("the SGLang backend is not started")
+        return self._template
+
+    # -- generation --------------------------------------------------------------------------
+
+    def _generate_body(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> dict[str, Any]:
+        check_prompt(prompt_ids, self._context_window)
+        sampling: dict[str, Any] = {
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_new_tokens": min(params.max_tokens, self._context_window - len(prompt_ids)),
+            "stop": list(params.stop),
+        }
+        if params.seed is not None:
+            sampling["sampling_seed"] = params.seed
+        body: dict[str, Any] = {
+            "input_ids": list(prompt_ids),
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "stream": stream,
+        }
+        if self._loras:
+            body["lora_path"] = self._loras[-1]
+        return body
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        version = self._version
+        started = asyncio.get_running_loop().time()
+        out = await self._request("POST", "/generate", self._generate_body(prompt_ids, params, stream=False))
+        meta = out.get("meta_info") or {}
+        ids, logprobs = _ids_and_logprobs(meta.get("output_token_logprobs"), "output_token_logprobs")
+        return Generation(
+            prompt_token_ids=list(prompt_ids),
+            token_ids=ids,
+            logprobs=logprobs,
+            text=str(out.get("text", "")),
+            finish_reason=_finish_reason(meta.get("finish_reason")),
+            policy_version=_version_number(meta.get("weight_version"), default=version),
+            latency_ms=(asyncio.get_running_loop().time() - started) * 1000.0,
+        )
+
+    def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
+        body = self._generate_body(prompt_ids, params, stream=True)
+        stream = GenerationStream()
+        task = asyncio.get_running_loop().create_task(self._pump(body, params, stream))
+        stream.set_on_close(task.cancel)
+        return stream
+
+    async def _pump(self, body: dict[str, Any], params: SamplingParams, stream: GenerationStream) -> None:
+        """Read SSE chunks and publish TokenSteps, then the Generation (or the error)."""
+        version, started = self._version, asyncio.get_running_loop().time()
+        decoder = IncrementalDecoder(self.chat_template.decode, params.stop, self.chat_template.eos_token_ids)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        meta: dict[str, Any] = {}
+        try:
+            async for chunk in self._sse("/generate", body):
+                meta = chunk.get("meta_info") or {}
+                fresh = _new_entries(meta, len(ids))
+                for i, (token, logprob) in enumerate(fresh):
+                    ids.append(token)
+                    logprobs.append(logprob)
+                    delta = decoder.add(token)
+                    if i == len(fresh) - 1 and meta.get("finish_reason") is not None:
+                        delta += decoder.finish()  # the last token carries any held-back text
+                    stream.publish(TokenStep(token, logprob, delta))
+        except Exception as exc:  # delivered to the stream's reader, who raises it
+            stream.publish(exc)
+            return
+        stream.publish(
+            Generation(
+                prompt_token_ids=list(body["input_ids"]),
+                token_ids=ids,
+                logprobs=logprobs,
+                text=decoder.text,
+                finish_reason=_finish_reason(meta.get("finish_reason")),
+                policy_version=_version_number(meta.get("weight_version"), default=version),
+                latency_ms=(asyncio.get_running_loop().time() - started) * 1000.0,
+            )
+        )
+
+    # -- scoring -----------------------------------------------------------------------------
+
+    async def score(
+        self,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        temperature: float = 1.0,
+        *,
+        use_base: bool = False,
+    ) -> list[float]:
+        check_prompt(prompt_ids, self._context_window)
+        if not response_ids:
+            return []
+        url = self._url
+        body: dict[str, Any] = {
+            "input_ids": list(prompt_ids) + list(response_ids),
+            "sampling_params": {"max_new_tokens": 0, "temperature": effective_temperature(temperature)},
+            "return_logprob": True,
+            "logprob_start_len": len(prompt_ids) - 1,
+        }
+        if use_base and self._full_loaded:
+            if self._ref_url is None:
+                raise PolicyError(
+                    "scoring with the base weights after a full-weight update needs reference_url"
+                )
+            url = self._ref_url
+        elif not use_base and self._loras:
+            body["lora_path"] = self._loras[-1]
+        out = await self._request("POST", "/generate", body, base_url=url)
+        entries = (out.get("meta_info") or {}).get("input_token_logprobs")
+        return _response_logprobs(entries, response_ids)
+
+    # -- hot swap ----------------------------------------------------------------------------
+
+    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
+        async with self._swap_lock:
+            if kind == "full":
+                await self._load_full(Path(path), version)
+            elif kind == "lora":
+                await self._load_lora(Path(path), version)
+            else:
+                raise CheckpointError(f"unknown checkpoint kind {kind!r} (expected 'full' or 'lora')")
+            self._version = version
+            log.info("SGLang at %s now serves v%d (%s)", self._url, version, kind)
+
+    async def _load_full(self, path: Path, version: int) -> None:
+        body = {"model_path": str(path), "weight_version": str(version), "abort_all_requests": False}
+        out = await self._request("POST", "/update_weights_from_disk", body, checkpoint=True)
+        if not out.get("success", False):
+            raise CheckpointError(f"SGLang refused {path}: {out.get('message')}")
+        self._full_loaded = True
+        self._loras = []  # adapters were trained on the old base
+
+    async def _load_lora(self, path: Path, version: int) -> None:
+        name = f"v{version}"
+        if name in self._loras:
+            raise CheckpointError(f"LoRA adapter {name} is already loaded; adapter names are immutable")
+        out = await self._request(
+            "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, checkpoint=True
+        )
+        if not out.get("success", True):
+            raise CheckpointError(f"SGLang refused the adapter {path}: {out.get('message')}")
+        self._loras.append(name)
+        while len(self._loras) > _LORAS_KEPT:
+            old = self._loras.pop(0)
+            await self._request("POST", "/unload_lora_adapter", {"lora_name": old})
+
+    # -- HTTP --------------------------------------------------------------------------------
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise PolicyError("the SGLang backend is not started (call start() first)")
+        return self._client
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        base_url: str | None = None,
+        checkpoint: bool = False,
+    ) -> dict[str, Any]:
+        url = (base_url or self._url) + path
+        try:
+            response = await self._http().request(method, url, json=body)
+        except (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError) as exc:
+            raise ServiceUnavailable(f"SGLang server at {url} is unreachable: {exc!r}") from exc
+        _raise_for_status(response, url, checkpoint)
+        data = response.json()
+        return data if isinstance(data, dict) else {"value": data}
+
+    async def _sse(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        url = self._url + path
+        try:
+            async with self._http().stream("POST", url, json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    _raise_for_status(response, url, checkpoint=False)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[len("data:") :].strip()
+                    if data == "[DONE]":
+                        return
+                    yield json.loads(data)
+        except (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError) as exc:
+            raise ServiceUnavailable(f"SGLang server at {url} is unreachable: {exc!r}") from exc
+
+
+def _raise_for_status(response: httpx.Response, url: str, checkpoint: bool) -> None:
+    if response.status_code < 400:
+        return
+    message = f"SGLang {url} answered {response.status_code}: {response.text[:500]}"
+    if response.status_code >= 500 and not checkpoint:
+        raise ServiceUnavailable(message)
+    raise CheckpointError(message) if checkpoint else PolicyError(message)
+
+
+def _ids_and_logprobs(entries: Any, field: str) -> tuple[list[int], list[float]]:
+    if not isinstance(entries, list):
+        raise PolicyError(f"SGLang returned no {field} (is return_logprob supported?)")
+    ids, logprobs = [], []
+    for entry in entries:
+        if entry[0] is None:
+            raise PolicyError(f"SGLang returned a null logprob in {field}")
+        logprobs.append(float(entry[0]))
+        ids.append(int(entry[1]))
+    return ids, logprobs
+
+
+def _new_entries(meta: dict[str, Any], seen: int) -> list[tuple[int, float]]:
+    """Entries of this chunk not seen yet, for cumulative and incremental streams alike."""
+    entries = meta.get("output_token_logprobs") or []
+    total = int(meta.get("completion_tokens", seen + len(entries)))
+    fresh = entries[len(entries) - (total - seen) :] if total > seen else []
+    ids, logprobs = _ids_and_logprobs(fresh, "output_token_logprobs")
+    return list(zip(ids, logprobs, strict=True))
+
+
+def _response_logprobs(entries: Any, response_ids: list[int]) -> list[float]:
+    """The response suffix of input_token_logprobs, checked token by token (never padded)."""
+    if not isinstance(entries, list) or len(entries) < len(response_ids):
+        got = len(entries) if isinstance(entries, list) else 0
+        raise PolicyError(f"SGLang returned {got} input logprobs for a {len(response_ids)}-token response")
+    ids, logprobs = _ids_and_logprobs(entries[len(entries) - len(response_ids) :], "input_token_logprobs")
+    if ids != list(response_ids):
+        raise PolicyError("SGLang input_token_logprobs do not line up with the response tokens")
+    return logprobs
+
+
+def _finish_reason(raw: Any) -> FinishReason:
+    kind = raw.get("type") if isinstance(raw, dict) else raw
+    if kind in ("stop", "length", "abort"):
+        return kind  # type: ignore[no-any-return]
+    raise PolicyError(f"SGLang returned an unknown finish_reason {raw!r}")
+
+
+def _version_number(raw: Any, default: int) -> int:
+    """SGLang weight versions are strings; orl's are integers ("v3" and "3" both mean 3)."""
+    text = str(raw).lstrip("v") if raw is not None else ""
+    return int(text) if text.isdigit() else default
+
+
+def _context_window_of(model_dir: Path) -> int:
+    config = model_dir / "config.json"
+    if config.is_file():
+        window = json.loads(config.read_text()).get("max_position_embeddings")
+        if isinstance(window, int):
+            return window
+    return 8192

@@ -1,0 +1,336 @@
+"""In-process policy backend on Hugging Face transformers (CPU): batched generation, scoring, hot swap.
+
+One worker thread owns the model. Between decode steps it admits waiting requests into the running
+batch (up to `max_batch_size` rows), runs scoring jobs, and applies a pending checkpoint swap once
+the rows running on the old weights have drained; requests that arrive meanwhile wait (nothing is
+refused). Tokens reach each request's asyncio stream through `call_soon_threadsafe`.
+
+Weights: an fp32 master copy, run under bf16 autocast. The base weights stay loaded, frozen, for
+`score(use_base=True)`; a "full" checkpoint is a folder with `model.safetensors`, a "lora"
+checkpoint is a peft adapter folder merged into a copy of the base. Both are built off the hot path
+(in a thread) and swapped in at a batch boundary. Reads checkpoint folders; writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import copy
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from schemas.errors import ConfigError
+from serving.policy.base import (
+    CheckpointError,
+    CheckpointKind,
+    GenerationStream,
+    PolicyBackend,
+    PolicyError,
+    SamplingParams,
+    check_prompt,
+    effective_temperature,
+)
+from serving.policy.batch_engine import ActiveBatch, Row, hidden_states, lm_logits
+from serving.policy.chat_template import ChatTemplate
+from serving.policy.detokenizer import IncrementalDecoder
+
+log = logging.getLogger(__name__)
+
+_Job = Callable[[], Any]
+
+
+class TransformersBackend(PolicyBackend):
+    """Serve a local Hugging Face model folder with continuous batching on CPU."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        model_name: str | None = None,
+        device: str = "cpu",
+        autocast_dtype: torch.dtype | None = torch.bfloat16,
+        max_batch_size: int = 8,
+        num_threads: int | None = None,
+    ) -> None:
+        if device != "cpu":
+            raise ConfigError(
+                f"device {device!r}: the transformers backend serves on cpu (use SGLang on GPUs)"
+            )
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self._model_dir = Path(model_dir)
+        self._name = model_name or self._model_dir.name
+        self._autocast_dtype = autocast_dtype
+        self._max_batch = max_batch_size
+        self._num_threads = num_threads or os.cpu_count() or 1
+        self._cv = threading.Condition()
+        self._pending: collections.deque[Row] = collections.deque()
+        self._jobs: collections.deque[tuple[_Job, concurrent.futures.Future[Any]]] = collections.deque()
+        self._swap: tuple[Any, int, concurrent.futures.Future[None]] | None = None
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._swap_lock = asyncio.Lock()
+        self._base: Any = None
+        self._model: Any = None
+        self._version = 0
+        self._batch: ActiveBatch | None = None
+        self._template: ChatTemplate | None = None
+        self._context_window = 0
+        self._eos_ids: frozenset[int] = frozenset()
+        self.batch_size_counts: collections.Counter[int] = collections.Counter()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        torch.set_num_threads(self._num_threads)
+        await asyncio.to_thread(self._load_base)
+        self._thread = threading.Thread(target=self._worker, name="orl-policy-worker", daemon=True)
+        self._thread.start()
+        log.info(
+            "transformers backend serving %s from %s (%d threads)",
+            self._name,
+            self._model_dir,
+            self._num_threads,
+        )
+
+    async def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    def _load_base(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if not (self._model_dir / "config.json").is_file():
+            raise ConfigError(f"{self._model_dir} is not a Hugging Face model folder (no config.json)")
+        self._template = ChatTemplate.from_dir(self._model_dir)
+        base = AutoModelForCausalLM.from_pretrained(self._model_dir, dtype=torch.float32)
+        base.eval().requires_grad_(False)
+        self._base = self._model = base
+        self._context_window = int(base.config.max_position_embeddings)
+        self._eos_ids = self._template.eos_token_ids | _config_eos_ids(base)
+        pad = self._template.tokenizer.pad_token_id
+        self._batch = ActiveBatch(self._autocast_dtype, pad if pad is not None else min(self._eos_ids))
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def context_window(self) -> int:
+        return self._context_window
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        if self._template is None:
+            raise PolicyError("the backend is not started")
+        return self._template
+
+    @property
+    def max_batch_size_seen(self) -> int:
+        """The largest number of rows decoded together so far (1 = never batched)."""
+        return max(self.batch_size_counts, default=0)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
+        self._require_running()
+        check_prompt(prompt_ids, self._context_window)
+        stream = GenerationStream()
+        decoder = IncrementalDecoder(self.chat_template.decode, params.stop, self._eos_ids)
+        max_new = min(params.max_tokens, self._context_window - len(prompt_ids))
+        row = Row(list(prompt_ids), params, max_new, stream, decoder)
+        stream.set_on_close(row.cancelled.set)
+        with self._cv:
+            self._pending.append(row)
+            self._cv.notify()
+        return stream
+
+    async def score(
+        self,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        temperature: float = 1.0,
+        *,
+        use_base: bool = False,
+    ) -> list[float]:
+        self._require_running()
+        check_prompt(prompt_ids, self._context_window)
+        if len(prompt_ids) + len(response_ids) > self._context_window:
+            raise PolicyError(f"prompt + response exceed the context window of {self._context_window}")
+        if not response_ids:
+            return []
+        temp = effective_temperature(temperature)
+
+        def job() -> list[float]:
+            model = self._base if use_base else self._model
+            return self._score_now(model, prompt_ids, response_ids, temp)
+
+        result: list[float] = await self._run_job(job)
+        return result
+
+    def _score_now(self, model: Any, prompt: list[int], response: list[int], temp: float) -> list[float]:
+        ids = torch.tensor([prompt + response], dtype=torch.long)
+        hidden = hidden_states(model, self._autocast_dtype, input_ids=ids, use_cache=False)
+        h = hidden[0, len(prompt) - 1 : len(prompt) + len(response) - 1]
+        logp_T_V = torch.log_softmax(lm_logits(model, h) / temp, dim=-1)
+        picked = logp_T_V.gather(1, torch.tensor(response, dtype=torch.long)[:, None])[:, 0]
+        return [float(x) for x in picked]
+
+    async def _run_job(self, job: _Job) -> Any:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._cv:
+            self._jobs.append((job, future))
+            self._cv.notify()
+        return await asyncio.wrap_future(future)
+
+    def _require_running(self) -> None:
+        if self._thread is None or self._closing:
+            raise PolicyError("the transformers backend is not running (call start() first)")
+
+    # -- hot swap ----------------------------------------------------------------------------
+
+    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
+        self._require_running()
+        async with self._swap_lock:
+            log.info("loading %s checkpoint v%d from %s", kind, version, path)
+            model = await asyncio.to_thread(self._build_model, Path(path), kind)
+            future: concurrent.futures.Future[None] = concurrent.futures.Future()
+            with self._cv:
+                self._swap = (model, version, future)
+                self._cv.notify()
+            await asyncio.wrap_future(future)
+            log.info("policy v%d active", version)
+
+    def _build_model(self, path: Path, kind: CheckpointKind) -> Any:
+        if kind == "full":
+            return self._load_full(path)
+        if kind == "lora":
+            return self._load_lora(path)
+        raise CheckpointError(f"unknown checkpoint kind {kind!r} (expected 'full' or 'lora')")
+
+    def _load_full(self, path: Path) -> Any:
+        from safetensors.torch import load_file
+
+        weights = path / "model.safetensors"
+        if not weights.is_file():
+            raise CheckpointError(f"{path} has no model.safetensors")
+        model = copy.deepcopy(self._base)
+        missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+        tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+        bad_missing = sorted(set(missing) - tied)
+        if unexpected or bad_missing:
+            raise CheckpointError(
+                f"{weights} does not match the base model: missing {bad_missing[:5]}, unexpected {sorted(unexpected)[:5]}"
+            )
+        return model.eval().requires_grad_(False)
+
+    def _load_lora(self, path: Path) -> Any:
+        from peft import PeftModel
+
+        if not (path / "adapter_config.json").is_file():
+            raise CheckpointError(f"{path} is not a peft adapter folder (no adapter_config.json)")
+        try:
+            peft_model = PeftModel.from_pretrained(copy.deepcopy(self._base), str(path))
+        except (ValueError, KeyError, OSError, RuntimeError) as exc:
+            raise CheckpointError(f"cannot load the LoRA adapter at {path}: {exc}") from exc
+        return peft_model.merge_and_unload().eval().requires_grad_(False)
+
+    # -- worker thread -----------------------------------------------------------------------
+
+    def _worker(self) -> None:
+        assert self._batch is not None
+        batch = self._batch
+        while True:
+            with self._cv:
+                while not (self._closing or self._pending or self._jobs or batch.rows or self._swap):
+                    self._cv.wait()
+                if self._closing:
+                    break
+                jobs = list(self._jobs)
+                self._jobs.clear()
+                if self._swap is not None and not batch.rows:
+                    self._apply_swap()
+                admit = self._take_pending(self._max_batch - len(batch.rows))
+            self._run_jobs(jobs)
+            self._advance(batch, admit)
+        self._fail_everything(batch)
+
+    def _take_pending(self, room: int) -> list[Row]:
+        """Rows to admit now; none while a swap waits for the old rows to drain."""
+        if self._swap is not None:
+            return []
+        rows: list[Row] = []
+        while self._pending and len(rows) < room:
+            row = self._pending.popleft()
+            if not row.cancelled.is_set():
+                rows.append(row)
+        return rows
+
+    def _apply_swap(self) -> None:
+        assert self._swap is not None
+        model, version, future = self._swap
+        self._model, self._version, self._swap = model, version, None
+        future.set_result(None)
+
+    def _advance(self, batch: ActiveBatch, admit: list[Row]) -> None:
+        try:
+            with torch.inference_mode():
+                if admit:
+                    batch.admit(admit, self._model, self._version)
+                if batch.rows:
+                    self.batch_size_counts[len(batch.rows)] += 1
+                    batch.step()
+        except Exception as exc:  # a failed step must not hang every waiting client
+            log.exception("generation step failed; failing %d rows", len(batch.rows) + len(admit))
+            error = PolicyError(f"generation failed: {exc}")
+            for row in admit:
+                if row.finish_reason is None and row not in batch.rows:
+                    row.stream.publish_threadsafe(error)
+            batch.fail_all(error)
+
+    def _run_jobs(self, jobs: list[tuple[_Job, concurrent.futures.Future[Any]]]) -> None:
+        for job, future in jobs:
+            try:
+                with torch.inference_mode():
+                    future.set_result(job())
+            except Exception as exc:  # delivered to the awaiting caller, not swallowed
+                future.set_exception(exc)
+
+    def _fail_everything(self, batch: ActiveBatch) -> None:
+        error = PolicyError("the transformers backend was closed")
+        batch.fail_all(error)
+        with self._cv:
+            for row in self._pending:
+                row.stream.publish_threadsafe(error)
+            for _, future in self._jobs:
+                future.set_exception(error)
+            if self._swap is not None:
+                self._swap[2].set_exception(error)
+            self._pending.clear()
+            self._jobs.clear()
+            self._swap = None
+
+
+def _config_eos_ids(model: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for cfg in (model.config, getattr(model, "generation_config", None)):
+        eos = getattr(cfg, "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else list(eos or []))
+    return frozenset(ids)

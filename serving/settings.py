@@ -1,0 +1,35 @@
+"""Settings of `orl serve` (every field is a flag and an environment variable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from connectors.settings import ConnectionSettings, setting
+
+
+@dataclass(frozen=True)
+class ServeSettings(ConnectionSettings):
+    host: str = setting("127.0.0.1", "ORL_HOST", "Address to listen on.")
+    port: int = setting(8000, "ORL_PORT", "Port to listen on.")
+    api_keys: tuple[str, ...] = setting(
+        (), "ORL_API_KEYS", "Comma-separated bearer keys for the OpenAI surface (required).", secret=True
+    )
+    admin_key: str = setting("", "ORL_ADMIN_KEY", "Bearer key for /admin endpoints (required).", secret=True)
+    backend: str = setting("transformers", "ORL_BACKEND", "Policy backend: transformers | sglang.")
+    sglang_url: str = setting("", "ORL_SGLANG_URL", "Base URL of the SGLang server (backend sglang).")
+    sglang_api_key: str = setting("", "ORL_SGLANG_API_KEY", "API key of the SGLang server.", secret=True)
+    served_model_name: str = setting("orl-policy", "ORL_SERVED_MODEL_NAME", "Model name shown to clients.")
+    server_id: str = setting("serve-0", "ORL_SERVER_ID", "Name of this server in PolicyActivated events.")
+    default_turn_type: str = setting(
+        "main", "ORL_DEFAULT_TURN_TYPE", "Turn type without X-Turn-Type: main|side."
+    )
+    default_max_tokens: int = setting(256, "ORL_DEFAULT_MAX_TOKENS", "max_tokens when a request gives none.")
+    max_tokens_limit: int = setting(4096, "ORL_MAX_TOKENS_LIMIT", "Largest max_tokens a request may ask for.")
+    max_body_bytes: int = setting(4_000_000, "ORL_MAX_BODY_BYTES", "Largest request body accepted (bytes).")
+    max_batch_size: int = setting(8, "ORL_MAX_BATCH_SIZE", "Concurrent requests batched together.")
+    threads: int = setting(0, "ORL_THREADS", "torch threads for the transformers backend (0: all cores).")
+    capture: bool = setting(True, "ORL_CAPTURE", "Record every turn as events (off only for benchmarks).")
+    run_id: str = setting("live", "ORL_RUN_ID", "Trainer run whose checkpoints this server follows.")
+    follow_checkpoints: bool = setting(
+        True, "ORL_FOLLOW_CHECKPOINTS", "Hot-swap to each published checkpoint."
+    )

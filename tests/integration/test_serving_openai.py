@@ -1,0 +1,162 @@
+"""`orl serve` on the real SmolLM2 model, driven by the official openai client; events read from the real log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.log_reading import read_events
+from tests.integration.serve_process import API_KEY, ServeProcess, free_port, serve_process
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path) -> Iterator[ServeProcess]:
+    with serve_process(tmp_path_factory.mktemp("serve")) as running:
+        yield running
+
+
+def client(server: ServeProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
+
+
+def events(server: ServeProcess, topic: str) -> list[dict]:
+    return asyncio.run(read_events(server.log_url, f"live.{topic}"))
+
+
+def wait_for_events(server: ServeProcess, topic: str, predicate, timeout_s: float = 10.0) -> list[dict]:
+    return asyncio.run(_wait(server, topic, predicate, timeout_s))
+
+
+async def _wait(server: ServeProcess, topic: str, predicate, timeout_s: float) -> list[dict]:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        found = [e for e in await read_events(server.log_url, f"live.{topic}") if predicate(e)]
+        if found or asyncio.get_running_loop().time() > deadline:
+            return found
+        await asyncio.sleep(0.2)
+
+
+def test_non_streaming_completion_is_recorded_with_exact_tokens(server: ServeProcess) -> None:
+    reply = client(server).chat.completions.with_raw_response.create(
+        model="orl-policy", messages=[{"role": "user", "content": "Say hello in three words."}],
+        max_tokens=12, temperature=0.7, seed=7,
+    )
+    completion = reply.parse()
+    session = reply.headers["x-session-id"]
+    assert completion.choices[0].message.content
+    assert completion.usage.completion_tokens <= 12
+    responses = wait_for_events(server, "responses", lambda e: e["envelope"]["session_id"] == session)
+    assert len(responses) == 1
+    response = responses[0]
+    assert response["response_text"] == completion.choices[0].message.content
+    assert len(response["response_token_ids"]) == len(response["response_logprobs"]) == completion.usage.completion_tokens
+    assert all(lp <= 0.0 for lp in response["response_logprobs"])
+    assert response["sampling"]["temperature"] == pytest.approx(0.7)
+    assert response["sampling"]["seed"] == 7
+    assert response["policy_version"] == 0
+    requests = [e for e in events(server, "requests") if e["envelope"]["session_id"] == session]
+    assert requests[0]["request_id"] == response["request_id"]
+    assert json.loads(requests[0]["messages_json"])[0]["content"] == "Say hello in three words."
+
+
+def test_streaming_sends_tokens_and_usage_last(server: ServeProcess) -> None:
+    stream = client(server).chat.completions.create(
+        model="orl-policy", messages=[{"role": "user", "content": "Count from one to five."}],
+        max_tokens=16, stream=True, stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content_chunks) > 1, "tokens must arrive as several server-sent events"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish in (["stop"], ["length"])
+    assert text
+
+
+def test_tool_call_round_trip(server: ServeProcess) -> None:
+    tools = [{"type": "function", "function": {
+        "name": "add", "description": "Add two numbers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]
+    messages: list = [{"role": "user", "content": "What is 2 plus 3? Use the add tool."}]
+    first = client(server).chat.completions.create(
+        model="orl-policy", messages=messages, tools=tools,
+        tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=24, temperature=0.0,
+        stop=["</tool_call>"],
+    )
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "add"
+    assert first.choices[0].finish_reason == "tool_calls"
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+    second = client(server).chat.completions.create(model="orl-policy", messages=messages, tools=tools,
+                                                    max_tokens=16)
+    assert second.choices[0].message.content or second.choices[0].message.tool_calls
+
+
+def test_three_turns_without_session_headers_are_linked(server: ServeProcess) -> None:
+    api = client(server)
+    messages: list = [{"role": "user", "content": "Name a fruit."}]
+    sessions = []
+    for follow_up in ("Name another one.", "Thanks!"):
+        raw = api.chat.completions.with_raw_response.create(model="orl-policy", messages=messages, max_tokens=8)
+        sessions.append(raw.headers["x-session-id"])
+        messages += [{"role": "assistant", "content": raw.parse().choices[0].message.content},
+                     {"role": "user", "content": follow_up}]
+    raw = api.chat.completions.with_raw_response.create(model="orl-policy", messages=messages, max_tokens=8)
+    sessions.append(raw.headers["x-session-id"])
+    assert len(set(sessions)) == 1
+    requests = wait_for_events(server, "requests", lambda e: e["envelope"]["session_id"] == sessions[0])
+    assert [r["turn_index"] for r in requests] == [0, 1, 2]
+    assert [r["link_method"] for r in requests] == ["new", "prefix", "prefix"]
+    assert requests[1]["previous_turn_id"] == requests[0]["envelope"]["turn_id"]
+    assert requests[2]["previous_turn_id"] == requests[1]["envelope"]["turn_id"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"{not json", 400),
+        (json.dumps({"messages": []}).encode(), 400),
+        (json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(), 400),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**7}).encode(), 400),
+        (json.dumps({"messages": [{"role": "user", "content": "x " * 12000}]}).encode(), 400),
+        (b'{"messages": [{"role": "user", "content": "\xff"}]}', 400),
+    ],
+)
+def test_bad_input_gets_an_openai_shaped_4xx(server: ServeProcess, body: bytes, status: int) -> None:
+    before = len(events(server, "responses"))
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", content=body,
+                          headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    assert response.status_code == status
+    assert response.json()["error"]["message"]
+    assert len(events(server, "responses")) == before
+
+
+def test_auth_is_required(server: ServeProcess) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        response = httpx.get(f"{server.base_url}/v1/models", headers=headers)
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{server.base_url}/healthz").status_code == 200
+    assert b"orl_" in httpx.get(f"{server.base_url}/metrics").content
+
+
+def test_events_survive_an_unreachable_log(tmp_path: Path, base_model_dir: Path) -> None:
+    dead_log = f"kafka://127.0.0.1:{free_port()}"
+    with serve_process(tmp_path, log_url=dead_log) as down:
+        reply = client(down).chat.completions.create(model="orl-policy", max_tokens=4,
+                                                     messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content is not None
+    sqlite_log = f"sqlite:///{tmp_path / 'log.db'}"
+    with serve_process(tmp_path, log_url=sqlite_log) as up:  # same data dir: the spool drains on restart
+        found = wait_for_events(up, "responses", lambda e: True, timeout_s=15)
+        assert [e["response_text"] for e in found] == [reply.choices[0].message.content]
