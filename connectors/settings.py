@@ -24,7 +24,9 @@ def setting(default: Any, env: str, help: str, *, secret: bool = False) -> Any:
 class ConnectionSettings:
     data_dir: Path = setting(Path(".orl"), "ORL_DATA_DIR", "Folder for the embedded log, objects and spools.")
     log_url: str = setting(
-        "", "ORL_LOG_URL", "Event log: sqlite:///path.db or kafka://host:port (default: sqlite in --data-dir)."
+        "",
+        "ORL_LOG_URL",
+        "Event log: sqlite:///path.db or kafka://host:port (default: sqlite in --data-dir).",
     )
     store_url: str = setting(
         "",

@@ -33,10 +33,17 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type) 
         default = "***" if f.metadata.get("secret") else f.default
         help_text = f"{f.metadata.get('help', '')} [env {env}; default {default}]"
         if kind is bool:
-            parser.add_argument(flag_name(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction,
-                                help=help_text)
+            parser.add_argument(
+                flag_name(f.name),
+                dest=f.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
+            )
         else:
-            parser.add_argument(flag_name(f.name), dest=f.name, default=None, help=help_text, metavar=env or None)
+            parser.add_argument(
+                flag_name(f.name), dest=f.name, default=None, help=help_text, metavar=env or None
+            )
 
 
 def build_settings(settings_cls: type[T], args: argparse.Namespace, environ: Mapping[str, str]) -> T:

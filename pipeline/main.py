@@ -81,9 +81,14 @@ def build_stages(settings: PipelineSettings) -> list[Stage]:
     names = [stage.name for stage in STAGES]
     if settings.method == "binary":
         names = [n for n in names if n not in ("hint_selector", "teacher")]
-    if settings.role != "all":
+    kinds = {stage.name: stage.kind for stage in STAGES}
+    if settings.role in ("pure", "effect"):
+        names = [n for n in names if kinds[n] == settings.role]
+    elif settings.role != "all":
         if settings.role not in by_name:
-            raise ConfigError(f"--role must be 'all' or one of {', '.join(by_name)}; got {settings.role!r}")
+            raise ConfigError(
+                f"--role must be all, pure, effect or one of {', '.join(by_name)}; got {settings.role!r}"
+            )
         names = [settings.role]
     return [by_name[name] for name in names]
 
@@ -111,11 +116,15 @@ async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
 
 
 def run(settings: PipelineSettings) -> int:
-    """Entry point of `orl pipeline`."""
-    if settings.runtime == "faust":
-        from pipeline.faust_runtime import run_worker  # type: ignore[attr-defined]
+    """Entry point of `orl pipeline`.
 
-        return int(run_worker(settings) or 0)
+    `--runtime embedded` runs the chosen stages with StreamRunner over whatever log --log-url names
+    (SQLite or Kafka). `--runtime faust` runs the chosen pure stages as one faust worker on Kafka
+    (start several for scale-out); the effect stages (judge, teacher) then run in their own
+    `--runtime embedded --role judge|teacher` processes against the same kafka:// log.
+    """
+    if settings.runtime == "faust":
+        return _run_faust(settings)
     if settings.runtime != "embedded":
         raise ConfigError(f"--runtime must be embedded or faust, not {settings.runtime!r}")
 
@@ -127,4 +136,29 @@ def run(settings: PipelineSettings) -> int:
         await run_pipeline(settings, stop)
 
     asyncio.run(main())
+    return 0
+
+
+def _run_faust(settings: PipelineSettings) -> int:
+    from pipeline.faust_runtime import run_worker
+
+    log_url = settings.effective_log_url()
+    if not log_url.startswith("kafka://"):
+        raise ConfigError("--runtime faust needs a Kafka log: --log-url kafka://host:port")
+    stages = build_stages(settings)
+    effects = [s.name for s in stages if isinstance(s, EffectStage)]
+    if effects:
+        raise ConfigError(
+            f"faust runs the pure stages only; run {', '.join(effects)} with --runtime embedded "
+            "--role <stage> (or pick a pure --role)"
+        )
+    processors = [s for s in stages if not isinstance(s, EffectStage)]
+    run_worker(
+        processors,
+        pipeline_config(settings),
+        settings.namespace,
+        log_url.removeprefix("kafka://"),
+        app_id=f"orl-{settings.namespace}-pipeline",
+        data_dir=settings.data_dir / "faust",
+    )
     return 0

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.event_log.base import ConsumedRecord, EventLog, OutgoingRecord, TopicPartition, TopicSpec
+from connectors.event_log.reading import read_to_end
 from connectors.metrics import Metrics
 from pipeline.config import PipelineConfig
 from pipeline.effects import EffectCall, EffectStage
@@ -209,19 +210,11 @@ class StreamRunner:
 
 async def read_changelog(log: EventLog, topic: str, group_id: str) -> dict[str, Any]:
     """The last state per key on a changelog topic (empty value = deleted), read from the beginning."""
-    ends = await log.end_offsets(topic)
     states: dict[str, Any] = {}
-    if not any(ends.values()):
-        return states
-    async with log.consumer(group_id, [topic]) as consumer:
-        await consumer.seek_to_beginning()
-        positions = {p: 0 for p in ends}
-        while any(positions[p] < ends[p] for p in ends):
-            for record in await consumer.poll(max_records=5000, timeout_s=1.0):
-                positions[record.partition] = record.offset + 1
-                key = (record.key or b"").decode()
-                if record.value:
-                    states[key] = json.loads(record.value)
-                else:
-                    states.pop(key, None)
+    for record in await read_to_end(log, topic, group_id):
+        key = (record.key or b"").decode()
+        if record.value:
+            states[key] = json.loads(record.value)
+        else:
+            states.pop(key, None)
     return states

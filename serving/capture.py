@@ -132,10 +132,46 @@ class EventRecorder:
             ),
         )
 
+    def policy_activated(
+        self, server_id: str, run_id: str, version: int, uri: str, swap_latency_ms: float
+    ) -> None:
+        self._put(
+            "policy_activations",
+            make_event(
+                "PolicyActivated",
+                namespace=self.namespace,
+                producer=PRODUCER,
+                occurred_at_ms=self.clock_ms(),
+                id_parts=[server_id, run_id, version, self.clock_ms()],
+                server_id=server_id,
+                run_id=run_id,
+                version=version,
+                uri=uri,
+                swap_latency_ms=swap_latency_ms,
+            ),
+        )
+
+    def policy_rejected(self, server_id: str, run_id: str, version: int, uri: str, reason: str) -> None:
+        self._put(
+            "policy_activations",
+            make_event(
+                "PolicyRejected",
+                namespace=self.namespace,
+                producer=PRODUCER,
+                occurred_at_ms=self.clock_ms(),
+                id_parts=[server_id, run_id, version, self.clock_ms()],
+                server_id=server_id,
+                run_id=run_id,
+                version=version,
+                uri=uri,
+                reason=reason,
+            ),
+        )
+
     def _put(self, topic: str, event: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        key = event["envelope"]["session_id"]
+        key = event["envelope"]["session_id"] or event.get("server_id")
         self.spool.put(topic_name(self.namespace, topic), key.encode() if key else None, encode(event))
         self.spooled += 1
         self.on_spooled()

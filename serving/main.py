@@ -19,10 +19,13 @@ from connectors.event_log.base import EventLog, TopicSpec
 from connectors.event_log.factory import open_event_log
 from connectors.metrics import Metrics
 from connectors.model_files import resolve_model
+from connectors.object_store.factory import open_object_store
 from schemas.errors import ConfigError
 from schemas.topics import TOPICS, topic_name
+from serving.admin import admin_routes
 from serving.app import ServerState, build_app
 from serving.capture import EventRecorder
+from serving.checkpoint_follower import CheckpointFollower
 from serving.policy.base import PolicyBackend
 from serving.policy.chat_template import ChatTemplate
 from serving.settings import ServeSettings
@@ -81,6 +84,7 @@ class RunningServer:
     state: ServerState
     drainer: SpoolDrainer
     log: EventLog
+    follower: CheckpointFollower
 
 
 @asynccontextmanager
@@ -102,28 +106,47 @@ async def running_server(
         on_spooled=drainer.wake,
         enabled=settings.capture,
     )
-    state = ServerState(settings, backend, template, recorder, metrics)
+    store = open_object_store(
+        settings.effective_store_url(),
+        access_key=settings.s3_access_key or None,
+        secret_key=settings.s3_secret_key or None,
+    )
+    follower = CheckpointFollower(
+        backend,
+        store,
+        recorder,
+        metrics,
+        settings.run_id,
+        settings.server_id,
+        settings.data_dir / "served-checkpoints",
+    )
+    state = ServerState(settings, backend, template, recorder, metrics, admin_routes=admin_routes(follower))
     await backend.start()
-    drain_task = asyncio.create_task(_start_log_then_drain(log, settings.namespace, drainer))
+    if settings.follow_checkpoints:
+        await follower.activate_latest()
+    background = asyncio.create_task(_background(log, settings, drainer, follower))
     try:
         state.ready = True
-        yield RunningServer(state, drainer, log)
+        yield RunningServer(state, drainer, log, follower)
     finally:
         state.ready = False
-        drain_task.cancel()
-        await asyncio.gather(drain_task, return_exceptions=True)
+        background.cancel()
+        await asyncio.gather(background, return_exceptions=True)
         await backend.close()
         await log.close()
         spool.close()
 
 
-async def _start_log_then_drain(log: EventLog, namespace: str, drainer: SpoolDrainer) -> None:
-    """Connect to the log (retrying while it is down: requests are answered meanwhile), then drain forever."""
+async def _background(
+    log: EventLog, settings: ServeSettings, drainer: SpoolDrainer, follower: CheckpointFollower
+) -> None:
+    """Connect to the log (retrying while it is down: requests are answered meanwhile), then drain the
+    spool and follow checkpoints forever."""
     delay = 0.5
     while True:
         try:
             await log.start()
-            await create_server_topics(log, namespace)
+            await create_server_topics(log, settings.namespace)
             break
         except ConfigError:
             raise
@@ -131,7 +154,10 @@ async def _start_log_then_drain(log: EventLog, namespace: str, drainer: SpoolDra
             logger.warning("event log not reachable yet (%s); retrying in %.1f s", error, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
-    await drainer.run()
+    tasks = [drainer.run()]
+    if settings.follow_checkpoints:
+        tasks.append(follower.follow(log, settings.namespace))
+    await asyncio.gather(*tasks)
 
 
 def serve(settings: ServeSettings) -> int:

@@ -43,9 +43,16 @@ def forced_call(function_name: str, generated: str, request_id: str) -> ParsedRe
     except ValueError:
         arguments_text = text.split(CLOSE)[0].strip()
     call_id = "call_" + deterministic_id("tool_call", request_id, 0).split("-", 1)[1]
-    return ParsedReply(content=None, tool_calls=[
-        {"id": call_id, "type": "function", "function": {"name": function_name, "arguments": arguments_text}}
-    ])
+    return ParsedReply(
+        content=None,
+        tool_calls=[
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": function_name, "arguments": arguments_text},
+            }
+        ],
+    )
 
 
 def parse_reply(text: str, request_id: str) -> ParsedReply:

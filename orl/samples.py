@@ -1,0 +1,67 @@
+"""`orl samples`: list the samples the pipeline produced (and the rejections, with their reasons)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+from connectors.event_log.factory import open_event_log
+from connectors.event_log.reading import read_to_end
+from connectors.settings import ConnectionSettings, setting
+from schemas.codec import decode
+from schemas.topics import topic_name
+
+
+@dataclass(frozen=True)
+class SamplesSettings(ConnectionSettings):
+    limit: int = setting(20, "ORL_LIMIT", "Show at most this many of the newest samples.")
+    as_json: bool = setting(False, "ORL_JSON", "One JSON object per line instead of a table.")
+
+
+def sample_row(event: dict) -> dict[str, object]:
+    envelope = event["envelope"]
+    ready = envelope["event_type"] == "SampleReady"
+    return {
+        "sample_id": envelope["event_id"],
+        "session_id": envelope["session_id"],
+        "turn_id": envelope["turn_id"],
+        "status": "ready" if ready else "rejected",
+        "method": event["method"],
+        "reward": event.get("reward") if ready else None,
+        "opd": bool(event.get("teacher_logprobs")) if ready else None,
+        "tokens": len(event["response_token_ids"]) if ready else None,
+        "policy_version": event.get("policy_version"),
+        "promoted": event.get("promoted"),
+        "reason": None if ready else event["reason"],
+    }
+
+
+async def read_samples(log_url: str, namespace: str) -> list[dict]:
+    async with open_event_log(log_url) as log:
+        records = await read_to_end(log, topic_name(namespace, "samples"))
+    return [sample_row(decode(record.value)) for record in records]
+
+
+def list_samples(settings: SamplesSettings) -> int:
+    rows = asyncio.run(read_samples(settings.effective_log_url(), settings.namespace))
+    ready = sum(r["status"] == "ready" for r in rows)
+    shown = rows[-settings.limit :]
+    if settings.as_json:
+        for row in shown:
+            print(json.dumps(row))
+        return 0
+    print(
+        f"{len(rows)} samples in namespace {settings.namespace!r}: {ready} ready, {len(rows) - ready} rejected"
+    )
+    for r in shown:
+        detail = (
+            (
+                f"reward={r['reward']} opd={r['opd']} tokens={r['tokens']} v{r['policy_version']}"
+                + (" promoted" if r["promoted"] else "")
+            )
+            if r["status"] == "ready"
+            else f"reason={r['reason']}"
+        )
+        print(f"{r['sample_id']}  {r['status']:<8} {r['method']:<8} {r['turn_id']}  {detail}")
+    return 0

@@ -1,0 +1,161 @@
+"""`orl up`: the embedded stack as separate local processes (server, pipeline, trainer), supervised.
+
+Each component is its own `orl <command>` process sharing one data folder (the SQLite log and the
+object-store directory live there), so a crash of one is survivable: the supervisor restarts it
+and it resumes from its committed offsets / latest checkpoint. Logs go to <data-dir>/logs/.
+Keys: if none are given, random ones are generated once and kept in <data-dir>/keys.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from connectors.settings import ConnectionSettings, setting
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UpSettings(ConnectionSettings):
+    port: int = setting(8000, "ORL_PORT", "Port of the policy server.")
+    api_keys: tuple[str, ...] = setting(
+        (), "ORL_API_KEYS", "Client keys (default: generated into keys.json).", secret=True
+    )
+    admin_key: str = setting(
+        "", "ORL_ADMIN_KEY", "Admin key (default: generated into keys.json).", secret=True
+    )
+    method: str = setting("combined", "ORL_METHOD", "Training signal: binary | opd | combined.")
+    judge: str = setting("llm", "ORL_JUDGE", "Reward judge: llm or a rule judge name.")
+    hint_judge: str = setting("llm", "ORL_HINT_JUDGE", "Hint extractor: llm or a rule extractor name.")
+    run_id: str = setting("live", "ORL_RUN_ID", "Name of the training run (checkpoints/<run_id>/...).")
+    batch_size: int = setting(16, "ORL_BATCH_SIZE", "Effective samples per training step.")
+    components: tuple[str, ...] = setting(
+        ("serve", "pipeline", "train"), "ORL_COMPONENTS", "Which processes to start."
+    )
+
+
+def stack_keys(settings: UpSettings) -> tuple[str, str]:
+    """(client key, admin key): the given ones, else the ones kept in keys.json, else new ones."""
+    if settings.api_keys and settings.admin_key:
+        return settings.api_keys[0], settings.admin_key
+    path = settings.data_dir / "keys.json"
+    if path.exists():
+        keys = json.loads(path.read_text())
+    else:
+        keys = {"api_key": "orl-" + secrets.token_hex(16), "admin_key": "orl-admin-" + secrets.token_hex(16)}
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(keys, indent=2))
+        path.chmod(0o600)
+    return keys["api_key"], keys["admin_key"]
+
+
+def component_env(settings: UpSettings) -> dict[str, str]:
+    """The environment every component gets: the shared connection settings and the keys."""
+    api_key, admin_key = stack_keys(settings)
+    return {
+        **os.environ,
+        "ORL_DATA_DIR": str(settings.data_dir.resolve()),
+        "ORL_LOG_URL": settings.effective_log_url(),
+        "ORL_STORE_URL": settings.effective_store_url(),
+        "ORL_NAMESPACE": settings.namespace,
+        "ORL_MODEL": settings.model,
+        "ORL_MODEL_CACHE": str(settings.model_cache_dir),
+        "ORL_S3_ACCESS_KEY": settings.s3_access_key,
+        "ORL_S3_SECRET_KEY": settings.s3_secret_key,
+        "ORL_PORT": str(settings.port),
+        "ORL_API_KEYS": api_key,
+        "ORL_ADMIN_KEY": admin_key,
+        "ORL_API_KEY": api_key,
+        "ORL_SERVER_URL": f"http://127.0.0.1:{settings.port}/v1",
+        "ORL_METHOD": settings.method,
+        "ORL_JUDGE": settings.judge,
+        "ORL_HINT_JUDGE": settings.hint_judge,
+        "ORL_RUN_ID": settings.run_id,
+        "ORL_BATCH_SIZE": str(settings.batch_size),
+    }
+
+
+@dataclass
+class Supervisor:
+    """Starts `orl <component>` processes and restarts any that exits, until stopped."""
+
+    env: dict[str, str]
+    log_dir: Path
+    components: tuple[str, ...]
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+
+    def start(self, name: str) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = (self.log_dir / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "orl.cli", name], env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        logger.info(
+            "started %s (pid %d), log %s", name, self.processes[name].pid, self.log_dir / f"{name}.log"
+        )
+
+    def start_all(self) -> None:
+        for name in self.components:
+            self.start(name)
+
+    def check(self) -> None:
+        """Restart whatever exited (with a short pause so a crash loop does not spin)."""
+        for name, process in list(self.processes.items()):
+            if process.poll() is not None:
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+                logger.warning(
+                    "%s exited with %s; restarting (restart #%d)",
+                    name,
+                    process.returncode,
+                    self.restarts[name],
+                )
+                time.sleep(min(10.0, self.restarts[name]))
+                self.start(name)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def up(settings: UpSettings) -> int:
+    """Entry point of `orl up`."""
+    supervisor = Supervisor(component_env(settings), settings.data_dir / "logs", settings.components)
+    stopping = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    supervisor.start_all()
+    print(
+        f"orl is up: point any OpenAI client at http://127.0.0.1:{settings.port}/v1 "
+        f"(API key in {settings.data_dir / 'keys.json'})"
+    )
+    print(
+        f"logs in {settings.data_dir / 'logs'}; samples: orl samples --data-dir {settings.data_dir}; Ctrl-C stops"
+    )
+    try:
+        while not stopping:
+            supervisor.check()
+            time.sleep(0.5)
+    finally:
+        supervisor.stop()
+    return 0

@@ -1,0 +1,60 @@
+"""Admin endpoints (admin key only): which policy is served, pin a version, unpin, roll back."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from connectors.checkpoint_store import CheckpointError
+from serving.checkpoint_follower import CheckpointFollower
+from serving.openai_api import bad_request
+
+
+def admin_routes(follower: CheckpointFollower) -> list[Route]:
+    async def policy(request: Request) -> Response:
+        return JSONResponse(_status(follower))
+
+    async def pin(request: Request) -> Response:
+        try:
+            version = json.loads(await request.body())["version"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise bad_request('body must be {"version": <int>}', param="version") from error
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise bad_request("'version' must be a positive integer", param="version")
+        try:
+            activated = await follower.pin(version)
+        except CheckpointError as error:
+            raise bad_request(str(error), param="version", code="checkpoint_unavailable") from error
+        return JSONResponse(
+            {**_status(follower), "activated": activated}, status_code=200 if activated else 409
+        )
+
+    async def unpin(request: Request) -> Response:
+        follower.unpin()
+        return JSONResponse(_status(follower))
+
+    async def rollback(request: Request) -> Response:
+        try:
+            await follower.rollback()
+        except CheckpointError as error:
+            raise bad_request(str(error), code="nothing_to_roll_back") from error
+        return JSONResponse(_status(follower))
+
+    return [
+        Route("/admin/policy", policy, methods=["GET"]),
+        Route("/admin/pin", pin, methods=["POST"]),
+        Route("/admin/unpin", unpin, methods=["POST"]),
+        Route("/admin/rollback", rollback, methods=["POST"]),
+    ]
+
+
+def _status(follower: CheckpointFollower) -> dict[str, object]:
+    return {
+        "run_id": follower.run_id,
+        "policy_version": follower.backend.policy_version,
+        "pinned": follower.pinned,
+        "served_versions": [ref.version for ref in follower.history],
+    }

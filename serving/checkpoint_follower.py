@@ -1,0 +1,171 @@
+"""Hot swap: follow the trainer's checkpoints, verify each one, and swap it in between requests.
+
+Reads: the `checkpoints` topic (CheckpointPublished) as this server's own consumer group, and the
+checkpoint files in the object store. Writes: `policy_activations` (PolicyActivated /
+PolicyRejected). A checkpoint is downloaded and verified (manifest hash, every file's sha256)
+before the backend sees it; a tampered or incomplete one is refused and the old policy keeps
+serving. The backend swaps between requests, so nothing is refused while it happens. An operator
+can pin a version (stop following) and roll back to the previous one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from connectors.checkpoint_store import (
+    CheckpointError,
+    download_and_verify,
+    latest_checkpoint,
+    version_prefix,
+)
+from connectors.event_log.base import EventLog
+from connectors.metrics import Metrics
+from connectors.object_store.base import ObjectStore
+from schemas.codec import decode
+from schemas.errors import EventDecodeError
+from schemas.topics import topic_name
+from serving.capture import EventRecorder
+from serving.policy.base import CheckpointError as BackendCheckpointError
+from serving.policy.base import PolicyBackend
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    run_id: str
+    version: int
+    kind: str
+    manifest_key: str
+    manifest_sha256: str | None
+    published_at_ms: int | None = None
+
+
+@dataclass
+class CheckpointFollower:
+    backend: PolicyBackend
+    store: ObjectStore
+    recorder: EventRecorder
+    metrics: Metrics
+    run_id: str
+    server_id: str
+    download_dir: Path
+    pinned: int | None = None
+    history: list[CheckpointRef] = field(default_factory=list)  # activated checkpoints, oldest first
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def activate_latest(self) -> None:
+        """At start: serve the newest complete checkpoint of the run, if the trainer published any."""
+        manifest = await asyncio.to_thread(latest_checkpoint, self.store, self.run_id)
+        if manifest is not None and manifest.version > self.backend.policy_version:
+            await self.activate(
+                CheckpointRef(
+                    self.run_id, manifest.version, manifest.kind, manifest.manifest_key, manifest.sha256
+                )
+            )
+
+    async def follow(self, log: EventLog, namespace: str) -> None:
+        """Apply every newer CheckpointPublished of our run, forever."""
+        topic = topic_name(namespace, "checkpoints")
+        async with log.consumer(
+            f"{namespace}.serve.{self.server_id}", [topic], auto_offset_reset="latest"
+        ) as consumer:
+            while True:
+                for record in await consumer.poll(max_records=50, timeout_s=1.0):
+                    ref = _checkpoint_ref(record.value)
+                    if (
+                        ref is not None
+                        and ref.run_id == self.run_id
+                        and self.pinned is None
+                        and ref.version > self.backend.policy_version
+                    ):
+                        await self.activate(ref)
+                await consumer.commit()
+
+    async def activate(self, ref: CheckpointRef) -> bool:
+        """Download, verify and swap in a checkpoint; PolicyActivated or PolicyRejected either way."""
+        async with self._lock:
+            started = time.perf_counter()
+            dest = self.download_dir / ref.run_id / f"{ref.version:08d}"
+            try:
+                await asyncio.to_thread(_fresh_download, self.store, ref, dest)
+                await self.backend.load_checkpoint(dest, ref.version, ref.kind)  # type: ignore[arg-type]
+            except (CheckpointError, BackendCheckpointError) as error:
+                logger.warning("refused checkpoint %s v%d: %s", ref.run_id, ref.version, error)
+                self.metrics.count("checkpoints_rejected")
+                self.recorder.policy_rejected(
+                    self.server_id, ref.run_id, ref.version, self._uri(ref), str(error)
+                )
+                return False
+            latency_ms = (time.perf_counter() - started) * 1000
+            if ref.published_at_ms is not None:
+                latency_ms = max(latency_ms, self.recorder.clock_ms() - ref.published_at_ms)
+            self.history.append(ref)
+            self.metrics.count("checkpoints_activated")
+            self.metrics.observe("swap_latency_seconds", latency_ms / 1000)
+            self.recorder.policy_activated(
+                self.server_id, ref.run_id, ref.version, self._uri(ref), latency_ms
+            )
+            logger.info("now serving %s v%d (swap %.0f ms)", ref.run_id, ref.version, latency_ms)
+            return True
+
+    async def pin(self, version: int) -> bool:
+        """Serve exactly `version` of the run and stop following newer ones."""
+        manifest_key = f"{version_prefix(self.run_id, version)}manifest.json"
+        if not await asyncio.to_thread(self.store.exists, manifest_key):
+            raise CheckpointError(f"run {self.run_id!r} has no complete checkpoint v{version}")
+        self.pinned = version
+        if version == self.backend.policy_version:
+            return True
+        kind = next((r.kind for r in self.history if r.version == version), None) or await self._kind_of(
+            manifest_key
+        )
+        return await self.activate(CheckpointRef(self.run_id, version, kind, manifest_key, None))
+
+    def unpin(self) -> None:
+        self.pinned = None
+
+    async def rollback(self) -> int:
+        """Pin the checkpoint served before the current one (the base model is version 0)."""
+        previous = [r for r in self.history if r.version < self.backend.policy_version]
+        if not previous:
+            raise CheckpointError("nothing to roll back to: no earlier checkpoint was served")
+        await self.pin(previous[-1].version)
+        return previous[-1].version
+
+    async def _kind_of(self, manifest_key: str) -> str:
+        raw = await asyncio.to_thread(self.store.get, manifest_key)
+        return str(json.loads(raw)["kind"])
+
+    def _uri(self, ref: CheckpointRef) -> str:
+        return self.store.uri(ref.manifest_key)
+
+
+def _fresh_download(store: ObjectStore, ref: CheckpointRef, dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    download_and_verify(store, ref.manifest_key, dest, expected_manifest_sha256=ref.manifest_sha256)
+
+
+def _checkpoint_ref(value: bytes) -> CheckpointRef | None:
+    try:
+        event = decode(value)
+    except EventDecodeError as error:
+        logger.warning("skipping an undecodable checkpoint event: %s", error)
+        return None
+    if event["envelope"]["event_type"] != "CheckpointPublished":
+        return None
+    return CheckpointRef(
+        event["run_id"],
+        event["version"],
+        event["kind"],
+        event["manifest_key"],
+        event["manifest_sha256"],
+        event["envelope"]["occurred_at"],
+    )
