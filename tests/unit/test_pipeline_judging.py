@@ -119,5 +119,5 @@ def test_outcome_judge_scores_from_the_structured_outcome() -> None:
 
 def test_rule_judges_are_found_by_name() -> None:
     assert load_rule_judge("outcome") is outcome_judge
-    with pytest.raises(ConfigError, match="no rule judge named"):
+    with pytest.raises(ConfigError, match="no entry point .nope. in group .orl.judges."):
         load_rule_judge("nope")
