@@ -31,7 +31,8 @@ Stage = Processor | EffectStage
 
 
 def judge_configs(settings: PipelineSettings) -> tuple[JudgeConfig | None, JudgeConfig | None]:
-    """The reward judge (all methods but opd) and the hint judge (opd and combined)."""
+    """The reward judge (every method: for opd its votes are kept for audit and the at-least-one
+    promotion, as the original's eval mode) and the hint judge (opd and combined)."""
     url = settings.judge_url or settings.server_url
 
     def config(judge_id: str, choice: str) -> JudgeConfig:
@@ -47,7 +48,7 @@ def judge_configs(settings: PipelineSettings) -> tuple[JudgeConfig | None, Judge
             timeout_s=settings.judge_timeout_s,
         )
 
-    reward = config("prm", settings.judge) if settings.method in ("binary", "combined") else None
+    reward = config("prm", settings.judge)
     hint = config("hint", settings.hint_judge) if settings.method in ("opd", "combined") else None
     return reward, hint
 
@@ -58,7 +59,11 @@ def pipeline_config(settings: PipelineSettings) -> PipelineConfig:
         linker=LinkerConfig(idle_timeout_s=settings.idle_timeout_s),
         tally=TallyConfig(votes_per_judgement=reward.m if reward else 1),
         hints=HintSelectionConfig(votes_per_judgement=hint.m if hint else 1),
-        samples=SampleConfig(method=settings.method, promotion_reward=settings.promotion_reward),  # type: ignore[arg-type]
+        samples=SampleConfig(
+            method=settings.method,  # type: ignore[arg-type]  # checked in SampleConfig.__post_init__
+            at_least_one=settings.at_least_one,
+            promotion_reward=settings.promotion_reward,
+        ),
     )
 
 

@@ -51,6 +51,9 @@ class PipelineSettings(ConnectionSettings):
     idle_timeout_s: float = setting(
         1800.0, "ORL_IDLE_TIMEOUT_S", "Close a session after this long without events."
     )
+    at_least_one: bool = setting(
+        True, "ORL_AT_LEAST_ONE", "Promote a turn of every session that closes without an effective sample."
+    )
     promotion_reward: float = setting(
         0.1, "ORL_PROMOTION_REWARD", "At-least-one promotion penalty when a session's votes average 0."
     )

@@ -29,15 +29,14 @@ from connectors.event_log.base import ConsumedRecord, EventLog, OutgoingRecord, 
 from connectors.event_log.reading import read_to_end
 from connectors.metrics import Metrics
 from pipeline.config import PipelineConfig
+from pipeline.dead_letters import dead_letter_event
 from pipeline.effects import EffectCall, EffectStage
 from pipeline.processor import Emit, Processor
 from schemas.codec import decode, encode
 from schemas.errors import EventDecodeError
-from schemas.events import make_event
 from schemas.topics import dlq_topic, topic_name
 
 logger = logging.getLogger(__name__)
-PRODUCER = "pipeline/0.1.0"
 
 
 def wall_clock_ms() -> int:
@@ -193,17 +192,14 @@ class StreamRunner:
     def _dead_letter(self, record: ConsumedRecord, error: str) -> tuple[str, OutgoingRecord]:
         self.metrics.count("dead_lettered", topic=record.topic, processor=self.processor.name)
         logger.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
-        event = make_event(
-            "DeadLettered",
-            namespace=self.namespace,
-            producer=PRODUCER,
-            occurred_at_ms=record.timestamp_ms,
-            id_parts=[record.topic, record.partition, record.offset],
-            source_topic=record.topic,
-            source_partition=record.partition,
-            source_offset=record.offset,
-            original_bytes=record.value,
-            error=error,
+        event = dead_letter_event(
+            self.namespace,
+            record.topic,
+            record.partition,
+            record.offset,
+            record.value,
+            error,
+            record.timestamp_ms,
         )
         return dlq_topic(record.topic), OutgoingRecord(value=encode(event), key=record.key)
 
