@@ -10,7 +10,8 @@ Logprob semantics (the trainer relies on them):
   from the same token ids at the same temperature. For T == 0 (greedy) it is the T = 1 logprob.
 * `token_ids` are the sampled ids, never re-tokenized text. They include the end-of-turn token when
   the model emitted one (finish_reason "stop"), and the token that completed a stop string; `text`
-  excludes both (OpenAI semantics).
+  excludes both (OpenAI semantics). finish_reason is "stop" (end-of-turn token or stop string),
+  "length" (max_tokens or the context window) or "abort" (the reader closed the stream early).
 * `score(prompt, response, T)` returns log p(response[i] | prompt, response[:i]) at temperature T
   (T == 0 means T = 1), one value per response token; `use_base=True` scores with the frozen base
   weights (the "frozen reference" teacher) whatever checkpoint is live.

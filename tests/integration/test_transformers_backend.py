@@ -1,0 +1,224 @@
+"""TransformersBackend on the real SmolLM2-135M: sampling, logprobs, batching, stops, scoring, hot swap."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from serving.policy.base import Generation, SamplingParams
+from serving.policy.transformers_backend import TransformersBackend
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colors.",
+    "Write one sentence about the sea.",
+    "How do I convert 3/4 to a percentage?",
+]
+
+
+@pytest.fixture
+async def backend(base_model_dir: Path):
+    b = TransformersBackend(base_model_dir, max_batch_size=8)
+    await b.start()
+    yield b
+    await b.close()
+
+
+@pytest.fixture(scope="module")
+def reference_model(base_model_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32).eval()
+
+
+def prompt(b: TransformersBackend, question: str) -> list[int]:
+    return b.chat_template.render([{"role": "user", "content": question}])
+
+
+def recompute(model: Any, gen: Generation, temperature: float) -> list[float]:
+    """fp32 logprobs of the generated tokens from one full forward pass (what the trainer does)."""
+    ids = torch.tensor([gen.prompt_token_ids + gen.token_ids])
+    with torch.inference_mode():
+        logits = model(ids).logits[0, len(gen.prompt_token_ids) - 1 : -1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(1, torch.tensor(gen.token_ids)[:, None])[:, 0].tolist()
+
+
+def diffs(a: list[float], b: list[float]) -> tuple[float, float]:
+    d = [abs(x - y) for x, y in zip(a, b, strict=True)]
+    return sum(d) / len(d), max(d)
+
+
+async def test_seeded_generation_is_reproducible(backend: TransformersBackend):
+    params = SamplingParams(temperature=0.7, max_tokens=12, seed=1234)
+    first = await backend.generate(prompt(backend, QUESTIONS[1]), params)
+    second = await backend.generate(prompt(backend, QUESTIONS[1]), params)
+    assert first.token_ids == second.token_ids and first.text == second.text
+    assert len(first.logprobs) == len(first.token_ids) and first.policy_version == 0
+
+
+async def test_logprobs_match_full_forward_at_temperature(backend: TransformersBackend, reference_model: Any):
+    gen = await backend.generate(
+        prompt(backend, QUESTIONS[2]), SamplingParams(temperature=0.7, max_tokens=24, seed=7)
+    )
+    mean, worst = diffs(gen.logprobs, recompute(reference_model, gen, 0.7))
+    assert mean < 0.05 and worst < 0.4  # bf16 autocast noise
+    scored = await backend.score(gen.prompt_token_ids, gen.token_ids, temperature=0.7)
+    mean, worst = diffs(scored, recompute(reference_model, gen, 0.7))
+    assert mean < 0.05 and worst < 0.4
+
+
+async def test_concurrent_requests_are_batched(backend: TransformersBackend):
+    params = SamplingParams(temperature=0.7, max_tokens=12, seed=3)
+    gens = await asyncio.gather(*[backend.generate(prompt(backend, q), params) for q in QUESTIONS])
+    assert all(g.token_ids and g.finish_reason in ("stop", "length") for g in gens)
+    assert backend.max_batch_size_seen > 1
+
+
+async def test_fp32_batched_logprobs_equal_scores_exactly(base_model_dir: Path):
+    """Without autocast, continuous batching (rows joining mid-flight, left padding) is exact."""
+    b = TransformersBackend(base_model_dir, autocast_dtype=None)
+    await b.start()
+    try:
+        params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=10, seed=5)
+        first = asyncio.ensure_future(b.generate(prompt(b, QUESTIONS[3]), params))
+        await asyncio.sleep(0.3)  # let it start so the others join a running batch
+        rest = [b.generate(prompt(b, q), params) for q in QUESTIONS[:3]]
+        gens = [await first, *await asyncio.gather(*rest)]
+        for g in gens:
+            scored = await b.score(g.prompt_token_ids, g.token_ids, temperature=0.8)
+            assert diffs(scored, g.logprobs)[1] < 2e-3
+        assert b.max_batch_size_seen > 1
+    finally:
+        await b.close()
+
+
+async def test_stop_strings_max_tokens_and_end_of_turn(backend: TransformersBackend):
+    ids = prompt(backend, QUESTIONS[2])
+    free = await backend.generate(ids, SamplingParams(temperature=0, max_tokens=12))
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    word = free.text.split()[3]
+    stopped = backend.generate_stream(ids, SamplingParams(temperature=0, max_tokens=12, stop=(word,)))
+    streamed = "".join([step.text async for step in stopped])
+    gen = stopped.generation
+    assert gen.finish_reason == "stop" and word not in gen.text
+    assert gen.text == free.text[: free.text.index(word)] == streamed
+    short = await backend.generate(
+        prompt(backend, "What is the capital of France? Answer with one word."),
+        SamplingParams(temperature=0, max_tokens=30),
+    )
+    assert short.finish_reason == "stop" and short.token_ids[-1] == 2 and "<|im_end|>" not in short.text
+
+
+async def test_closed_stream_stops_decoding(backend: TransformersBackend):
+    stream = backend.generate_stream(prompt(backend, QUESTIONS[2]), SamplingParams(max_tokens=200))
+    await stream.__anext__()
+    await stream.aclose()
+    after = await backend.generate(prompt(backend, QUESTIONS[0]), SamplingParams(temperature=0, max_tokens=4))
+    assert after.token_ids
+    assert sum(backend.batch_size_counts.values()) < 50  # the abandoned request did not run to 200
+
+
+def save_perturbed(base_model_dir: Path, out: Path) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        weight = model.model.layers[3].mlp.down_proj.weight
+        weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)) * 0.05)
+    model.save_pretrained(out)
+    return out
+
+
+def save_lora(base_model_dir: Path, out: Path) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(str(out))
+    return out
+
+
+async def test_hot_swap_full_checkpoint_between_requests(
+    backend: TransformersBackend, base_model_dir: Path, tmp_path: Path
+):
+    ckpt = await asyncio.to_thread(save_perturbed, base_model_dir, tmp_path / "v1")
+    ids = prompt(backend, QUESTIONS[0])
+    response = (await backend.generate(ids, SamplingParams(temperature=0, max_tokens=8))).token_ids
+    before = await backend.score(ids, response)
+    running = backend.generate_stream(
+        prompt(backend, QUESTIONS[2]), SamplingParams(temperature=0.7, max_tokens=24)
+    )
+    await running.__anext__()  # the old request is decoding
+    await backend.load_checkpoint(ckpt, 1, "full")
+    old = await running.result()
+    assert old.policy_version == 0 and old.finish_reason == "length"
+    assert backend.policy_version == 1
+    new = await backend.generate(ids, SamplingParams(temperature=0, max_tokens=4))
+    assert new.policy_version == 1
+    after = await backend.score(ids, response)
+    assert diffs(before, after)[1] > 1e-3
+    assert diffs(before, await backend.score(ids, response, use_base=True))[1] < 1e-4
+
+
+async def test_hot_swap_lora_adapter_keeps_base_for_reference(
+    backend: TransformersBackend, base_model_dir: Path, tmp_path: Path
+):
+    adapter = await asyncio.to_thread(save_lora, base_model_dir, tmp_path / "lora2")
+    ids = prompt(backend, QUESTIONS[1])
+    response = (await backend.generate(ids, SamplingParams(temperature=0, max_tokens=8))).token_ids
+    before = await backend.score(ids, response)
+    await backend.load_checkpoint(adapter, 2, "lora")
+    assert backend.policy_version == 2
+    assert diffs(before, await backend.score(ids, response))[1] > 1e-3
+    assert diffs(before, await backend.score(ids, response, use_base=True))[1] < 1e-4
+
+
+def test_chat_template_renders_tool_turns_as_text(base_model_dir: Path):
+    from serving.policy.chat_template import ChatTemplate
+
+    template = ChatTemplate.from_dir(base_model_dir)
+    tools = [{"type": "function", "function": {"name": "run_shell", "parameters": {"type": "object"}}}]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "List files."}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "run_shell", "arguments": '{"cmd": "ls"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt b.txt"},
+    ]
+    text = template.render_text(messages, tools)
+    assert text.startswith("<|im_start|>system\n") and "run_shell" in text.split("<|im_end|>")[0]
+    assert '<tool_call>\n{"name": "run_shell", "arguments": {"cmd": "ls"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response" in text and "a.txt b.txt" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert template.decode(template.render(messages, tools), skip_special_tokens=False) == text
+
+
+def test_incremental_decoder_never_splits_characters(base_model_dir: Path):
+    from serving.policy.chat_template import ChatTemplate
+    from serving.policy.detokenizer import IncrementalDecoder
+
+    template = ChatTemplate.from_dir(base_model_dir)
+    text = "Héllo 🌍 wörld, 世界! done."
+    ids = template.tokenizer(text, add_special_tokens=False)["input_ids"]
+    decoder = IncrementalDecoder(template.decode, stop=("done",), eos_ids=template.eos_token_ids)
+    deltas = [decoder.add(i) for i in ids]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == decoder.text == text[: text.index("done")]
+    assert decoder.stopped
