@@ -44,6 +44,30 @@ COMMANDS: tuple[Command, ...] = (
         "pipeline.main:run",
     ),
     Command(
+        "train",
+        "Consume samples, train (LoRA or full), publish verified checkpoints.",
+        "trainer.settings:TrainSettings",
+        "trainer.main:train",
+    ),
+    Command(
+        "up",
+        "Start the embedded stack (server, pipeline, trainer) as supervised local processes.",
+        "orl.up:UpSettings",
+        "orl.up:up",
+    ),
+    Command(
+        "demo",
+        "Watch the loop learn on a CPU: a simulated user, Binary RL vs OPD vs Combined, with a report.",
+        "orl.demo.run:DemoSettings",
+        "orl.demo.run:run_demo",
+    ),
+    Command(
+        "samples",
+        "List the newest training samples and rejections.",
+        "orl.samples:SamplesSettings",
+        "orl.samples:list_samples",
+    ),
+    Command(
         "topics",
         "Create every topic of a namespace on the event log.",
         "orl.admin:AdminSettings",

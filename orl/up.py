@@ -37,7 +37,7 @@ class UpSettings(ConnectionSettings):
     judge: str = setting("llm", "ORL_JUDGE", "Reward judge: llm or a rule judge name.")
     hint_judge: str = setting("llm", "ORL_HINT_JUDGE", "Hint extractor: llm or a rule extractor name.")
     run_id: str = setting("live", "ORL_RUN_ID", "Name of the training run (checkpoints/<run_id>/...).")
-    batch_size: int = setting(16, "ORL_BATCH_SIZE", "Effective samples per training step.")
+    batch_size: int = setting(16, "ORL_TRAIN_BATCH_SIZE", "Effective samples per training step.")
     components: tuple[str, ...] = setting(
         ("serve", "pipeline", "train"), "ORL_COMPONENTS", "Which processes to start."
     )
@@ -80,7 +80,7 @@ def component_env(settings: UpSettings) -> dict[str, str]:
         "ORL_JUDGE": settings.judge,
         "ORL_HINT_JUDGE": settings.hint_judge,
         "ORL_RUN_ID": settings.run_id,
-        "ORL_BATCH_SIZE": str(settings.batch_size),
+        "ORL_TRAIN_BATCH_SIZE": str(settings.batch_size),
     }
 
 

@@ -1,0 +1,255 @@
+"""`orl demo`: the whole loop on one CPU, for Binary RL, OPD and Combined, with a paper-style report.
+
+For each method it starts the embedded stack as separate processes (`orl serve`, `orl pipeline`,
+`orl train`, supervised as by `orl up`) in a fresh namespace and run, lets the scripted user of the
+scenario hold training sessions with the server, waits for the trainer to publish a checkpoint and
+the server to hot-swap it, and evaluates the held-out prompts after every `eval_every` steps.
+It writes results.md, results.json and learning_curve.png to the output folder; the namespaces
+stay in the data folder, so `orl samples` (and the audit tools) work on the demo's data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from connectors.settings import ConnectionSettings, setting
+from orl.demo.report import write_report
+from orl.demo.scenarios import Scenario, get_scenario
+from orl.demo.session_driver import DemoClient, Evaluation, Sampling
+from orl.samples import read_samples
+from orl.up import Supervisor, UpSettings, component_env, stack_keys
+from schemas.errors import OrlError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DemoSettings(ConnectionSettings):
+    scenario: str = setting("student", "ORL_DEMO_SCENARIO", "Simulated user: student | teacher.")
+    methods: tuple[str, ...] = setting(
+        ("binary", "opd", "combined"), "ORL_DEMO_METHODS", "Methods to compare, comma-separated."
+    )
+    steps: int = setting(16, "ORL_DEMO_STEPS", "Training steps per method.")
+    batch_size: int = setting(16, "ORL_DEMO_BATCH_SIZE", "Effective samples per training step.")
+    eval_every: int = setting(
+        4, "ORL_DEMO_EVAL_EVERY", "Evaluate the held-out prompts every this many steps."
+    )
+    eval_prompts: int = setting(16, "ORL_DEMO_EVAL_PROMPTS", "Held-out prompts per evaluation (at most 16).")
+    eval_samples: int = setting(2, "ORL_DEMO_EVAL_SAMPLES", "Responses per held-out prompt per evaluation.")
+    lr: float = setting(5e-4, "ORL_DEMO_LR", "LoRA learning rate.")
+    teacher_kind: str = setting(
+        "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy."
+    )
+    max_tokens: int = setting(
+        96, "ORL_DEMO_MAX_TOKENS", "Response length limit (the scenario asks for <= 40 words)."
+    )
+    port: int = setting(8011, "ORL_DEMO_PORT", "Port of the demo's server.")
+    out_dir: Path = setting(
+        Path(""), "ORL_DEMO_OUT", "Where the report goes (default <data-dir>/demo/<run>)."
+    )
+    seed: int = setting(0, "ORL_DEMO_SEED", "Seed of the prompt order and the user's phrasing.")
+    step_timeout_s: float = setting(900.0, "ORL_DEMO_STEP_TIMEOUT_S", "Give up if one step takes longer.")
+    quick: bool = setting(
+        False,
+        "ORL_DEMO_QUICK",
+        "A short run: Combined only, 2 steps of 8 samples, small evaluations (a few minutes).",
+    )
+
+    def effective(self) -> DemoSettings:
+        if not self.quick:
+            return self
+        return replace(
+            self,
+            methods=("combined",),
+            steps=2,
+            batch_size=8,
+            eval_every=1,
+            eval_prompts=8,
+            eval_samples=1,
+            max_tokens=64,
+        )
+
+
+def run_demo(settings: DemoSettings) -> int:
+    """Entry point of `orl demo`."""
+    settings = settings.effective()
+    scenario = get_scenario(settings.scenario)
+    tag = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = settings.out_dir if str(settings.out_dir) not in ("", ".") else settings.data_dir / "demo" / tag
+    print(
+        f"orl demo: scenario {scenario.name!r}, methods {', '.join(settings.methods)}, {settings.steps} steps of "
+        f"{settings.batch_size} samples; report -> {out_dir}",
+        flush=True,
+    )
+    started = time.perf_counter()
+    results = asyncio.run(_run_all(settings, scenario, tag))
+    files = write_report(
+        out_dir,
+        {m: {s: e.scores for s, e in r.items()} for m, r in results.items()},
+        {m: {s: e.relevance for s, e in r.items()} for m, r in results.items()},
+        {m: {s: e.words for s, e in r.items()} for m, r in results.items()},
+        opd_teacher=settings.teacher_kind,
+        scenario=scenario.name,
+        extra={
+            "namespaces": {m: _namespace(tag, m) for m in results},
+            "seconds": round(time.perf_counter() - started),
+            "settings": {
+                "steps": settings.steps,
+                "batch_size": settings.batch_size,
+                "lr": settings.lr,
+                "eval_prompts": settings.eval_prompts,
+                "eval_samples": settings.eval_samples,
+            },
+        },
+        steps=sorted({0, settings.steps // 2, settings.steps}),
+    )
+    print(files.table.read_text())
+    print(
+        f"learning curve: {files.chart}\nresults: {files.results}\ntook {time.perf_counter() - started:.0f} s"
+    )
+    return 0
+
+
+def _namespace(tag: str, method: str) -> str:
+    return f"demo-{tag}-{method}".replace("_", "-")
+
+
+async def _run_all(settings: DemoSettings, scenario: Scenario, tag: str) -> dict[str, dict[int, Evaluation]]:
+    results: dict[str, dict[int, Evaluation]] = {}
+    base: Evaluation | None = None
+    for method in settings.methods:
+        results[method] = await _run_method(settings, scenario, method, _namespace(tag, method), base)
+        base = results[method][0]  # the base model is the same for every method: evaluate it once
+    return results
+
+
+async def _run_method(
+    settings: DemoSettings, scenario: Scenario, method: str, namespace: str, base: Evaluation | None
+) -> dict[int, Evaluation]:
+    up = UpSettings(
+        data_dir=settings.data_dir,
+        log_url=settings.log_url,
+        store_url=settings.store_url,
+        s3_access_key=settings.s3_access_key,
+        s3_secret_key=settings.s3_secret_key,
+        namespace=namespace,
+        model=settings.model,
+        model_cache_dir=settings.model_cache_dir,
+        port=settings.port,
+        method=method,
+        judge="user_reply",
+        hint_judge="user_hint",
+        run_id=namespace,
+        batch_size=settings.batch_size,
+    )
+    env = {
+        **component_env(up),
+        "ORL_TRAIN_LR": str(settings.lr),
+        "ORL_TEACHER_KIND": settings.teacher_kind,
+        "ORL_AT_LEAST_ONE": "false",
+        "ORL_SERVED_MODEL_NAME": "orl-policy",
+        "ORL_TRAIN_SEED": str(settings.seed),
+    }
+    supervisor = Supervisor(env, settings.data_dir / "logs" / namespace, ("serve", "pipeline", "train"))
+    api_key, admin_key = stack_keys(up)
+    client = DemoClient(
+        f"http://127.0.0.1:{settings.port}", api_key, admin_key, Sampling(max_tokens=settings.max_tokens)
+    )
+    supervisor.start_all()
+    try:
+        await client.wait_ready()
+        held_out = scenario.held_out_prompts[: settings.eval_prompts]
+        evaluations = {0: base or await client.evaluate(scenario, held_out, settings.eval_samples)}
+        _progress(method, 0, settings.steps, evaluations[0], None)
+        prompts = _prompt_stream(scenario, settings.seed)
+        for step in range(1, settings.steps + 1):
+            satisfied = await _train_one_step(
+                settings, scenario, client, supervisor, up, namespace, step, prompts
+            )
+            if step % settings.eval_every == 0 or step == settings.steps:
+                evaluations[step] = await client.evaluate(scenario, held_out, settings.eval_samples)
+            _progress(method, step, settings.steps, evaluations.get(step), satisfied)
+        return evaluations
+    finally:
+        await client.close()
+        supervisor.stop()
+
+
+async def _train_one_step(
+    settings: DemoSettings,
+    scenario: Scenario,
+    client: DemoClient,
+    supervisor: Supervisor,
+    up: UpSettings,
+    namespace: str,
+    step: int,
+    prompts: Iterator[str],
+) -> str:
+    """Hold sessions until the trainer has `step * batch_size` samples, then wait for the hot swap."""
+    deadline = time.monotonic() + settings.step_timeout_s
+    satisfied = sessions = chunk = 0
+    while (counts := await _sample_counts(up, namespace))[0] < step * settings.batch_size:
+        batch = [next(prompts) for _ in range(settings.batch_size)]
+        satisfied += await client.sessions(
+            scenario, batch, f"{namespace}-s{step}-{chunk}", settings.seed + step
+        )
+        sessions += len(batch)
+        chunk += 1
+        # every session gets two decisions (its answer, and the one-token reply that closed it)
+        await _wait_for_decisions(up, namespace, counts[1] + 2 * len(batch), deadline, supervisor)
+        _check_deadline(deadline, step, "collecting samples")
+    while await client.policy_version() < step:
+        supervisor.check()
+        _check_deadline(deadline, step, "waiting for the trainer and the hot swap")
+        await asyncio.sleep(1.0)
+    return f"{satisfied}/{sessions} users satisfied"
+
+
+async def _sample_counts(up: UpSettings, namespace: str) -> tuple[int, int]:
+    """(SampleReady count, all decisions) in the namespace so far."""
+    rows = await read_samples(up.effective_log_url(), namespace)
+    return sum(row["status"] == "ready" for row in rows), len(rows)
+
+
+async def _wait_for_decisions(
+    up: UpSettings, namespace: str, expected: int, deadline: float, supervisor: Supervisor
+) -> None:
+    while time.monotonic() < deadline and (await _sample_counts(up, namespace))[1] < expected:
+        supervisor.check()
+        await asyncio.sleep(0.5)
+
+
+def _check_deadline(deadline: float, step: int, doing: str) -> None:
+    if time.monotonic() > deadline:
+        raise OrlError(f"demo step {step} timed out while {doing}; see the logs under <data-dir>/logs/")
+
+
+def _prompt_stream(scenario: Scenario, seed: int) -> Iterator[str]:
+    """The training prompts in a seeded order, repeated: every method sees the same sequence."""
+    rng = random.Random(seed)
+    for _ in itertools.count():
+        order = list(scenario.train_prompts)
+        rng.shuffle(order)
+        yield from order
+
+
+def _progress(
+    method: str, step: int, steps: int, evaluation: Evaluation | None, satisfied: str | None
+) -> None:
+    parts = [f"[{method}] step {step}/{steps}"]
+    if satisfied:
+        parts.append(satisfied)
+    if evaluation is not None:
+        flat = [s for scores in evaluation.scores for s in scores]
+        parts.append(
+            f"held-out score {sum(flat) / len(flat):.2f}, relevance {evaluation.relevance:.2f}, "
+            f"{evaluation.words:.0f} words"
+        )
+    print("  " + " | ".join(parts), flush=True)

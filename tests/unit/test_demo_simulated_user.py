@@ -1,0 +1,108 @@
+"""orl.demo.simulated_user and orl.demo.scenarios: the scripted user's reactions and the scenario data."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orl.demo.scenarios import HELD_OUT_COUNT, SCENARIOS, STUDENT, TEACHER, get_scenario, split_prompts
+from orl.demo.scoring import LENGTH, OFF_TOPIC, keywords, parse_grading_prompt
+from orl.demo.simulated_user import SATISFIED_REPLIES, react, redo_variants
+from schemas.errors import ConfigError
+
+PROMPT = "Why does the Moon have phases?"
+GOOD = "We see different parts of the Moon's sunlit half as it orbits Earth."
+TEMPLATED = "# Moon phases\n1. **New moon**: dark.\n2. **Full moon**: bright.\nFinal Answer: the orbit."
+GRADE_PROMPT = TEACHER.prompts[0]
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS.values()), ids=list(SCENARIOS))
+def test_scenarios_have_enough_prompts_and_a_disjoint_seeded_split(scenario) -> None:
+    assert len(scenario.prompts) >= 40
+    assert len(set(scenario.prompts)) == len(scenario.prompts)
+    assert len(scenario.held_out_prompts) == HELD_OUT_COUNT
+    assert not set(scenario.train_prompts) & set(scenario.held_out_prompts)
+    assert set(scenario.train_prompts) | set(scenario.held_out_prompts) == set(scenario.prompts)
+    assert split_prompts(scenario.prompts) == (scenario.train_prompts, scenario.held_out_prompts)
+    assert len(scenario.hint) > 10
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS.values()), ids=list(SCENARIOS))
+def test_every_prompt_has_content_words_to_be_relevant_to(scenario) -> None:
+    for prompt in scenario.prompts:
+        _, answer = parse_grading_prompt(prompt)
+        assert keywords(prompt), prompt
+        assert keywords(answer), prompt
+
+
+def test_every_teacher_prompt_parses_as_question_and_answer() -> None:
+    for prompt in TEACHER.prompts:
+        question, answer = parse_grading_prompt(prompt)
+        assert question and answer != prompt
+
+
+def test_unknown_scenario_is_a_config_error() -> None:
+    assert get_scenario("student") is STUDENT
+    with pytest.raises(ConfigError, match="student"):
+        get_scenario("pirate")
+
+
+def test_a_good_response_gets_a_satisfied_reply() -> None:
+    reaction = react(STUDENT, PROMPT, GOOD, random.Random(0))
+    assert reaction.satisfied
+    assert reaction.violations == []
+    assert reaction.text in SATISFIED_REPLIES
+
+
+def test_a_templated_response_gets_a_redo_naming_each_violation() -> None:
+    reaction = react(STUDENT, PROMPT, TEMPLATED, random.Random(0))
+    assert not reaction.satisfied
+    assert set(reaction.violations) == {"bold", "list", "header", "final_answer"}
+    text = reaction.text.lower()
+    assert "bold" in text
+    assert "list" in text or "numbered" in text
+    assert "header" in text or "heading" in text
+    assert "final answer" in text
+
+
+def test_a_long_response_is_asked_to_be_under_forty_words() -> None:
+    reaction = react(STUDENT, PROMPT, "The Moon orbits Earth. " * 12, random.Random(1))
+    assert reaction.violations == [LENGTH]
+    assert "40 words" in reaction.text
+
+
+def test_an_off_topic_response_is_asked_to_answer_the_question() -> None:
+    reaction = react(
+        STUDENT, "Why did the Titanic sink?", "I have absolutely nothing to add.", random.Random(0)
+    )
+    assert reaction.violations == [OFF_TOPIC]
+    assert "why did the Titanic sink" in reaction.text
+
+
+def test_a_two_sentence_question_is_quoted_as_one_clause() -> None:
+    prompt = "What is a simile? Give me one about rain."
+    reaction = react(STUDENT, prompt, "I have absolutely nothing to add.", random.Random(0))
+    assert "what is a simile; Give me one about rain" in reaction.text
+
+
+def test_the_teacher_correction_names_a_detail_of_the_student_answer() -> None:
+    reaction = react(TEACHER, GRADE_PROMPT, "Great job, keep going!", random.Random(0))
+    assert "not_specific" in reaction.violations
+    _, answer = parse_grading_prompt(GRADE_PROMPT)
+    assert any(word in reaction.text for word in keywords(answer))
+    assert "'coats'" in reaction.text  # the first content word of "Coats trap warm air ..."
+
+
+def test_reactions_are_deterministic_for_a_seed_and_vary_across_seeds() -> None:
+    texts = [react(STUDENT, PROMPT, "The Moon orbits. " * 20, random.Random(seed)).text for seed in range(12)]
+    again = [react(STUDENT, PROMPT, "The Moon orbits. " * 20, random.Random(seed)).text for seed in range(12)]
+    assert texts == again
+    assert len(set(texts)) > 3
+    satisfied = {react(STUDENT, PROMPT, GOOD, random.Random(seed)).text for seed in range(30)}
+    assert len(satisfied) > 3
+
+
+def test_redo_variants_cover_many_distinct_texts() -> None:
+    variants = list(redo_variants([LENGTH], PROMPT))
+    assert len(set(variants)) == len(variants) == 90

@@ -1,0 +1,122 @@
+"""One batch of samples through the policy to the loss: logprobs, advantages per method, total loss.
+
+Recomputes the policy's logprobs (with gradient) and the frozen reference's (for the KL) on the exact
+sampled token ids, each sample at its own temperature (`trainer.logprobs`), picks pi_old per the
+`old_logprobs` setting, builds each sample's advantage from its method and hands everything to the
+pure `trainer.losses.total_loss`. Reads and writes no topics or object keys.
+
+Advantages per sample method (DESIGN.md "Methods"):
+- binary: A_t = r (no OPD term even if teacher logprobs are present);
+- opd: A_t = teacher_t - old_t (no reward term);
+- combined: A_t = w_opd * (teacher_t - old_t) + w_rl * r, each term only when the sample has it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from trainer.batching import TrainingSample
+from trainer.logprobs import collate_samples, pad_right, response_logprobs
+from trainer.losses import LossStats, binary_advantages, center_rewards, opd_advantages, total_loss
+from trainer.policy_model import PolicyModel
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    beta_kl: float = 0.02
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    w_opd: float = 1.0
+    w_rl: float = 1.0
+    center_rewards: bool = False
+    old_logprobs: str = "recompute"  # recompute | rollout
+    autocast: bool = True
+
+
+@dataclass(frozen=True)
+class BatchLoss:
+    loss: Tensor  # scalar, with gradient
+    stats: LossStats
+    reward_mean: float  # over samples that carry a reward (nan when none)
+    opd_advantage_mean: float  # mean teacher - old over tokens of samples with an OPD term (nan when none)
+
+
+def method_weights(samples: Sequence[TrainingSample], config: LossConfig) -> tuple[Tensor, Tensor]:
+    """Per-sample (OPD weight, RL weight); 0 where the method or the sample lacks the term."""
+    opd_w, rl_w = [], []
+    for s in samples:
+        has_teacher, has_reward = s.teacher_logprobs is not None, s.reward is not None
+        if s.method == "binary":
+            opd_w.append(0.0)
+            rl_w.append(1.0 if has_reward else 0.0)
+        elif s.method == "opd":
+            opd_w.append(1.0 if has_teacher else 0.0)
+            rl_w.append(0.0)
+        else:
+            opd_w.append(config.w_opd if has_teacher else 0.0)
+            rl_w.append(config.w_rl if has_reward else 0.0)
+    return torch.tensor(opd_w), torch.tensor(rl_w)
+
+
+def advantages(
+    samples: Sequence[TrainingSample],
+    old_logprobs_B_T: Tensor,
+    teacher_logprobs_B_T: Tensor,
+    rewards_B: Tensor,
+    mask_B_T: Tensor,
+    config: LossConfig,
+) -> tuple[Tensor, float]:
+    """(A_B_T, mean OPD advantage over the tokens that have one)."""
+    opd_w_B, rl_w_B = method_weights(samples, config)
+    if config.center_rewards:
+        rewards_B = center_rewards(rewards_B, rl_w_B != 0)
+    opd_B_T = opd_advantages(teacher_logprobs_B_T, old_logprobs_B_T)
+    has_opd_B_T = (opd_w_B != 0)[:, None] & mask_B_T
+    opd_term_B_T = torch.where(has_opd_B_T, opd_w_B[:, None] * opd_B_T, 0.0)
+    rl_term_B_T = binary_advantages(rl_w_B * rewards_B, mask_B_T)
+    opd_mean = float(opd_B_T[has_opd_B_T].mean()) if bool(has_opd_B_T.any()) else float("nan")
+    return torch.where(mask_B_T, opd_term_B_T + rl_term_B_T, 0.0), opd_mean
+
+
+def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: LossConfig) -> BatchLoss:
+    """The loss of one batch (call `.loss.backward()`); the policy module must be in train mode."""
+    prompts = [list(s.prompt_ids) for s in samples]
+    responses = [list(s.response_ids) for s in samples]
+    temperatures = [s.temperature for s in samples]
+    collated = collate_samples(
+        responses,
+        [list(s.rollout_logprobs) for s in samples],
+        [None if s.teacher_logprobs is None else list(s.teacher_logprobs) for s in samples],
+        [s.reward for s in samples],
+    )
+    current = response_logprobs(policy.module, prompts, responses, temperatures, config.autocast)
+    logprobs_B_T, mask_B_T = pad_right(current)
+    ref_logprobs_B_T = None
+    if config.beta_kl != 0.0:
+        with policy.reference() as reference:
+            ref = response_logprobs(reference, prompts, responses, temperatures, config.autocast)
+        ref_logprobs_B_T, _ = pad_right(ref)
+    # recompute: pi_old under the current weights before the update. One optimizer step per batch,
+    # so that is exactly this forward's values, detached (slime recomputes in a separate pass only
+    # because it takes several steps per batch).
+    old_B_T = logprobs_B_T.detach() if config.old_logprobs == "recompute" else collated.rollout_logprobs_B_T
+    adv_B_T, opd_mean = advantages(
+        samples, old_B_T, collated.teacher_logprobs_B_T, collated.rewards_B, mask_B_T, config
+    )
+    loss, stats = total_loss(
+        logprobs_B_T,
+        old_B_T,
+        adv_B_T,
+        mask_B_T,
+        ref_logprobs_B_T,
+        beta_kl=config.beta_kl,
+        eps_low=config.eps_low,
+        eps_high=config.eps_high,
+    )
+    rewards = [s.reward for s in samples if s.reward is not None]
+    reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
+    return BatchLoss(loss, stats, reward_mean, opd_mean)

@@ -1,0 +1,193 @@
+"""From sample-topic records to training batches of exactly N effective samples, with exact offsets.
+
+Pure logic over `ConsumedRecord`s (no I/O, no clock): the loop feeds every polled record of the
+`<namespace>.samples` topic in arrival order; `take` returns the next batch once N trainable samples
+are pending. A batch covers a prefix of the pending records (per partition, a prefix in offset
+order): every record of the prefix is either trained or skipped with a counted reason, and
+`Batch.consumed_offsets` is, per partition, the offset after the last record of that prefix. Records
+after the N-th sample stay pending for the next batch; they are not covered by the offsets, so a
+restart from a manifest re-reads them (none trained twice, none skipped).
+
+Skip reasons (counted; the decision depends only on the record and the version being trained, so a
+restart decides the same): rejected (SampleRejected upstream), stale, duplicate (a sample id already
+trained), undecodable, unknown_event, unknown_method, empty_response, malformed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from connectors.event_log.base import ConsumedRecord, TopicPartition
+from schemas.codec import decode
+from schemas.errors import EventDecodeError, UnknownEventTypeError
+
+METHODS = ("binary", "opd", "combined")
+SEEN_IDS_KEPT = 100_000  # duplicate detection window (sample ids); far more than any redelivery spans
+
+
+@dataclass(frozen=True)
+class TrainingSample:
+    """The fields of a SampleReady the loss needs, plus where it came from."""
+
+    sample_id: str
+    method: str
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    rollout_logprobs: tuple[float, ...]
+    temperature: float
+    reward: float | None
+    teacher_logprobs: tuple[float, ...] | None
+    policy_version: int
+    position: TopicPartition
+    offset: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    samples: tuple[TrainingSample, ...]
+    consumed_offsets: dict[TopicPartition, int]  # next offset to read, per partition, after this batch
+    skipped: dict[str, int]  # reason -> records of this batch's prefix that were not trained
+    staleness: tuple[int, ...]  # current version - sample's policy version, per sample
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return [s.sample_id for s in self.samples]
+
+    @property
+    def mean_staleness(self) -> float:
+        return sum(self.staleness) / len(self.staleness) if self.staleness else 0.0
+
+
+@dataclass(frozen=True)
+class _Pending:
+    record: ConsumedRecord
+    event: dict[str, Any] | None  # None when the bytes did not decode
+    event_type: str
+
+
+def _decoded(record: ConsumedRecord) -> _Pending:
+    try:
+        event = decode(record.value)
+    except (EventDecodeError, UnknownEventTypeError):
+        return _Pending(record, None, "")
+    return _Pending(record, event, str(event["envelope"]["event_type"]))
+
+
+def _finite(values: Iterable[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+def sample_problem(event: Mapping[str, Any]) -> str | None:
+    """Why a decoded SampleReady cannot be trained (a skip reason), or None if it can."""
+    response = event["response_token_ids"]
+    teacher = event["teacher_logprobs"]
+    if event["method"] not in METHODS:
+        return "unknown_method"
+    if not response:
+        return "empty_response"
+    malformed = (
+        not event["prompt_token_ids"]
+        or len(event["old_logprobs"]) != len(response)
+        or (teacher is not None and len(teacher) != len(response))
+        or not _finite(event["old_logprobs"])
+        or (teacher is not None and not _finite(teacher))
+        or not event["temperature"] >= 0
+        or (event["reward"] is not None and not math.isfinite(event["reward"]))
+    )
+    return "malformed" if malformed else None
+
+
+def training_sample(pending: _Pending) -> TrainingSample:
+    event = pending.event
+    assert event is not None
+    teacher = event["teacher_logprobs"]
+    return TrainingSample(
+        sample_id=str(event["envelope"]["event_id"]),
+        method=str(event["method"]),
+        prompt_ids=tuple(event["prompt_token_ids"]),
+        response_ids=tuple(event["response_token_ids"]),
+        rollout_logprobs=tuple(event["old_logprobs"]),
+        temperature=float(event["temperature"]),
+        reward=None if event["reward"] is None else float(event["reward"]),
+        teacher_logprobs=None if teacher is None else tuple(teacher),
+        policy_version=int(event["policy_version"]),
+        position=pending.record.topic_partition,
+        offset=pending.record.offset,
+    )
+
+
+class SampleBatcher:
+    """Buffers polled records and cuts them into batches of `batch_size` trainable samples."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        max_staleness: int,
+        consumed_offsets: Mapping[TopicPartition, int] | None = None,
+        trained_ids: Sequence[str] = (),
+    ) -> None:
+        self.batch_size = batch_size
+        self.max_staleness = max_staleness  # negative: never drop for staleness
+        self.consumed_offsets: dict[TopicPartition, int] = dict(consumed_offsets or {})
+        self._pending: list[_Pending] = []
+        self._seen: OrderedDict[str, None] = OrderedDict.fromkeys(trained_ids)
+
+    @property
+    def pending_records(self) -> int:
+        return len(self._pending)
+
+    def add(self, records: Iterable[ConsumedRecord]) -> None:
+        """Append polled records (in the order the consumer returned them)."""
+        self._pending.extend(_decoded(record) for record in records)
+
+    def _verdict(self, pending: _Pending, current_version: int, batch_ids: set[str]) -> TrainingSample | str:
+        if pending.event is None:
+            return "undecodable"
+        if pending.event_type == "SampleRejected":
+            return "rejected"
+        if pending.event_type != "SampleReady":
+            return "unknown_event"
+        problem = sample_problem(pending.event)
+        if problem is not None:
+            return problem
+        sample = training_sample(pending)
+        if sample.sample_id in self._seen or sample.sample_id in batch_ids:
+            return "duplicate"
+        if self.max_staleness >= 0 and sample.policy_version < current_version - self.max_staleness:
+            return "stale"
+        return sample
+
+    def take(self, current_version: int) -> Batch | None:
+        """The next batch trained at `current_version`, or None while fewer than N samples are pending."""
+        samples: list[TrainingSample] = []
+        skipped: Counter[str] = Counter()
+        for index, pending in enumerate(self._pending):
+            verdict = self._verdict(pending, current_version, {s.sample_id for s in samples})
+            if isinstance(verdict, str):
+                skipped[verdict] += 1
+                continue
+            samples.append(verdict)
+            if len(samples) == self.batch_size:
+                return self._cut(index + 1, samples, skipped, current_version)
+        return None
+
+    def _cut(
+        self, count: int, samples: list[TrainingSample], skipped: Counter[str], current_version: int
+    ) -> Batch:
+        taken, self._pending = self._pending[:count], self._pending[count:]
+        for pending in taken:
+            self.consumed_offsets[pending.record.topic_partition] = pending.record.offset + 1
+        for sample in samples:
+            self._seen[sample.sample_id] = None
+        while len(self._seen) > SEEN_IDS_KEPT:
+            self._seen.popitem(last=False)
+        return Batch(
+            samples=tuple(samples),
+            consumed_offsets=dict(self.consumed_offsets),
+            skipped=dict(sorted(skipped.items())),
+            staleness=tuple(current_version - s.policy_version for s in samples),
+        )

@@ -1,0 +1,277 @@
+"""The training loop of `orl train`: consume, batch, loss, step, publish.
+
+Reads `<namespace>.samples` (SampleReady / SampleRejected) and `checkpoints/<run>/` (to resume).
+Writes `checkpoints/<run>/<version:08d>/` (weights, then the manifest last), then one
+TrainStepCompleted on `<namespace>.train_steps` and one CheckpointPublished on
+`<namespace>.checkpoints` per step, then commits the group's offsets (informational).
+
+Exactly-once training without transactions: the manifest of version v records, per partition, the
+offset after the last record its step covered. A restarted trainer loads the newest manifest's
+weights and reads on from exactly those offsets (`trainer.sample_stream`), so a kill -9 anywhere
+(before, during or after a checkpoint write) neither repeats nor skips a sample; a half-uploaded
+version has no manifest and is deleted on start; events missing after a crash between the manifest
+and the append are re-emitted from the manifest (`trainer.resume`). One trainer process per run.
+Adam's moments are not checkpointed: after a restart they start from zero (weights and data
+position are exact).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from connectors.checkpoint_store import Manifest, publish_checkpoint
+from connectors.event_log.base import EventLog, TopicPartition, TopicSpec
+from connectors.metrics import Metrics
+from connectors.object_store.base import ObjectStore
+from schemas.errors import ConfigError, OrlError
+from schemas.topics import topic_name
+from trainer.batch_loss import LossConfig, batch_loss
+from trainer.batching import Batch, SampleBatcher
+from trainer.faults import FaultPlan
+from trainer.policy_model import LoraSettings, PolicyKind, PolicyModel, load_policy
+from trainer.resume import ResumePoint, append_step_events, find_resume_point, reemit_missing_events
+from trainer.sample_stream import SampleStream
+from trainer.settings import TrainSettings
+
+log = logging.getLogger(__name__)
+
+POLL_MAX_RECORDS = 256
+
+
+class TrainingError(OrlError):
+    """A step could not be taken (non-finite loss or gradient): the worker stops loudly."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    metrics: dict[str, Any]  # what the manifest and TrainStepCompleted record about the step
+
+
+def loss_config(settings: TrainSettings) -> LossConfig:
+    return LossConfig(
+        beta_kl=settings.beta_kl,
+        eps_low=settings.eps_low,
+        eps_high=settings.eps_high,
+        w_opd=settings.w_opd,
+        w_rl=settings.w_rl,
+        center_rewards=settings.center_rewards,
+        old_logprobs=settings.old_logprobs,
+        autocast=settings.autocast,
+    )
+
+
+def train_step(
+    policy: PolicyModel, optimizer: torch.optim.Optimizer, batch: Batch, settings: TrainSettings
+) -> StepResult:
+    """Loss, backward, clip, AdamW step on one batch (synchronous: the loop runs it in a thread)."""
+    started = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    result = batch_loss(policy, batch.samples, loss_config(settings))
+    if not math.isfinite(result.stats.loss):
+        raise TrainingError(f"non-finite loss {result.stats.loss} on samples {batch.sample_ids}")
+    result.loss.backward()
+    max_norm = settings.grad_clip if settings.grad_clip > 0 else math.inf
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), max_norm))
+    if not math.isfinite(grad_norm):
+        raise TrainingError(f"non-finite gradient norm on samples {batch.sample_ids}")
+    optimizer.step()
+    duration_s = time.perf_counter() - started
+    stats = result.stats
+    return StepResult(
+        {
+            "sample_ids": batch.sample_ids,
+            "loss": stats.loss,
+            "pg_loss": stats.pg_loss,
+            "kl": stats.kl,
+            "clip_fraction": stats.clip_fraction,
+            "advantage_mean": stats.advantage_mean,
+            "opd_advantage_mean": result.opd_advantage_mean,
+            "reward_mean": result.reward_mean,
+            "grad_norm": grad_norm,
+            "tokens": stats.tokens,
+            "duration_s": duration_s,
+            "tokens_per_s": stats.tokens / duration_s if duration_s > 0 else 0.0,
+            "dropped_stale": batch.skipped.get("stale", 0),
+            "mean_staleness": batch.mean_staleness,
+            "skipped": batch.skipped,
+            "methods": dict(sorted(Counter(s.method for s in batch.samples).items())),
+            "lr": optimizer.param_groups[0]["lr"],
+        }
+    )
+
+
+def publish_step(
+    store: ObjectStore,
+    settings: TrainSettings,
+    policy: PolicyModel,
+    version: int,
+    batch: Batch,
+    step: StepResult,
+    work_dir: Path,
+    faults: FaultPlan,
+) -> Manifest:
+    """Save the policy to a temp folder and publish it as `version` (files first, manifest last)."""
+    with tempfile.TemporaryDirectory(prefix=f"v{version:08d}-", dir=work_dir) as tmp:
+        policy.save(Path(tmp))
+        return publish_checkpoint(
+            faults.wrap(store, version),
+            settings.run_id,
+            version,
+            Path(tmp),
+            parent_version=version - 1,  # 0 is the base model
+            kind=policy.kind,
+            base_model=settings.model,
+            consumed_offsets=[
+                {"topic": tp.topic, "partition": tp.partition, "offset": offset}
+                for tp, offset in sorted(batch.consumed_offsets.items())
+            ],
+            sample_ids=batch.sample_ids,
+            metrics={"step": version, **step.metrics},
+        )
+
+
+def folder_uri(store: ObjectStore, manifest: Manifest) -> str:
+    """The URI of the checkpoint's folder (keys cannot end in '/', so derived from the manifest's)."""
+    return store.uri(manifest.manifest_key).rsplit("/", 1)[0] + "/"
+
+
+def load_resumed_policy(settings: TrainSettings, model_dir: Path, point: ResumePoint) -> PolicyModel:
+    if point.manifest is not None:
+        if point.manifest.kind != settings.kind:
+            raise ConfigError(
+                f"run {settings.run_id!r} trains kind {point.manifest.kind!r}: pass --kind "
+                f"{point.manifest.kind} or a new --run-id"
+            )
+        if point.manifest.base_model != settings.model:
+            raise ConfigError(
+                f"run {settings.run_id!r} was trained from --model {point.manifest.base_model!r}, "
+                f"not {settings.model!r}: pass that model or a new --run-id"
+            )
+    lora = LoraSettings(r=settings.lora_r, alpha=settings.lora_alpha)
+    kind: PolicyKind = "full" if settings.kind == "full" else "lora"
+    return load_policy(model_dir, kind, lora=lora, init_dir=point.checkpoint_dir)
+
+
+def log_step(version: int, batch: Batch, step: StepResult, publish_s: float) -> None:
+    m = step.metrics
+    log.info(
+        "step v%d: loss %.4f (pg %.4f) reward %.3f kl %.4f clip %.3f grad %.3f | %d samples %d tokens "
+        "%.2f s %.0f tok/s | staleness %.2f dropped %s | publish %.2f s",
+        version,
+        m["loss"],
+        m["pg_loss"],
+        m["reward_mean"],
+        m["kl"],
+        m["clip_fraction"],
+        m["grad_norm"],
+        len(batch.samples),
+        m["tokens"],
+        m["duration_s"],
+        m["tokens_per_s"],
+        m["mean_staleness"],
+        batch.skipped or "none",
+        publish_s,
+    )
+
+
+def count_step(metrics: Metrics, version: int, batch: Batch, step: StepResult) -> None:
+    for reason, count in batch.skipped.items():
+        metrics.count("samples_skipped", count, reason=reason)
+    metrics.count("samples_trained", len(batch.samples))
+    metrics.count("tokens_trained", step.metrics["tokens"])
+    metrics.set("policy_version", version)
+    metrics.observe("step_duration_s", step.metrics["duration_s"])
+
+
+async def drained(log_: EventLog, stream: SampleStream, topic: str) -> bool:
+    ends = await log_.end_offsets(topic)
+    return stream.read_up_to({TopicPartition(topic, p): end for p, end in ends.items()})
+
+
+async def create_trainer_topics(log_: EventLog, namespace: str) -> None:
+    await log_.create_topics(
+        [TopicSpec(topic_name(namespace, t)) for t in ("samples", "train_steps", "checkpoints")]
+    )
+
+
+async def run_trainer(
+    settings: TrainSettings,
+    log_: EventLog,
+    store: ObjectStore,
+    model_dir: Path,
+    work_dir: Path,
+    metrics: Metrics | None = None,
+) -> int:
+    """Train until `max_steps` (or idle exit); returns the number of steps this call took."""
+    metrics = metrics or Metrics()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    samples_topic = topic_name(settings.namespace, "samples")
+    await create_trainer_topics(log_, settings.namespace)
+
+    # Resume: newest complete checkpoint (weights, version, offsets), or the base model at version 0.
+    point = await asyncio.to_thread(find_resume_point, store, settings.run_id, samples_topic, work_dir)
+    if point.manifest is not None:
+        await reemit_missing_events(
+            log_, point.manifest, settings.namespace, folder_uri(store, point.manifest)
+        )
+    torch.manual_seed(settings.seed)
+    policy = await asyncio.to_thread(load_resumed_policy, settings, model_dir, point)
+    optimizer = torch.optim.AdamW(
+        policy.trainable_parameters(), lr=settings.effective_lr(), betas=(0.9, 0.999), weight_decay=0.0
+    )
+    version = point.version
+    batcher = SampleBatcher(
+        settings.batch_size, settings.max_staleness, point.consumed_offsets, point.trained_ids
+    )
+    faults = FaultPlan(settings.fault_after, settings.fault_version)
+
+    steps = 0
+    async with log_.consumer(settings.group_id(), [samples_topic]) as consumer:
+        stream = SampleStream(consumer, point.consumed_offsets)
+        idle_since = time.monotonic()
+        while settings.max_steps == 0 or steps < settings.max_steps:
+            # Consume until N effective samples are pending.
+            batch = batcher.take(version)
+            if batch is None:
+                records = await stream.poll(POLL_MAX_RECORDS, settings.poll_timeout_s)
+                batcher.add(records)
+                if records:
+                    idle_since = time.monotonic()
+                elif settings.idle_exit_s and time.monotonic() - idle_since >= settings.idle_exit_s:
+                    if not await drained(log_, stream, samples_topic):
+                        continue  # a partition is not ours yet (a dead member's session is expiring)
+                    log.info(
+                        "no new samples for %.0f s; exiting at version %d", settings.idle_exit_s, version
+                    )
+                    break
+                continue
+
+            # Loss, backward, optimizer step (in a thread: the consumer keeps heartbeating).
+            faults.arm(version + 1)
+            step = await asyncio.to_thread(train_step, policy, optimizer, batch, settings)
+            version += 1
+            faults.hit("after_step", version)
+
+            # Publish: weights and manifest (the resume point), then the events, then the group offsets.
+            publish_started = time.perf_counter()
+            manifest = await asyncio.to_thread(
+                publish_step, store, settings, policy, version, batch, step, work_dir, faults
+            )
+            faults.hit("after_manifest", version)
+            await append_step_events(log_, manifest, settings.namespace, folder_uri(store, manifest))
+            await stream.commit(batch.consumed_offsets)
+
+            steps += 1
+            count_step(metrics, version, batch, step)
+            log_step(version, batch, step, time.perf_counter() - publish_started)
+    return steps

@@ -1,0 +1,44 @@
+"""`orl train`: opens the event log, the object store and the base model, then runs the training loop.
+
+Reads `<namespace>.samples` and `checkpoints/<run>/`; writes checkpoints, `<namespace>.train_steps`
+and `<namespace>.checkpoints` (see `trainer.loop`). Local scratch (checkpoint staging, the resumed
+checkpoint's verified copy) lives in `<data-dir>/trainer/<run-id>/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import torch
+
+from connectors.event_log.factory import open_event_log
+from connectors.model_files import resolve_model
+from connectors.object_store.factory import open_object_store
+from trainer.loop import run_trainer
+from trainer.settings import TrainSettings, check_settings
+
+logger = logging.getLogger(__name__)
+
+
+def train(settings: TrainSettings) -> int:
+    """Entry point of `orl train`; returns the exit code (0 after max_steps or an idle exit)."""
+    check_settings(settings)
+    if settings.threads > 0:
+        torch.set_num_threads(settings.threads)
+    model_dir = resolve_model(settings.model, settings.model_cache_dir)
+    store = open_object_store(
+        settings.effective_store_url(),
+        access_key=settings.s3_access_key or None,
+        secret_key=settings.s3_secret_key or None,
+    )
+    work_dir = settings.data_dir / "trainer" / settings.run_id
+    work_dir.mkdir(parents=True, exist_ok=True)
+
+    async def main() -> int:
+        async with open_event_log(settings.effective_log_url()) as log:
+            return await run_trainer(settings, log, store, model_dir, work_dir)
+
+    steps = asyncio.run(main())
+    logger.info("trainer %s stopped after %d steps", settings.run_id, steps)
+    return 0

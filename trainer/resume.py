@@ -1,0 +1,164 @@
+"""Where a (re)started trainer continues from, and the events that announce a published checkpoint.
+
+Reads `checkpoints/<run>/...` (the newest complete manifest and its files) and the
+`<namespace>.train_steps` / `<namespace>.checkpoints` topics; writes (re-emits) TrainStepCompleted
+and CheckpointPublished there. A manifest is written before its events, so a crash between the two
+leaves a published checkpoint nobody announced: on start the newest manifest's events are rebuilt
+from the manifest alone (same deterministic ids, same payload, occurred_at = the manifest's
+created_at, so byte-identical) and appended if the topics do not hold them yet. Only the newest can
+be missing: a step starts only after the previous one's events were appended, or re-emitted here.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from connectors.checkpoint_store import (
+    Manifest,
+    clean_incomplete,
+    download_and_verify,
+    latest_checkpoint,
+)
+from connectors.event_log.base import EventLog, OutgoingRecord, TopicPartition
+from connectors.object_store.base import ObjectStore
+from schemas.codec import decode, encode
+from schemas.errors import EventDecodeError
+from schemas.events import make_event
+from schemas.topics import topic_name
+
+log = logging.getLogger(__name__)
+
+PRODUCER = "trainer/0.1.0"
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Version 0 at the beginning of the topic, or the newest manifest's version and offsets."""
+
+    version: int = 0
+    manifest: Manifest | None = None
+    checkpoint_dir: Path | None = None  # verified local copy of the manifest's files
+    consumed_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    trained_ids: tuple[str, ...] = ()  # the newest step's sample ids (duplicate detection)
+
+
+def find_resume_point(store: ObjectStore, run_id: str, samples_topic: str, work_dir: Path) -> ResumePoint:
+    """Remove half-written checkpoints, then download and verify the newest complete one (if any)."""
+    removed = clean_incomplete(store, run_id)
+    if removed:
+        log.warning("run %s: removed incomplete checkpoint versions %s", run_id, removed)
+    latest = latest_checkpoint(store, run_id)
+    if latest is None:
+        log.info("run %s: no checkpoint yet; starting from the base model at version 0", run_id)
+        return ResumePoint()
+    local = work_dir / f"resume-{latest.version:08d}"
+    manifest = download_and_verify(store, latest.manifest_key, local, latest.sha256)
+    offsets = {
+        TopicPartition(o.topic, o.partition): o.offset
+        for o in manifest.consumed_offsets
+        if o.topic == samples_topic
+    }
+    log.info("run %s: resuming at version %d from offsets %s", run_id, manifest.version, offsets)
+    ids = manifest.metrics.get("sample_ids") or ()
+    return ResumePoint(manifest.version, manifest, local, offsets, tuple(str(i) for i in ids))
+
+
+def _created_at_ms(manifest: Manifest) -> int:
+    return int(datetime.fromisoformat(manifest.created_at).timestamp() * 1000)
+
+
+def _number(metrics: Mapping[str, Any], name: str) -> float:
+    value = metrics.get(name)
+    return float("nan") if value is None else float(value)
+
+
+def step_events(manifest: Manifest, namespace: str, uri: str) -> list[tuple[str, dict[str, Any]]]:
+    """(topic, event) of TrainStepCompleted and CheckpointPublished, rebuilt from the manifest alone."""
+    m = manifest.metrics
+    common: dict[str, Any] = {
+        "namespace": namespace,
+        "producer": PRODUCER,
+        "occurred_at_ms": _created_at_ms(manifest),
+    }
+    step = make_event(
+        "TrainStepCompleted",
+        id_parts=[manifest.run_id, manifest.version],
+        **common,
+        run_id=manifest.run_id,
+        step=int(m.get("step", manifest.version)),
+        policy_version=manifest.version,
+        sample_ids=[str(i) for i in m.get("sample_ids", [])],
+        loss=_number(m, "loss"),
+        pg_loss=_number(m, "pg_loss"),
+        kl=_number(m, "kl"),
+        clip_fraction=_number(m, "clip_fraction"),
+        grad_norm=_number(m, "grad_norm"),
+        tokens=int(m.get("tokens", 0)),
+        duration_s=_number(m, "duration_s"),
+        tokens_per_s=_number(m, "tokens_per_s"),
+        dropped_stale=int(m.get("dropped_stale", 0)),
+        mean_staleness=_number(m, "mean_staleness"),
+    )
+    published = make_event(
+        "CheckpointPublished",
+        id_parts=[manifest.run_id, manifest.version, manifest.sha256],
+        **common,
+        run_id=manifest.run_id,
+        version=manifest.version,
+        parent_version=manifest.parent_version,
+        kind=manifest.kind,
+        uri=uri,
+        manifest_key=manifest.manifest_key,
+        manifest_sha256=manifest.sha256,
+        base_model=manifest.base_model,
+        consumed_offsets=[
+            {"topic": o.topic, "partition": o.partition, "offset": o.offset}
+            for o in manifest.consumed_offsets
+        ],
+        sample_id_digest=manifest.sample_id_digest,
+    )
+    return [(topic_name(namespace, "train_steps"), step), (topic_name(namespace, "checkpoints"), published)]
+
+
+async def append_step_events(log_: EventLog, manifest: Manifest, namespace: str, uri: str) -> None:
+    """Append the step's two events, keyed by run id (one partition: a run's steps stay in order)."""
+    key = manifest.run_id.encode()
+    for topic, event in step_events(manifest, namespace, uri):
+        await log_.append(topic, OutgoingRecord(value=encode(event), key=key))
+
+
+async def _event_ids(log_: EventLog, topic: str) -> set[str]:
+    """Every event id on a topic, read from the beginning by a throwaway group (nothing committed)."""
+    ends = await log_.end_offsets(topic)
+    ids: set[str] = set()
+    if not any(ends.values()):
+        return ids
+    async with log_.consumer(f"trainer-scan-{uuid.uuid4().hex}", [topic]) as consumer:
+        await consumer.seek_to_beginning()
+        positions = dict.fromkeys(ends, 0)
+        while any(positions[p] < ends[p] for p in ends):
+            for record in await consumer.poll(max_records=5000, timeout_s=1.0):
+                positions[record.partition] = record.offset + 1
+                try:
+                    ids.add(str(decode(record.value)["envelope"]["event_id"]))
+                except EventDecodeError:
+                    continue  # not ours to judge here; its consumers dead-letter it
+    return ids
+
+
+async def reemit_missing_events(log_: EventLog, manifest: Manifest, namespace: str, uri: str) -> int:
+    """Append whichever of the manifest's two events the topics lack; returns how many were appended."""
+    appended = 0
+    for topic, event in step_events(manifest, namespace, uri):
+        if event["envelope"]["event_id"] in await _event_ids(log_, topic):
+            continue
+        await log_.append(topic, OutgoingRecord(value=encode(event), key=manifest.run_id.encode()))
+        log.warning("re-emitted %s %s for v%d", event["envelope"]["event_type"], topic, manifest.version)
+        appended += 1
+    return appended
