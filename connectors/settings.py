@@ -36,6 +36,11 @@ class ConnectionSettings:
     s3_access_key: str = setting("", "ORL_S3_ACCESS_KEY", "S3 access key (for an s3:// store).", secret=True)
     s3_secret_key: str = setting("", "ORL_S3_SECRET_KEY", "S3 secret key (for an s3:// store).", secret=True)
     namespace: str = setting("live", "ORL_NAMESPACE", "Namespace of the topics to read and write.")
+    topic_partitions: int = setting(
+        1,
+        "ORL_TOPIC_PARTITIONS",
+        "Partitions of every topic this process creates (use the same value everywhere).",
+    )
     model: str = setting(
         "smollm2-135m", "ORL_MODEL", "Base model: 'smollm2-135m' (shipped) or a Hugging Face folder path."
     )

@@ -31,16 +31,13 @@ def prepare_model(settings: AdminSettings) -> int:
 
 
 def create_topics(settings: AdminSettings) -> int:
-    from connectors.event_log.base import TopicSpec
+    from connectors.event_log.catalog import create_catalog_topics
     from connectors.event_log.factory import open_event_log
-    from schemas.topics import TOPICS, topic_name
 
     async def run() -> None:
         async with open_event_log(settings.effective_log_url()) as log:
-            specs = [TopicSpec(topic_name(settings.namespace, topic)) for topic in TOPICS]
-            await log.create_topics(specs)
-            for spec in specs:
-                print(f"topic ready: {spec.name}")
+            for name in await create_catalog_topics(log, settings.namespace, settings.topic_partitions):
+                print(f"topic ready: {name} ({settings.topic_partitions} partitions)")
 
     asyncio.run(run())
     return 0

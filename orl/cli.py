@@ -122,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP call drowns the progress output
     command: Command = args._command
     try:
         settings = build_settings(args._settings_cls, args, os.environ)

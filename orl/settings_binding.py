@@ -57,6 +57,9 @@ def build_settings(settings_cls: type[T], args: argparse.Namespace, environ: Map
             raw, source = environ[env], env
         if raw is None:
             continue
+        if raw == "" and _optional(settings_cls, f.name):
+            values[f.name] = None  # an empty value unsets an optional setting (e.g. ORL_TRAIN_LR=)
+            continue
         values[f.name] = _convert(_field_type(settings_cls, f.name), raw, source)
     return settings_cls(**values)
 
@@ -70,6 +73,11 @@ def _field_type(settings_cls: type, name: str) -> Any:
     if isinstance(hint, types.UnionType):  # `X | None`: convert to X
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     return hint
+
+
+def _optional(settings_cls: type, name: str) -> bool:
+    hint = typing.get_type_hints(settings_cls)[name]
+    return isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
 
 
 def _convert(kind: Any, raw: Any, source: str) -> Any:

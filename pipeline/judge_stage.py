@@ -43,7 +43,13 @@ from pipeline.judging import (
 )
 from pipeline.processor import Emit
 from pipeline.rule_judges import HintExtractor, RuleJudge
-from pipeline.turn_memory import complete_turn, forget_if_idle, new_turn_memory, remember_turn_event
+from pipeline.turn_memory import (
+    add_trigger,
+    forget_if_idle,
+    new_turn_memory,
+    remember_turn_event,
+    take_ready_triggers,
+)
 
 PRODUCER = "pipeline.judge/1"
 RETENTION_MS = 6 * 3600 * 1000
@@ -66,22 +72,20 @@ class JudgeStage:
         state = state or new_turn_memory()
         if not remember_event(state, event_id_of(event), config.seen_window):
             return state, []  # redelivered
-        remember_turn_event(state, event)
-        if event_type_of(event) != "NextStateObserved":
-            return state, []
-        turn = complete_turn(state, turn_id_of(event))
-        if turn is None:
-            return state, []  # a side turn, or a turn this stage never saw: nothing to judge
+        turn_id = turn_id_of(event)
+        if event_type_of(event) == "NextStateObserved" and turn_id is not None:
+            add_trigger(state, turn_id, _next_state_view(event))
+        else:
+            remember_turn_event(state, event)
+        # A side turn's request is never remembered: its next states wait until retention drops them.
+        turn, next_states = take_ready_triggers(state, turn_id)
         calls = []
-        for purpose, judge in (("reward", self.reward_judge), ("hint", self.hint_judge)):
-            if judge is None:
-                continue
-            for index in range(judge.m):
-                calls.append(
-                    EffectCall(
-                        purpose, {"turn": turn, "next_state": _next_state_view(event), "vote_index": index}
+        for next_state in next_states:
+            for purpose, judge in (("reward", self.reward_judge), ("hint", self.hint_judge)):
+                for index in range(judge.m if judge else 0):
+                    calls.append(
+                        EffectCall(purpose, {"turn": turn, "next_state": next_state, "vote_index": index})
                     )
-                )
         return state, calls
 
     def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> tuple[State | None, list[Emit]]:

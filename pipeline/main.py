@@ -110,6 +110,7 @@ async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
                 settings.namespace,
                 metrics=metrics,
                 tick_interval_s=settings.tick_interval_s,
+                partitions=settings.topic_partitions,
                 effect_concurrency=settings.effect_concurrency,
             )
             for stage in build_stages(settings)
@@ -158,6 +159,7 @@ def _run_faust(settings: PipelineSettings) -> int:
             "--role <stage> (or pick a pure --role)"
         )
     processors = [s for s in stages if not isinstance(s, EffectStage)]
+    (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     run_worker(
         processors,
         pipeline_config(settings),
@@ -165,5 +167,6 @@ def _run_faust(settings: PipelineSettings) -> int:
         log_url.removeprefix("kafka://"),
         app_id=f"orl-{settings.namespace}-pipeline",
         data_dir=settings.data_dir / "faust",
+        partitions=settings.topic_partitions,
     )
     return 0

@@ -33,7 +33,13 @@ from pipeline.event_building import (
 )
 from pipeline.next_state_text import content_text
 from pipeline.processor import Emit
-from pipeline.turn_memory import complete_turn, forget_if_idle, new_turn_memory, remember_turn_event
+from pipeline.turn_memory import (
+    add_trigger,
+    forget_if_idle,
+    new_turn_memory,
+    remember_turn_event,
+    take_ready_triggers,
+)
 
 logger = logging.getLogger(__name__)
 PRODUCER = "pipeline.teacher/1"
@@ -69,23 +75,18 @@ class TeacherStage:
         state = state or new_turn_memory()
         if not remember_event(state, event_id_of(event), config.seen_window):
             return state, []
-        remember_turn_event(state, event)
-        if event_type_of(event) != "HintSelected":
-            return state, []
-        turn = complete_turn(state, turn_id_of(event))
-        if turn is None:
-            return state, []
-        return state, [
-            EffectCall(
-                "teacher",
-                {
-                    "turn": turn,
-                    "hint": event["hint"],
-                    "hint_event_id": event_id_of(event),
-                    "envelope": event["envelope"],
-                },
-            )
-        ]
+        turn_id = turn_id_of(event)
+        if event_type_of(event) == "HintSelected" and turn_id is not None:
+            trigger = {
+                "hint": event["hint"],
+                "hint_event_id": event_id_of(event),
+                "envelope": event["envelope"],
+            }
+            add_trigger(state, turn_id, trigger)
+        else:
+            remember_turn_event(state, event)
+        turn, hints = take_ready_triggers(state, turn_id)
+        return state, [EffectCall("teacher", {"turn": turn, **hint}) for hint in hints]
 
     def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> tuple[State | None, list[Emit]]:
         return forget_if_idle(state, now_ms, RETENTION_MS), []

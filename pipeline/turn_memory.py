@@ -2,7 +2,9 @@
 
 Both effect stages need the turn's messages and response when a later event (a next state, a
 selected hint) names the turn; this module keeps that per-session memory, bounded in turns and
-forgotten `retention_ms` after the session's last event.
+forgotten `retention_ms` after the session's last event. Topics are read in no particular order
+relative to each other, so a trigger can arrive before the turn's request or response: it is kept
+as pending and released once the turn is complete.
 Reads and writes no topics itself.
 """
 
@@ -39,12 +41,29 @@ def remember_turn_event(state: State, event: Event) -> None:
         turn["response_token_ids"] = list(event["response_token_ids"])
         turn["temperature"] = float(event["sampling"]["temperature"])
         turn["response_event_id"] = event_id_of(event)
-    while len(state["turns"]) > MAX_TURNS_PER_SESSION:
-        state["turns"].pop(next(iter(state["turns"])))
+    _bound(state)
+
+
+def add_trigger(state: State, turn_id: str, trigger: dict[str, Any]) -> None:
+    """Remember that `trigger` (JSON) waits for the turn's request and response."""
+    state["turns"].setdefault(turn_id, {}).setdefault("pending", []).append(trigger)
+    _bound(state)
+
+
+def take_ready_triggers(
+    state: State, turn_id: str | None
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(the complete turn, its pending triggers, now removed), or (None, []) while it is incomplete."""
+    turn = complete_turn(state, turn_id)
+    if turn is None or turn_id is None:
+        return None, []
+    triggers = state["turns"][turn_id].pop("pending", [])
+    turn.pop("pending", None)
+    return turn, triggers
 
 
 def complete_turn(state: State | None, turn_id: str | None) -> dict[str, Any] | None:
-    """The remembered turn if both its main request and its response were seen."""
+    """A copy of the remembered turn if both its main request and its response were seen."""
     if state is None or turn_id is None:
         return None
     turn = state["turns"].get(turn_id)
@@ -55,3 +74,8 @@ def complete_turn(state: State | None, turn_id: str | None) -> dict[str, Any] | 
 
 def forget_if_idle(state: State, now_ms: int, retention_ms: int) -> State | None:
     return None if now_ms - state.get("last_activity_ms", 0) > retention_ms else state
+
+
+def _bound(state: State) -> None:
+    while len(state["turns"]) > MAX_TURNS_PER_SESSION:
+        state["turns"].pop(next(iter(state["turns"])))

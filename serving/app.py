@@ -8,11 +8,10 @@ SessionClosed through the recorder; reads nothing from the log itself.
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +22,14 @@ from starlette.routing import Route
 
 from connectors.metrics import Metrics
 from serving.capture import EventRecorder
-from serving.openai_api import ApiError, ChatRequest, bad_request, error_body, parse_chat_request
+from serving.ingest import ingest_routes
+from serving.openai_api import ChatRequest, bad_request, parse_chat_request
 from serving.policy.base import Generation, PolicyBackend, PolicyError, SamplingParams
 from serving.policy.chat_template import ChatTemplate
+from serving.request_guards import guard, json_object, read_body
 from serving.session_tracker import SessionTracker, TurnAssignment
 from serving.settings import ServeSettings
 from serving.tool_calls import forced_call, forced_call_prefix, parse_reply
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 @dataclass
@@ -51,49 +50,21 @@ def build_app(state: ServerState) -> Starlette:
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/readyz", api.readyz, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
-        Route("/v1/models", _guard(api.models, state.settings.api_keys), methods=["GET"]),
-        Route("/v1/chat/completions", _guard(api.chat, state.settings.api_keys), methods=["POST"]),
+        Route("/v1/models", guard(api.models, state.settings.api_keys), methods=["GET"]),
+        Route("/v1/chat/completions", guard(api.chat, state.settings.api_keys), methods=["POST"]),
         Route(
             "/v1/sessions/{session_id}/end",
-            _guard(api.end_session, state.settings.api_keys),
+            guard(api.end_session, state.settings.api_keys),
             methods=["POST"],
         ),
-        Route("/v1/orl/score", _guard(api.score, state.settings.api_keys), methods=["POST"]),
+        Route("/v1/orl/score", guard(api.score, state.settings.api_keys), methods=["POST"]),
+        *ingest_routes(state),
         *[
-            Route(r.path, _guard(r.endpoint, (state.settings.admin_key,)), methods=r.methods)
+            Route(r.path, guard(r.endpoint, (state.settings.admin_key,)), methods=r.methods)
             for r in state.admin_routes
         ],
     ]
     return Starlette(routes=routes)
-
-
-def api_error(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
-
-
-def _guard(handler: Handler, keys: tuple[str, ...]) -> Handler:
-    """Bearer-key check (constant time); every error, including unexpected input, is OpenAI-shaped JSON."""
-
-    async def guarded(request: Request) -> Response:
-        given = request.headers.get("authorization", "")
-        token = given[7:] if given.lower().startswith("bearer ") else ""
-        if not token or not any(hmac.compare_digest(token, key) for key in keys if key):
-            return JSONResponse(
-                error_body(
-                    "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
-                    "invalid_request_error",
-                    code="invalid_api_key",
-                ),
-                status_code=401,
-            )
-        try:
-            return await handler(request)
-        except ApiError as error:
-            return api_error(error)
-        except PolicyError as error:  # the backend failed on valid input: a server error, still OpenAI-shaped
-            return JSONResponse(error_body(str(error), "server_error", code="backend_error"), status_code=500)
-
-    return guarded
 
 
 class _ApiHandlers:
@@ -140,7 +111,7 @@ class _ApiHandlers:
     async def chat(self, request: Request) -> Response:
         started = time.perf_counter()
         req = parse_chat_request(
-            await _body(request, self.settings.max_body_bytes),
+            await read_body(request, self.settings.max_body_bytes),
             max_tokens_limit=self.settings.max_tokens_limit,
         )
         main = _turn_type(request, self.settings.default_turn_type) == "main"
@@ -169,7 +140,7 @@ class _ApiHandlers:
         return JSONResponse(body, headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id})
 
     async def score(self, request: Request) -> Response:
-        body = _json(await _body(request, self.settings.max_body_bytes))
+        body = json_object(await read_body(request, self.settings.max_body_bytes))
         messages = body.get("messages")
         response_ids = body.get("response_token_ids")
         if not isinstance(messages, list) or not messages:
@@ -342,30 +313,6 @@ def _usage(generation: Generation) -> dict[str, int]:
 
 def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise ApiError(
-            413,
-            f"request body of {declared} bytes exceeds the limit of {limit} bytes",
-            code="request_too_large",
-        )
-    body = await request.body()
-    if len(body) > limit:
-        raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
-    return body
-
-
-def _json(raw: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise bad_request(f"request body is not valid JSON: {error}", code="invalid_json") from error
-    if not isinstance(value, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_type")
-    return value
 
 
 def _turn_type(request: Request, default: str) -> str:

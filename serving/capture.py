@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from connectors.environment.api import Observation
+from connectors.environment.outcome_events import outcome_event
 from schemas.codec import encode
 from schemas.events import make_event
 from schemas.topics import topic_name
@@ -131,6 +133,22 @@ class EventRecorder:
                 last_turn_id=last_turn_id,
             ),
         )
+
+    def next_state_observed(
+        self, observation: Observation, *, session_id: str, turn_id: str, source: str
+    ) -> dict[str, Any]:
+        """Spool what a connector observed after turn `turn_id` (feedback, a reward, a tool result); returns the event."""
+        event = outcome_event(
+            observation,
+            session_id=session_id,
+            turn_id=turn_id,
+            source=source,
+            namespace=self.namespace,
+            producer=PRODUCER,
+            occurred_at_ms=self.clock_ms(),
+        )
+        self._put("next_states", event)
+        return event
 
     def policy_activated(
         self, server_id: str, run_id: str, version: int, uri: str, swap_latency_ms: float

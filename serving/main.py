@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from connectors.event_log.base import EventLog, TopicSpec
+from connectors.event_log.base import EventLog
+from connectors.event_log.catalog import create_catalog_topics
 from connectors.event_log.factory import open_event_log
 from connectors.metrics import Metrics
 from connectors.model_files import resolve_model
 from connectors.object_store.factory import open_object_store
 from schemas.errors import ConfigError
-from schemas.topics import TOPICS, topic_name
 from serving.admin import admin_routes
 from serving.app import ServerState, build_app
 from serving.capture import EventRecorder
@@ -73,10 +73,6 @@ def build_backend(settings: ServeSettings) -> tuple[PolicyBackend, ChatTemplate]
         num_threads=settings.threads or None,
     )
     return backend, template
-
-
-async def create_server_topics(log: EventLog, namespace: str) -> None:
-    await log.create_topics([TopicSpec(topic_name(namespace, topic)) for topic in TOPICS])
 
 
 @dataclass
@@ -146,7 +142,7 @@ async def _background(
     while True:
         try:
             await log.start()
-            await create_server_topics(log, settings.namespace)
+            await create_catalog_topics(log, settings.namespace, settings.topic_partitions)
             break
         except ConfigError:
             raise

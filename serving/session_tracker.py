@@ -117,6 +117,11 @@ class SessionTracker:
         while len(self._by_conversation) > self.max_conversations:
             self._by_conversation.popitem(last=False)
 
+    def last_main_turn(self, session_id: str) -> str | None:
+        """The session's latest main turn id, or None when the session is unknown or closed."""
+        state = self._sessions.get(session_id)
+        return state.last_main_turn_id if state is not None else None
+
     def close(self, session_id: str) -> bool:
         """Mark a session closed; True if it was open. A later request with the same id starts it again."""
         state = self._sessions.pop(session_id, None)

@@ -30,6 +30,11 @@ class ServeSettings(ConnectionSettings):
     threads: int = setting(0, "ORL_THREADS", "torch threads for the transformers backend (0: all cores).")
     capture: bool = setting(True, "ORL_CAPTURE", "Record every turn as events (off only for benchmarks).")
     run_id: str = setting("live", "ORL_RUN_ID", "Trainer run whose checkpoints this server follows.")
+    webhooks_file: str = setting(
+        "",
+        "ORL_WEBHOOKS_FILE",
+        "JSON file of webhook mappings {name: {field: '$.path'}} for POST /v1/webhooks/{name}.",
+    )
     follow_checkpoints: bool = setting(
         True, "ORL_FOLLOW_CHECKPOINTS", "Hot-swap to each published checkpoint."
     )

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from connectors.checkpoint_store import Manifest, publish_checkpoint
-from connectors.event_log.base import EventLog, TopicPartition, TopicSpec
+from connectors.event_log.base import EventLog, TopicPartition
+from connectors.event_log.catalog import create_catalog_topics
 from connectors.metrics import Metrics
 from connectors.object_store.base import ObjectStore
 from schemas.errors import ConfigError, OrlError
@@ -198,10 +199,8 @@ async def drained(log_: EventLog, stream: SampleStream, topic: str) -> bool:
     return stream.read_up_to({TopicPartition(topic, p): end for p, end in ends.items()})
 
 
-async def create_trainer_topics(log_: EventLog, namespace: str) -> None:
-    await log_.create_topics(
-        [TopicSpec(topic_name(namespace, t)) for t in ("samples", "train_steps", "checkpoints")]
-    )
+async def create_trainer_topics(log_: EventLog, namespace: str, partitions: int) -> None:
+    await create_catalog_topics(log_, namespace, partitions, ("samples", "train_steps", "checkpoints"))
 
 
 async def run_trainer(
@@ -216,7 +215,7 @@ async def run_trainer(
     metrics = metrics or Metrics()
     work_dir.mkdir(parents=True, exist_ok=True)
     samples_topic = topic_name(settings.namespace, "samples")
-    await create_trainer_topics(log_, settings.namespace)
+    await create_trainer_topics(log_, settings.namespace, settings.topic_partitions)
 
     # Resume: newest complete checkpoint (weights, version, offsets), or the base model at version 0.
     point = await asyncio.to_thread(find_resume_point, store, settings.run_id, samples_topic, work_dir)

@@ -25,7 +25,14 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 def chat(base_url: str, messages: list[dict], session: str, **extra: object) -> str:
     headers = {"Authorization": f"Bearer {API_KEY}", "X-Session-Id": session}
     headers.update({k: str(v) for k, v in extra.pop("headers", {}).items()})  # type: ignore[union-attr]
-    body = {"model": "orl-policy", "messages": messages, "max_tokens": 24, "temperature": 0.7, "seed": 1, **extra}
+    body = {
+        "model": "orl-policy",
+        "messages": messages,
+        "max_tokens": 24,
+        "temperature": 0.7,
+        "seed": 1,
+        **extra,
+    }
     response = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=headers, timeout=120)
     response.raise_for_status()
     return str(response.json()["choices"][0]["message"]["content"])
@@ -43,12 +50,22 @@ def test_a_corrected_turn_becomes_a_combined_sample(tmp_path: Path, base_model_d
         question = [{"role": "user", "content": "How do I simplify the fraction 18/24?"}]
         answer = chat(server.base_url, question, "s1")
         correction = "Please redo this: answer in under 40 words, in plain sentences, no bold or lists."
-        chat(server.base_url, [*question, {"role": "assistant", "content": answer},
-                               {"role": "user", "content": correction}], "s1",
-             max_tokens=1, headers={"X-Session-Done": "true"})
-        settings = PipelineSettings(data_dir=tmp_path, log_url=server.log_url, method="combined",
-                                    judge="user_reply", hint_judge="user_hint", api_key=API_KEY,
-                                    server_url=f"{server.base_url}/v1")
+        chat(
+            server.base_url,
+            [*question, {"role": "assistant", "content": answer}, {"role": "user", "content": correction}],
+            "s1",
+            max_tokens=1,
+            headers={"X-Session-Done": "true"},
+        )
+        settings = PipelineSettings(
+            data_dir=tmp_path,
+            log_url=server.log_url,
+            method="combined",
+            judge="user_reply",
+            hint_judge="user_hint",
+            api_key=API_KEY,
+            server_url=f"{server.base_url}/v1",
+        )
         asyncio.run(_wait_for_spool(server.log_url))
         asyncio.run(run_stages(settings))
 
@@ -60,14 +77,21 @@ def test_a_corrected_turn_becomes_a_combined_sample(tmp_path: Path, base_model_d
     assert len(first["teacher_logprobs"]) == len(first["response_token_ids"]) == len(first["old_logprobs"])
     assert first["teacher_kind"] == "frozen_reference"
     votes = asyncio.run(read_events(server.log_url, "live.judge_votes"))
-    assert any(v["envelope"]["turn_id"] == "s1/t0" and v["score"] == -1 and "redo" in v["prompt_text"].lower()
-               for v in votes)
-    hints = [h for h in asyncio.run(read_events(server.log_url, "live.hints"))
-             if h["envelope"]["event_type"] == "HintSelected"]
+    assert any(
+        v["envelope"]["turn_id"] == "s1/t0" and v["score"] == -1 and "redo" in v["prompt_text"].lower()
+        for v in votes
+    )
+    hints = [
+        h
+        for h in asyncio.run(read_events(server.log_url, "live.hints"))
+        if h["envelope"]["event_type"] == "HintSelected"
+    ]
     assert hints and "40 words" in hints[0]["hint"]
     assert first["lineage"]["hint_event_id"] == hints[0]["envelope"]["event_id"]
     # the hinted teacher differs from the sampling policy on at least one response token
-    assert any(abs(t - o) > 1e-3 for t, o in zip(first["teacher_logprobs"], first["old_logprobs"], strict=True))
+    assert any(
+        abs(t - o) > 1e-3 for t, o in zip(first["teacher_logprobs"], first["old_logprobs"], strict=True)
+    )
     last = by_turn["s1/t1"]
     assert last["envelope"]["event_type"] == "SampleRejected"
 

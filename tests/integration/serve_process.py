@@ -35,17 +35,31 @@ class ServeProcess:
 
 
 @contextmanager
-def serve_process(data_dir: Path, *, log_url: str | None = None, extra_env: dict[str, str] | None = None,
-                  timeout_s: float = 120.0) -> Iterator[ServeProcess]:
+def serve_process(
+    data_dir: Path,
+    *,
+    log_url: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    timeout_s: float = 120.0,
+) -> Iterator[ServeProcess]:
     port = free_port()
     log_url = log_url or f"sqlite:///{data_dir / 'log.db'}"
-    env = {**os.environ, "ORL_DATA_DIR": str(data_dir), "ORL_LOG_URL": log_url, "ORL_PORT": str(port),
-           "ORL_API_KEYS": API_KEY, "ORL_ADMIN_KEY": ADMIN_KEY, "ORL_THREADS": "2",
-           "ORL_STORE_URL": f"file://{data_dir / 'objects'}", **(extra_env or {})}
+    env = {
+        **os.environ,
+        "ORL_DATA_DIR": str(data_dir),
+        "ORL_LOG_URL": log_url,
+        "ORL_PORT": str(port),
+        "ORL_API_KEYS": API_KEY,
+        "ORL_ADMIN_KEY": ADMIN_KEY,
+        "ORL_THREADS": "2",
+        "ORL_STORE_URL": f"file://{data_dir / 'objects'}",
+        **(extra_env or {}),
+    }
     env["ORL_MODEL_CACHE"] = str(test_cache_dir())  # the folder the base_model_dir fixture prepared
     log_file = (data_dir / f"serve-{port}.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "orl.cli", "serve"], env=env, stdout=log_file,
-                               stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "orl.cli", "serve"], env=env, stdout=log_file, stderr=subprocess.STDOUT
+    )
     base_url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(base_url, process, timeout_s, data_dir / f"serve-{port}.log")

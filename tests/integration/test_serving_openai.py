@@ -46,8 +46,11 @@ async def _wait(server: ServeProcess, topic: str, predicate, timeout_s: float) -
 
 def test_non_streaming_completion_is_recorded_with_exact_tokens(server: ServeProcess) -> None:
     reply = client(server).chat.completions.with_raw_response.create(
-        model="orl-policy", messages=[{"role": "user", "content": "Say hello in three words."}],
-        max_tokens=12, temperature=0.7, seed=7,
+        model="orl-policy",
+        messages=[{"role": "user", "content": "Say hello in three words."}],
+        max_tokens=12,
+        temperature=0.7,
+        seed=7,
     )
     completion = reply.parse()
     session = reply.headers["x-session-id"]
@@ -57,7 +60,11 @@ def test_non_streaming_completion_is_recorded_with_exact_tokens(server: ServePro
     assert len(responses) == 1
     response = responses[0]
     assert response["response_text"] == completion.choices[0].message.content
-    assert len(response["response_token_ids"]) == len(response["response_logprobs"]) == completion.usage.completion_tokens
+    assert (
+        len(response["response_token_ids"])
+        == len(response["response_logprobs"])
+        == completion.usage.completion_tokens
+    )
     assert all(lp <= 0.0 for lp in response["response_logprobs"])
     assert response["sampling"]["temperature"] == pytest.approx(0.7)
     assert response["sampling"]["seed"] == 7
@@ -69,8 +76,11 @@ def test_non_streaming_completion_is_recorded_with_exact_tokens(server: ServePro
 
 def test_streaming_sends_tokens_and_usage_last(server: ServeProcess) -> None:
     stream = client(server).chat.completions.create(
-        model="orl-policy", messages=[{"role": "user", "content": "Count from one to five."}],
-        max_tokens=16, stream=True, stream_options={"include_usage": True},
+        model="orl-policy",
+        messages=[{"role": "user", "content": "Count from one to five."}],
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -83,22 +93,39 @@ def test_streaming_sends_tokens_and_usage_last(server: ServeProcess) -> None:
 
 
 def test_tool_call_round_trip(server: ServeProcess) -> None:
-    tools = [{"type": "function", "function": {
-        "name": "add", "description": "Add two numbers",
-        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "Add two numbers",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                },
+            },
+        }
+    ]
     messages: list = [{"role": "user", "content": "What is 2 plus 3? Use the add tool."}]
     first = client(server).chat.completions.create(
-        model="orl-policy", messages=messages, tools=tools,
-        tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=24, temperature=0.0,
+        model="orl-policy",
+        messages=messages,
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "add"}},
+        max_tokens=24,
+        temperature=0.0,
         stop=["</tool_call>"],
     )
     call = first.choices[0].message.tool_calls[0]
     assert call.function.name == "add"
     assert first.choices[0].finish_reason == "tool_calls"
-    messages += [first.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "5"}]
-    second = client(server).chat.completions.create(model="orl-policy", messages=messages, tools=tools,
-                                                    max_tokens=16)
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
+    second = client(server).chat.completions.create(
+        model="orl-policy", messages=messages, tools=tools, max_tokens=16
+    )
     assert second.choices[0].message.content or second.choices[0].message.tool_calls
 
 
@@ -107,10 +134,14 @@ def test_three_turns_without_session_headers_are_linked(server: ServeProcess) ->
     messages: list = [{"role": "user", "content": "Name a fruit."}]
     sessions = []
     for follow_up in ("Name another one.", "Thanks!"):
-        raw = api.chat.completions.with_raw_response.create(model="orl-policy", messages=messages, max_tokens=8)
+        raw = api.chat.completions.with_raw_response.create(
+            model="orl-policy", messages=messages, max_tokens=8
+        )
         sessions.append(raw.headers["x-session-id"])
-        messages += [{"role": "assistant", "content": raw.parse().choices[0].message.content},
-                     {"role": "user", "content": follow_up}]
+        messages += [
+            {"role": "assistant", "content": raw.parse().choices[0].message.content},
+            {"role": "user", "content": follow_up},
+        ]
     raw = api.chat.completions.with_raw_response.create(model="orl-policy", messages=messages, max_tokens=8)
     sessions.append(raw.headers["x-session-id"])
     assert len(set(sessions)) == 1
@@ -134,8 +165,11 @@ def test_three_turns_without_session_headers_are_linked(server: ServeProcess) ->
 )
 def test_bad_input_gets_an_openai_shaped_4xx(server: ServeProcess, body: bytes, status: int) -> None:
     before = len(events(server, "responses"))
-    response = httpx.post(f"{server.base_url}/v1/chat/completions", content=body,
-                          headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    response = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        content=body,
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+    )
     assert response.status_code == status
     assert response.json()["error"]["message"]
     assert len(events(server, "responses")) == before
@@ -153,8 +187,9 @@ def test_auth_is_required(server: ServeProcess) -> None:
 def test_events_survive_an_unreachable_log(tmp_path: Path, base_model_dir: Path) -> None:
     dead_log = f"kafka://127.0.0.1:{free_port()}"
     with serve_process(tmp_path, log_url=dead_log) as down:
-        reply = client(down).chat.completions.create(model="orl-policy", max_tokens=4,
-                                                     messages=[{"role": "user", "content": "hi"}])
+        reply = client(down).chat.completions.create(
+            model="orl-policy", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        )
         assert reply.choices[0].message.content is not None
     sqlite_log = f"sqlite:///{tmp_path / 'log.db'}"
     with serve_process(tmp_path, log_url=sqlite_log) as up:  # same data dir: the spool drains on restart

@@ -229,7 +229,7 @@ def test_padded_values_do_not_change_the_loss(batch: dict[str, torch.Tensor]) ->
         mask,
         with_junk(batch["ref"]),
     )
-    assert loss_a.item() == pytest.approx(loss_b.item(), abs=1e-5)
+    assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6, abs=1e-5)  # fp32 summation order
 
 
 @settings(max_examples=60, deadline=None)
@@ -249,7 +249,7 @@ def test_sample_order_does_not_matter(batch: dict[str, torch.Tensor]) -> None:
     loss_b, _ = total_loss(
         batch["lp"][perm], batch["old"][perm], batch["adv"][perm], batch["mask"][perm], batch["ref"][perm]
     )
-    assert loss_a.item() == pytest.approx(loss_b.item(), abs=1e-5)
+    assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6, abs=1e-5)  # fp32 summation order
 
 
 @settings(max_examples=60, deadline=None)

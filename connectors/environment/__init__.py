@@ -1,0 +1,8 @@
+"""Environment connectors: turn what happens after a response into next-state and outcome events.
+
+`api` (the Connector interface, discovery via the "orl.connectors" entry points, isolation),
+`outcome_events` (NextStateObserved building, payload validation), built-ins `shell`,
+`pytest_runner`, `webhook`, `ingest_client` (posts observations to the server) and `trajectory`
+(the step-wise plus outcome reward rule). The default connector, "conversation" (the next user
+message), is the pipeline's turn linker.
+"""

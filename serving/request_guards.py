@@ -1,0 +1,72 @@
+"""Request plumbing shared by the server's routes: bearer-key guard, bounded body reading, JSON objects.
+
+Every error leaves as OpenAI-shaped JSON (`{"error": {...}}`) with the right status code.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from serving.openai_api import ApiError, bad_request, error_body
+from serving.policy.base import PolicyError
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def api_error(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def guard(handler: Handler, keys: tuple[str, ...]) -> Handler:
+    """Bearer-key check (constant time); every error, including unexpected input, is OpenAI-shaped JSON."""
+
+    async def guarded(request: Request) -> Response:
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else ""
+        if not token or not any(hmac.compare_digest(token, key) for key in keys if key):
+            return JSONResponse(
+                error_body(
+                    "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
+                    "invalid_request_error",
+                    code="invalid_api_key",
+                ),
+                status_code=401,
+            )
+        try:
+            return await handler(request)
+        except ApiError as error:
+            return api_error(error)
+        except PolicyError as error:  # the backend failed on valid input: a server error, still OpenAI-shaped
+            return JSONResponse(error_body(str(error), "server_error", code="backend_error"), status_code=500)
+
+    return guarded
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(
+            413,
+            f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+            code="request_too_large",
+        )
+    body = await request.body()
+    if len(body) > limit:
+        raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
+    return body
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad_request(f"request body is not valid JSON: {error}", code="invalid_json") from error
+    if not isinstance(value, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_type")
+    return value
