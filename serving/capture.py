@@ -153,38 +153,30 @@ class EventRecorder:
     def policy_activated(
         self, server_id: str, run_id: str, version: int, uri: str, swap_latency_ms: float
     ) -> None:
-        self._put(
-            "policy_activations",
-            make_event(
-                "PolicyActivated",
-                namespace=self.namespace,
-                producer=PRODUCER,
-                occurred_at_ms=self.clock_ms(),
-                id_parts=[server_id, run_id, version, self.clock_ms()],
-                server_id=server_id,
-                run_id=run_id,
-                version=version,
-                uri=uri,
-                swap_latency_ms=swap_latency_ms,
-            ),
+        self._policy_event(
+            "PolicyActivated", server_id, run_id, version, uri, swap_latency_ms=swap_latency_ms
         )
 
     def policy_rejected(self, server_id: str, run_id: str, version: int, uri: str, reason: str) -> None:
-        self._put(
-            "policy_activations",
-            make_event(
-                "PolicyRejected",
-                namespace=self.namespace,
-                producer=PRODUCER,
-                occurred_at_ms=self.clock_ms(),
-                id_parts=[server_id, run_id, version, self.clock_ms()],
-                server_id=server_id,
-                run_id=run_id,
-                version=version,
-                uri=uri,
-                reason=reason,
-            ),
+        self._policy_event("PolicyRejected", server_id, run_id, version, uri, reason=reason)
+
+    def _policy_event(
+        self, event_type: str, server_id: str, run_id: str, version: int, uri: str, **fields: Any
+    ) -> None:
+        now_ms = self.clock_ms()
+        event = make_event(
+            event_type,
+            namespace=self.namespace,
+            producer=PRODUCER,
+            occurred_at_ms=now_ms,
+            id_parts=[server_id, run_id, version, now_ms],
+            server_id=server_id,
+            run_id=run_id,
+            version=version,
+            uri=uri,
+            **fields,
         )
+        self._put("policy_activations", event)
 
     def _put(self, topic: str, event: dict[str, Any]) -> None:
         if not self.enabled:

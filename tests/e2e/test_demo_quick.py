@@ -1,0 +1,43 @@
+"""`orl demo --quick` end to end: the README's main command, on the real model, as a user runs it.
+
+Checks that it completed, that the server activated at least one new checkpoint, and that the
+table and the PNG were written. The size of the learning effect is the benchmark's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.model import test_cache_dir
+from tests.integration.log_reading import read_events
+from tests.integration.serve_process import free_port
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+
+def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Path) -> None:
+    out = tmp_path / "report"
+    env = {**os.environ, "ORL_MODEL_CACHE": str(test_cache_dir())}
+    done = subprocess.run(
+        [sys.executable, "-m", "orl.cli", "demo", "--quick", "--data-dir", str(tmp_path / "data"),
+         "--out-dir", str(out), "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "| Combined |" in done.stdout
+    assert (out / "results.md").read_text().startswith("Scenario: student")
+    assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = json.loads((out / "results.json").read_text())
+    namespace = results["extra"]["namespaces"]["combined"]
+    log_url = f"sqlite:///{tmp_path / 'data' / 'log.db'}"
+    activations = asyncio.run(read_events(log_url, f"{namespace}.policy_activations"))
+    versions = [e["version"] for e in activations if e["envelope"]["event_type"] == "PolicyActivated"]
+    assert versions and max(versions) >= 2, versions
+    assert set(results["methods"]["combined"]) == {"0", "1", "2"}
