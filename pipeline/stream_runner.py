@@ -51,6 +51,8 @@ class StreamRunner:
     namespace: str
     metrics: Metrics = field(default_factory=Metrics)
     clock_ms: Callable[[], int] = wall_clock_ms
+    _watermark_ms: int | None = None  # the newest occurred_at read, and when (monotonic) it was read
+    _watermark_read_s: float = 0.0
     tick_interval_s: float = 1.0
     partitions: int = 1
     effect_concurrency: int = 4
@@ -115,6 +117,7 @@ class StreamRunner:
             except EventDecodeError as error:
                 outputs.append(self._dead_letter(record, str(error)))
                 continue
+            self._advance_watermark(event)
             key = (record.key or b"").decode() or str(event["envelope"].get("session_id") or "")
             if isinstance(self.processor, EffectStage):
                 new_state, planned = self.processor.plan(self.states.get(key), event, self.config)
@@ -148,7 +151,23 @@ class StreamRunner:
         if now_s - self._last_tick_s < self.tick_interval_s:
             return
         self._last_tick_s = now_s
-        await self.tick(self.clock_ms())
+        await self.tick(self.event_time_ms())
+
+    def event_time_ms(self) -> int:
+        """The time ticks see: the newest event time read plus the wall time since it was read.
+
+        Live, that is the wall clock; in a replay of old events it follows the events, so sessions
+        are not closed as idle just because their events are old. Before any event was read in this
+        process, it is the wall clock.
+        """
+        if self._watermark_ms is None:
+            return self.clock_ms()
+        return self._watermark_ms + int((time.monotonic() - self._watermark_read_s) * 1000)
+
+    def _advance_watermark(self, event: dict[str, Any]) -> None:
+        occurred_at = int(event["envelope"]["occurred_at"])
+        if self._watermark_ms is None or occurred_at > self._watermark_ms:
+            self._watermark_ms, self._watermark_read_s = occurred_at, time.monotonic()
 
     async def tick(self, now_ms: int) -> None:
         """Time-based work (idle timeouts) for every stored session, committed like a batch."""
