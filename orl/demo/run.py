@@ -55,7 +55,7 @@ class DemoSettings(ConnectionSettings):
         Path(""), "ORL_DEMO_OUT", "Where the report goes (default <data-dir>/demo/<run>)."
     )
     seed: int = setting(0, "ORL_DEMO_SEED", "Seed of the prompt order and the user's phrasing.")
-    step_timeout_s: float = setting(900.0, "ORL_DEMO_STEP_TIMEOUT_S", "Give up if one step takes longer.")
+    step_timeout_s: float = setting(1800.0, "ORL_DEMO_STEP_TIMEOUT_S", "Give up if one step takes longer.")
     quick: bool = setting(
         False,
         "ORL_DEMO_QUICK",
