@@ -62,6 +62,30 @@ COMMANDS: tuple[Command, ...] = (
         "orl.demo.run:run_demo",
     ),
     Command(
+        "replay",
+        "Re-run the pipeline over recorded history (a namespace, its archive or OpenClaw-RL records) into a new namespace.",
+        "orl.history:ReplaySettings",
+        "orl.history:run_replay",
+    ),
+    Command(
+        "audit",
+        "Show the whole chain behind any id (turn, vote, reward, sample, step, checkpoint) or a session's checkpoints.",
+        "orl.history:AuditSettings",
+        "orl.history:run_audit",
+    ),
+    Command(
+        "export",
+        "Write a namespace's events as JSON lines.",
+        "orl.history:ExportSettings",
+        "orl.history:run_export",
+    ),
+    Command(
+        "archive",
+        "Copy a namespace's topics to the object store as Avro files (or --restore them onto the log).",
+        "orl.history:ArchiveSettings",
+        "orl.history:run_archive",
+    ),
+    Command(
         "samples",
         "List the newest training samples and rejections.",
         "orl.samples:SamplesSettings",

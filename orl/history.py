@@ -1,0 +1,280 @@
+"""`orl replay`, `orl audit`, `orl export`, `orl archive`: history tools (settings + run functions).
+
+The work is done in pipeline/replay.py, audit.py, export.py, archive.py and openclaw_import.py;
+this module maps settings onto them, shows a progress bar and prints results. `orl replay
+--train-steps N` then runs `orl train` on the new namespace as a child process (printed first);
+with 0 the command is only printed. The new run starts from `--model` (the base model) and keeps
+every replayed sample whatever its recorded policy version (`--max-staleness -1`: those versions
+belong to the recorded run, not to the new one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from connectors.event_log.factory import open_event_log
+from connectors.model_files import resolve_model
+from connectors.object_store.base import ObjectStore
+from connectors.object_store.factory import open_object_store
+from connectors.settings import ConnectionSettings, setting
+from pipeline import archive as archive_tools
+from pipeline.audit import NotFound, audit_id, audit_session, render_chain
+from pipeline.audit_index import AuditIndex, index_path
+from pipeline.export import export_namespace
+from pipeline.import_tokens import HFImportTokenizer, scorer_for
+from pipeline.main import build_stages, pipeline_config
+from pipeline.openclaw_import import ImportOptions, build_events, parse_files
+from pipeline.replay import (
+    REJUDGE_TOPICS,
+    REUSE_TOPICS,
+    ReplayPlan,
+    archive_source,
+    event_source,
+    log_source,
+    replay,
+    source_size,
+)
+from pipeline.settings import PipelineSettings
+from schemas.errors import ConfigError
+
+SOURCES = ("log", "archive", "openclaw")
+
+
+def _store(settings: ConnectionSettings) -> ObjectStore:
+    return open_object_store(
+        settings.effective_store_url(), access_key=settings.s3_access_key, secret_key=settings.s3_secret_key
+    )
+
+
+@dataclass(frozen=True)
+class ReplaySettings(PipelineSettings):
+    namespace: str = setting(
+        "live", "ORL_NAMESPACE", "Source namespace to replay (on the log or in the archive)."
+    )
+    target_namespace: str = setting("", "ORL_REPLAY_TARGET", "New namespace the replay writes (required).")
+    source: str = setting("log", "ORL_REPLAY_SOURCE", "Where history comes from: log | archive | openclaw.")
+    openclaw_files: tuple[str, ...] = setting(
+        (), "ORL_OPENCLAW_FILES", "OpenClaw-RL record files (comma separated) for --source openclaw."
+    )
+    votes: str = setting(
+        "reuse",
+        "ORL_REPLAY_VOTES",
+        "reuse (recorded votes, same samples) | rejudge (judge again with --judge...).",
+    )
+    strict: bool = setting(
+        False, "ORL_IMPORT_STRICT", "Abort the import on the first bad line (else skip it)."
+    )
+    import_logprobs: str = setting(
+        "base",
+        "ORL_IMPORT_LOGPROBS",
+        "Old logprobs of imported responses: base (base model) | placeholder (0.0).",
+    )
+    import_temperature: float = setting(
+        1.0, "ORL_IMPORT_TEMPERATURE", "Temperature recorded for imported responses."
+    )
+    flush: bool = setting(True, "ORL_REPLAY_FLUSH", "Advance time past every timeout after the input.")
+    progress: bool = setting(True, "ORL_PROGRESS", "Show a progress bar.")
+    train_steps: int = setting(
+        0, "ORL_REPLAY_TRAIN_STEPS", "Then run `orl train` for this many steps (0: print it)."
+    )
+    train_run_id: str = setting(
+        "", "ORL_REPLAY_RUN_ID", "Run id of that training (default: the target namespace)."
+    )
+
+
+def settings_version(settings: ReplaySettings) -> str:
+    """A hash of everything in the settings that changes what a replay writes."""
+    names = ("method", "judge", "judge_model", "judge_votes", "judge_temperature", "judge_max_tokens",
+             "hint_judge", "teacher_kind", "at_least_one", "promotion_reward", "import_logprobs",
+             "import_temperature", "model", "flush")  # fmt: skip
+    values = {name: str(getattr(settings, name)) for name in names}
+    values["judge_url"] = settings.judge_url or settings.server_url if settings.votes == "rejudge" else ""
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _source_label(settings: ReplaySettings) -> str:
+    if settings.source != "openclaw":
+        return f"{settings.source}:{settings.namespace}"
+    digest = hashlib.sha256()
+    for name in settings.openclaw_files:
+        digest.update(Path(name).read_bytes())
+    return f"openclaw:{digest.hexdigest()[:16]}"
+
+
+def _check(settings: ReplaySettings) -> None:
+    if not settings.target_namespace:
+        raise ConfigError("--target-namespace is required: a replay writes into a new namespace")
+    if settings.source not in SOURCES:
+        raise ConfigError(f"--source must be one of {', '.join(SOURCES)}, not {settings.source!r}")
+    if settings.source == "openclaw" and not settings.openclaw_files:
+        raise ConfigError("--source openclaw needs --openclaw-files FILE[,FILE...]")
+    missing = [f for f in settings.openclaw_files if not Path(f).is_file()]
+    if missing:
+        raise ConfigError(f"--openclaw-files: no such file {missing[0]!r}")
+
+
+def _import_batches(settings: ReplaySettings) -> tuple[list[dict[str, Any]], list[str]]:
+    parsed = parse_files([Path(f) for f in settings.openclaw_files], strict=settings.strict)
+    model_dir = resolve_model(settings.model, settings.model_cache_dir)
+    tokenizer = HFImportTokenizer(model_dir)
+    scorer = scorer_for(settings.import_logprobs, model_dir)
+    options = ImportOptions(settings.target_namespace, settings.model, settings.import_temperature)
+    events = build_events(parsed, options, tokenizer, scorer, strict=settings.strict)
+    return events, [str(p) for p in parsed.problems]
+
+
+async def _replay(settings: ReplaySettings) -> int:
+    target = dataclasses.replace(settings, namespace=settings.target_namespace, role="all")
+    stages = build_stages(target)
+    plan = ReplayPlan(
+        settings.target_namespace, settings.votes, _source_label(settings), settings_version(settings),
+        flush=settings.flush, partitions=settings.topic_partitions, copy_teacher=settings.source != "openclaw",
+    )  # fmt: skip
+    topics = REUSE_TOPICS if settings.votes == "reuse" else REJUDGE_TOPICS
+    async with open_event_log(settings.effective_log_url()) as log:
+        if settings.source == "openclaw":
+            events, problems = _import_batches(settings)
+            for problem in problems:
+                print(f"skipped {problem}", file=sys.stderr)
+            total, batches, source_ns = len(events), event_source(events), None
+        else:
+            store = _store(settings) if settings.source == "archive" else None
+            total = await source_size(log, store, settings.namespace, topics)
+            if total == 0:
+                where = "in the archive" if store is not None else "on the log"
+                raise ConfigError(f"namespace {settings.namespace!r} has no events to replay {where}")
+            batches = (
+                archive_source(store, settings.namespace, topics)
+                if store is not None
+                else log_source(log, settings.namespace, topics)
+            )
+            source_ns = settings.namespace if settings.source == "log" else None
+        with tqdm(total=total, unit="event", desc="replay", disable=not settings.progress) as bar:
+            report = await replay(log, plan, batches, stages, pipeline_config(target), bar.update, source_ns)
+    print(
+        f"replayed into {report.target!r}: {report.copied} events copied ({report.skipped} already there), "
+        f"{report.samples_ready} samples ready, {report.samples_rejected} rejected"
+    )
+    return 0
+
+
+def run_replay(settings: ReplaySettings) -> int:
+    _check(settings)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    code = asyncio.run(_replay(settings))
+    run_id = settings.train_run_id or settings.target_namespace
+    command = [sys.executable, "-m", "orl.cli", "train", "--namespace", settings.target_namespace,
+               "--run-id", run_id, "--data-dir", str(settings.data_dir), "--model", settings.model,
+               "--max-staleness", "-1"]  # fmt: skip
+    if settings.log_url:
+        command += ["--log-url", settings.log_url]
+    if settings.store_url:
+        command += ["--store-url", settings.store_url]
+    shown = "orl " + " ".join(command[3:])
+    if settings.train_steps <= 0:
+        print(f"to train a new model on it: {shown} [--max-steps N]")
+        return code
+    command += ["--max-steps", str(settings.train_steps), "--idle-exit-s", "30"]
+    print(f"training: {shown} --max-steps {settings.train_steps}")
+    return subprocess.call(command)
+
+
+@dataclass(frozen=True)
+class AuditSettings(ConnectionSettings):
+    id: str = setting(
+        "", "ORL_AUDIT_ID", "Any id: turn, request, response, vote, reward, hint, sample, step, checkpoint."
+    )
+    session: str = setting(
+        "", "ORL_AUDIT_SESSION", "Instead of --id: list the checkpoints this session influenced."
+    )
+    as_json: bool = setting(False, "ORL_JSON", "Print the chain as JSON.")
+
+
+async def _audit(settings: AuditSettings) -> dict[str, Any]:
+    index = AuditIndex(index_path(settings.data_dir, settings.namespace), settings.namespace)
+    try:
+        async with open_event_log(settings.effective_log_url()) as log:
+            if settings.session:
+                return await audit_session(log, index, settings.session)
+            return await audit_id(log, index, settings.id)
+    finally:
+        index.close()
+
+
+def run_audit(settings: AuditSettings) -> int:
+    if bool(settings.id) == bool(settings.session):
+        raise ConfigError("give exactly one of --id ID or --session SESSION")
+    try:
+        chain = asyncio.run(_audit(settings))
+    except NotFound as error:
+        print(f"not found: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(chain, indent=2, ensure_ascii=False) if settings.as_json else render_chain(chain))
+    return 0
+
+
+@dataclass(frozen=True)
+class ExportSettings(ConnectionSettings):
+    output: str = setting("-", "ORL_EXPORT_OUTPUT", "JSONL file to write ('-': standard output).")
+    dead_letters: bool = setting(True, "ORL_EXPORT_DEAD_LETTERS", "Include the dead-letter topics.")
+
+
+async def _export(settings: ExportSettings) -> int:
+    async with open_event_log(settings.effective_log_url()) as log:
+        if settings.output == "-":
+            return await export_namespace(log, settings.namespace, sys.stdout, settings.dead_letters)
+        path = Path(settings.output)
+        tmp = path.with_name(path.name + ".part")
+        with tmp.open("w", encoding="utf-8") as out:
+            lines = await export_namespace(log, settings.namespace, out, settings.dead_letters)
+        tmp.replace(path)
+        return lines
+
+
+def run_export(settings: ExportSettings) -> int:
+    lines = asyncio.run(_export(settings))
+    print(f"exported {lines} events of namespace {settings.namespace!r}", file=sys.stderr)
+    return 0
+
+
+@dataclass(frozen=True)
+class ArchiveSettings(ConnectionSettings):
+    interval_s: float = setting(
+        0.0, "ORL_ARCHIVE_INTERVAL_S", "Archive again every this many seconds until stopped (0: once)."
+    )
+    restore: bool = setting(
+        False, "ORL_ARCHIVE_RESTORE", "Rebuild the namespace's topics on the log from the archive."
+    )
+
+
+async def _archive(settings: ArchiveSettings) -> str:
+    store = _store(settings)
+    async with open_event_log(settings.effective_log_url()) as log:
+        if settings.restore:
+            count = await archive_tools.restore(store, settings.namespace, log)
+            return f"restored {count} records of namespace {settings.namespace!r}"
+        report = await archive_tools.archive_namespace(log, store, settings.namespace)
+    return (
+        f"archived {report.records} new records of namespace {settings.namespace!r} "
+        f"({report.topics} topics, {report.segments} new segments) under archive/{settings.namespace}/"
+    )
+
+
+def run_archive(settings: ArchiveSettings) -> int:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    while True:
+        print(asyncio.run(_archive(settings)), flush=True)
+        if settings.interval_s <= 0 or settings.restore:
+            return 0
+        time.sleep(settings.interval_s)

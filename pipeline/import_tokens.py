@@ -1,0 +1,112 @@
+"""Token ids and old logprobs for imported text-only turns (OpenClaw-RL records carry no sampled ids).
+
+The prompt is the record's messages rendered with the target model's chat template (generation
+prompt added), or, for records without messages, its `prompt_text` tokenized as is; the response is
+its text (plus the tool calls as JSON, the closest text form of what was generated) and the end of
+turn token when it finished normally. Old logprobs are either recomputed with the base model at
+the import temperature ("base") or left as 0.0 placeholders ("placeholder"); either way the
+responses are marked off-policy, and the trainer's default old-logprob mode (recompute) never reads
+them. Reads and writes no topics.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+from schemas.errors import ConfigError
+
+LOGPROB_MODES = ("base", "placeholder")
+
+
+class ImportTokenizer(Protocol):
+    def prompt_ids(self, messages: list[dict[str, Any]] | None, prompt_text: str) -> list[int]: ...
+
+    def response_ids(self, text: str, tool_calls: list[Any] | None, finished: bool) -> list[int]: ...
+
+
+class LogprobScorer(Protocol):
+    def logprobs(self, prompt_ids: list[int], response_ids: list[int], temperature: float) -> list[float]: ...
+
+
+def response_text_with_tools(text: str, tool_calls: list[Any] | None) -> str:
+    return text + ("\n" + json.dumps(tool_calls, ensure_ascii=False) if tool_calls else "")
+
+
+class HFImportTokenizer:
+    """The model's own tokenizer and chat template (transformers)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(str(model_dir))
+
+    def prompt_ids(self, messages: list[dict[str, Any]] | None, prompt_text: str) -> list[int]:
+        if messages:
+            plain = [{"role": m.get("role", "user"), "content": _content_text(m)} for m in messages]
+            # As serving renders a prompt: the template's text, then its tokens (no extra special tokens).
+            text = self._tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+            return [int(i) for i in self._tok(str(text), add_special_tokens=False)["input_ids"]]
+        return [int(i) for i in self._tok.encode(prompt_text, add_special_tokens=False)]
+
+    def response_ids(self, text: str, tool_calls: list[Any] | None, finished: bool) -> list[int]:
+        ids = [
+            int(i)
+            for i in self._tok.encode(response_text_with_tools(text, tool_calls), add_special_tokens=False)
+        ]
+        eos = self._tok.eos_token_id
+        return ids + [int(eos)] if finished and isinstance(eos, int) else ids
+
+
+def _content_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):  # OpenAI content parts: keep the text parts
+        text = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    else:
+        text = ""
+    if message.get("tool_calls"):
+        text += "\n" + json.dumps(message["tool_calls"], ensure_ascii=False)
+    return text
+
+
+class BaseModelScorer:
+    """log pi_base(response token | prompt, previous tokens) at a temperature, on CPU or GPU (torch)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self._torch = torch
+        self._model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+        self._model.eval()
+
+    def logprobs(self, prompt_ids: list[int], response_ids: list[int], temperature: float) -> list[float]:
+        if not response_ids:
+            return []
+        torch = self._torch
+        ids = torch.tensor([prompt_ids + response_ids])
+        with torch.no_grad():
+            logits_T_V = self._model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+        logprobs_T_V = torch.log_softmax(logits_T_V / max(temperature, 1e-6), dim=-1)
+        picked_T = logprobs_T_V.gather(1, torch.tensor(response_ids).unsqueeze(1)).squeeze(1)
+        return [float(x) for x in picked_T]
+
+
+class PlaceholderScorer:
+    """0.0 per token: only for off-policy imports trained with old_logprobs=recompute."""
+
+    def logprobs(self, prompt_ids: list[int], response_ids: list[int], temperature: float) -> list[float]:
+        return [0.0] * len(response_ids)
+
+
+def scorer_for(mode: str, model_dir: Path | None) -> LogprobScorer:
+    if mode == "placeholder":
+        return PlaceholderScorer()
+    if mode == "base":
+        if model_dir is None:
+            raise ConfigError("--import-logprobs base needs the base model (--model)")
+        return BaseModelScorer(model_dir)
+    raise ConfigError(f"--import-logprobs must be one of {', '.join(LOGPROB_MODES)}, not {mode!r}")

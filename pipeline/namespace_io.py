@@ -1,0 +1,219 @@
+"""Reading and writing whole namespaces on the event log (shared by archive, replay, audit, export).
+
+Reads any topic of a namespace from given offsets to its current end, in batches; appends decoded
+events to a namespace keyed by session (so partitions match live traffic), skipping event ids that
+are already there, which is what makes a re-run of a replay or an import add nothing.
+Reads and writes the topics its callers name.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from connectors.event_log.base import ConsumedRecord, EventLog, EventLogError, OutgoingRecord, TopicSpec
+from pipeline.topology import STAGES
+from schemas.codec import HEADER_LEN, MARKER, decode, encode, event_type_of
+from schemas.registry import default_registry
+from schemas.topics import TOPICS, dlq_topic, topic_for_event, topic_name
+
+Event = dict[str, Any]
+BATCH_RECORDS = 5000
+
+
+def catalog_topics(namespace: str) -> list[str]:
+    """The full names of the catalog topics of a namespace, in catalog order."""
+    return [topic_name(namespace, topic) for topic in TOPICS]
+
+
+def namespace_topics(namespace: str) -> list[str]:
+    """Every topic a namespace can have: catalog topics, their dead-letter topics, stage changelogs."""
+    names = catalog_topics(namespace)
+    return names + [dlq_topic(name) for name in names] + [f"{namespace}.{s.name}.changelog" for s in STAGES]
+
+
+async def partition_count(log: EventLog, topic: str) -> int | None:
+    """Partitions of an existing topic; None if the topic does not exist."""
+    try:
+        return await log.partitions_for(topic)
+    except EventLogError:
+        return None
+
+
+async def record_count(log: EventLog, topic: str) -> int:
+    """Records now on a topic (0 if it does not exist); assumes nothing was deleted."""
+    if await partition_count(log, topic) is None:
+        return 0
+    return sum((await log.end_offsets(topic)).values())
+
+
+async def read_batches(
+    log: EventLog, topic: str, start: Mapping[int, int] | None = None, batch: int = BATCH_RECORDS
+) -> AsyncIterator[list[ConsumedRecord]]:
+    """Records from `start` (next offset per partition; default the beginning) to the current end."""
+    if await partition_count(log, topic) is None:
+        return
+    ends = await log.end_offsets(topic)
+    begin = {p: (start or {}).get(p, 0) for p in ends}
+    if all(begin[p] >= ends[p] for p in ends):
+        return
+    async with log.consumer(f"reader-{uuid.uuid4().hex}", [topic]) as consumer:
+        for tp in sorted(await consumer.assignment()):
+            await consumer.seek(tp, begin[tp.partition])
+        positions = dict(begin)
+        while any(positions[p] < ends[p] for p in ends):
+            out = []
+            for record in await consumer.poll(max_records=batch, timeout_s=1.0):
+                if record.offset < ends[record.partition]:
+                    positions[record.partition] = record.offset + 1
+                    out.append(record)
+            if out:
+                yield out
+
+
+async def read_events(log: EventLog, topic: str) -> AsyncIterator[Event]:
+    """Every decoded event on a topic, in offset order per partition."""
+    async for records in read_batches(log, topic):
+        for record in records:
+            yield decode(record.value)
+
+
+async def event_ids_on(log: EventLog, topics: Iterable[str]) -> set[str]:
+    """The event ids already on these topics (dedup of re-runs)."""
+    ids: set[str] = set()
+    for topic in topics:
+        async for records in read_batches(log, topic):
+            for record in records:
+                head = envelope_head(record.value)
+                ids.add(head.event_id if head else decode(record.value)["envelope"]["event_id"])
+    return ids
+
+
+def in_namespace(event: Event, namespace: str) -> Event:
+    """The same fact recorded in another namespace: only `envelope.namespace` changes, the id stays."""
+    return {**event, "envelope": {**event["envelope"], "namespace": namespace}}
+
+
+def _read_long(data: bytes, pos: int) -> tuple[int, int]:
+    """An Avro (zigzag varint) int/long at `pos`; returns (value, next position)."""
+    shift = result = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def _write_long(value: int) -> bytes:
+    n = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+@dataclass(frozen=True)
+class EnvelopeHead:
+    """The leading envelope fields of an encoded event, read without decoding the body."""
+
+    event_id: str
+    event_type: str
+    occurred_at: int
+    namespace_span: tuple[int, int]  # byte range of the namespace string (length prefix included)
+
+
+def envelope_head(value: bytes) -> EnvelopeHead | None:
+    """The envelope head of an event written with its current schema (else None: decode it instead).
+
+    Every current schema starts with the envelope, whose first fields are event_id, event_type,
+    schema_version, occurred_at, producer, namespace: an older writer schema is not trusted to.
+    """
+    event_type = event_type_of(value)
+    if value[:HEADER_LEN] != _current_headers().get(event_type):
+        return None
+    strings: list[str] = []
+    pos = HEADER_LEN
+    for _ in range(2):  # event_id, event_type
+        length, pos = _read_long(value, pos)
+        strings.append(value[pos : pos + length].decode())
+        pos += length
+    _, pos = _read_long(value, pos)  # schema_version
+    occurred_at, pos = _read_long(value, pos)
+    length, pos = _read_long(value, pos)  # producer
+    start = pos + length
+    length, pos = _read_long(value, start)
+    return EnvelopeHead(strings[0], strings[1], occurred_at, (start, pos + length))
+
+
+@cache
+def _current_headers() -> dict[str, bytes]:
+    registry = default_registry()
+    return {name: MARKER + registry.current(name).fingerprint for name in registry.event_types}
+
+
+def with_namespace(value: bytes, head: EnvelopeHead, namespace: str) -> bytes:
+    """The same encoded event with only `envelope.namespace` replaced."""
+    encoded = namespace.encode()
+    start, end = head.namespace_span
+    return value[:start] + _write_long(len(encoded)) + encoded + value[end:]
+
+
+class NamespaceWriter:
+    """Appends events to a namespace's catalog topics, once per event id."""
+
+    def __init__(self, log: EventLog, namespace: str, partitions: int = 1) -> None:
+        self.log = log
+        self.namespace = namespace
+        self.partitions = partitions
+        self.present: set[str] = set()
+        self.written = 0
+        self.skipped = 0
+
+    async def prepare(self, topics: Iterable[str] = TOPICS) -> None:
+        names = [topic_name(self.namespace, topic) for topic in topics]
+        await self.log.create_topics([TopicSpec(name, self.partitions) for name in names])
+        self.present = await event_ids_on(self.log, names)
+
+    async def write(self, events: Iterable[Event]) -> int:
+        """Append the events not yet present (grouped per topic, order kept); returns how many."""
+        by_topic: dict[str, list[OutgoingRecord]] = {}
+        for event in events:
+            envelope = event["envelope"]
+            if envelope["event_id"] in self.present:
+                self.skipped += 1
+                continue
+            self.present.add(envelope["event_id"])
+            session = envelope.get("session_id")
+            topic = topic_name(self.namespace, topic_for_event(envelope["event_type"]))
+            record = OutgoingRecord(value=encode(event), key=session.encode() if session else None)
+            by_topic.setdefault(topic, []).append(record)
+        count = 0
+        for topic, records in by_topic.items():
+            await self.log.append_batch(topic, records)
+            count += len(records)
+        self.written += count
+        return count
+
+    async def write_raw(self, items: Iterable[tuple[EnvelopeHead, bytes | None, bytes]]) -> int:
+        """Append already encoded events (head, key, value) not yet present, order kept per topic."""
+        by_topic: dict[str, list[OutgoingRecord]] = {}
+        for head, key, value in items:
+            if head.event_id in self.present:
+                self.skipped += 1
+                continue
+            self.present.add(head.event_id)
+            topic = topic_name(self.namespace, topic_for_event(head.event_type))
+            by_topic.setdefault(topic, []).append(OutgoingRecord(value=value, key=key))
+        count = 0
+        for topic, records in by_topic.items():
+            await self.log.append_batch(topic, records)
+            count += len(records)
+        self.written += count
+        return count

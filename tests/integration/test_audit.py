@@ -1,0 +1,109 @@
+"""`orl audit` over a recorded namespace with a (hand-written) training step, checkpoint and later responses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors.event_log.factory import open_event_log
+from orl.history import AuditSettings, run_audit
+from pipeline.namespace_io import NamespaceWriter
+from schemas.events import make_event
+from tests.integration.test_replay import SOURCE, events_of, record, recorded_settings
+from tests.unit.pipeline_streams import Conversation
+
+Event = dict[str, Any]
+
+
+def train_step(sample_ids: list[str], version: int) -> Event:
+    return make_event(
+        "TrainStepCompleted", namespace=SOURCE, producer="trainer/test", occurred_at_ms=1_800_000_000_000,
+        id_parts=["run-a", version], run_id="run-a", step=version, policy_version=version, sample_ids=sample_ids,
+        loss=0.5, pg_loss=0.4, kl=0.01, clip_fraction=0.0, grad_norm=1.0, tokens=100, duration_s=1.0,
+        tokens_per_s=100.0, dropped_stale=0, mean_staleness=0.0,
+    )  # fmt: skip
+
+
+def checkpoint(version: int) -> Event:
+    return make_event(
+        "CheckpointPublished", namespace=SOURCE, producer="trainer/test", occurred_at_ms=1_800_000_000_100,
+        id_parts=["run-a", version, "sha"], run_id="run-a", version=version, parent_version=version - 1,
+        kind="lora", uri=f"file:///ckpt/run-a/{version}", manifest_key=f"checkpoints/run-a/{version}/manifest.json",
+        manifest_sha256="ab" * 32, base_model="smollm2-135m", consumed_offsets=[], sample_id_digest="d",
+    )  # fmt: skip
+
+
+async def history(tmp_path: Path) -> tuple[str, list[Event]]:
+    settings = recorded_settings(tmp_path)
+    log_url = settings.effective_log_url()
+    async with open_event_log(log_url) as log:
+        await record(log, settings, sessions=2)
+        samples = await events_of(log, SOURCE, "samples")
+        ready = [s for s in samples if s["envelope"]["event_type"] == "SampleReady"]
+        later = Conversation("after", namespace=SOURCE, now_ms=1_800_000_001_000)
+        later.say("Hello again")
+        later.turn("Hi! Served by the new version.", policy_version=1)
+        writer = NamespaceWriter(log, SOURCE)
+        await writer.prepare()
+        await writer.write(
+            [train_step([s["envelope"]["event_id"] for s in ready], 1), checkpoint(1), *later.events]
+        )
+    return log_url, samples
+
+
+def audit(
+    tmp_path: Path, log_url: str, capsys: pytest.CaptureFixture[str], **args: Any
+) -> tuple[int, str, str]:
+    code = run_audit(AuditSettings(data_dir=tmp_path, log_url=log_url, namespace=SOURCE, **args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_sample_id_shows_its_whole_chain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log_url, samples = asyncio.run(history(tmp_path))
+    sample = next(s for s in samples if s["envelope"]["event_type"] == "SampleReady" and s["reward"] == -1.0)
+    code, out, _ = audit(tmp_path, log_url, capsys, id=sample["envelope"]["event_id"], as_json=True)
+    assert code == 0
+    chain = json.loads(out)
+    assert chain["turn_id"] == sample["envelope"]["turn_id"]
+    assert chain["request"]["messages"] and chain["response"]["response_text"]
+    assert "Please redo" in chain["next_states"][0]["content"]
+    assert chain["votes"] and chain["votes"][0]["raw_output"] and chain["votes"][0]["judge_config_version"]
+    assert chain["rewards"][0]["rule"] and chain["rewards"][0]["reason"]
+    assert chain["hint_decisions"][0]["type"] == "HintSelected"
+    training = chain["samples"][0]["training"][0]
+    assert training["train_step"]["run_id"] == "run-a" and training["train_step"]["policy_version"] == 1
+    assert training["checkpoints"][0]["uri"] == "file:///ckpt/run-a/1"
+    assert training["served"]["responses"] == 1
+    assert training["served"]["first"][0]["text"] == "Hi! Served by the new version."
+    code, text, _ = audit(tmp_path, log_url, capsys, id=sample["envelope"]["event_id"])
+    assert code == 0 and "train step" in text and "checkpoint" in text and "raw:" in text
+
+
+def test_every_kind_of_id_finds_the_chain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log_url, samples = asyncio.run(history(tmp_path))
+    sample = next(s for s in samples if s["envelope"]["event_type"] == "SampleReady")
+    turn_id = sample["envelope"]["turn_id"]
+    for any_id in (turn_id, sample["lineage"]["response_event_id"], sample["lineage"]["reward_event_id"]):
+        code, out, _ = audit(tmp_path, log_url, capsys, id=any_id, as_json=True)
+        assert code == 0 and json.loads(out)["turn_id"] == turn_id
+    rejected = [s for s in samples if s["envelope"]["event_type"] == "SampleRejected"]
+    if rejected:
+        code, out, _ = audit(tmp_path, log_url, capsys, id=rejected[0]["envelope"]["event_id"])
+        assert code == 0 and "sample rejected" in out
+    code, out, _ = audit(tmp_path, log_url, capsys, id=checkpoint(1)["envelope"]["event_id"], as_json=True)
+    assert code == 0 and json.loads(out)["samples"]
+    code, out, _ = audit(tmp_path, log_url, capsys, session="s0", as_json=True)
+    assert code == 0 and json.loads(out)["checkpoints"][0]["version"] == 1
+
+
+def test_an_unknown_id_is_not_found(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log_url, _ = asyncio.run(history(tmp_path))
+    code, out, err = audit(tmp_path, log_url, capsys, id="SampleReady-000000000000000000000000")
+    assert code == 1 and out == "" and "not found" in err and "Traceback" not in err
+    code, _, err = audit(tmp_path, log_url, capsys, session="nobody")
+    assert code == 1 and "not found" in err
