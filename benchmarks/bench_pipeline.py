@@ -1,0 +1,475 @@
+"""Pipeline throughput and latency: serving events in, SampleReady / SampleRejected out.
+
+Usage:
+    python -m benchmarks.bench_pipeline embedded [--sessions 400] [--turns 5] [--rate 1000]
+    python -m benchmarks.bench_pipeline faust [--sessions 200] [--turns 5] [--rate 200] [--partitions 2]
+    python -m benchmarks.bench_pipeline llm [--judgements 4] [--judge-max-tokens 32]
+
+Synthetic sessions (tests/unit/pipeline_streams.Conversation, what serving writes) of `--turns`
+main turns each; every user reply is a thanks or a correction, so the `user_reply` rule judge (no
+LLM) scores each turn +1 or -1. A session's last turn has no reply, so it stays open (it would be
+judged at the idle timeout): each session yields `turns - 1` judged turns. `--close` adds a
+SessionClosed after each session's last turn, which the last turn is then judged on; see
+RESULTS-pipeline.md for why that is not the default (closes consumed before the session's last
+request are mis-linked by turn_linker, so some turns are never sampled). Method binary: turn_linker -> judge -> vote_tally -> sample_builder, each stage
+one StreamRunner (one consumer group), as `orl pipeline --role all` runs them.
+
+Two measurements per runtime:
+- throughput: every serving event is appended first (not timed), then the stages start; turns/s =
+  judged turns (distinct turn ids on the samples topic) / seconds until the last one appears.
+- latency: the events are appended at an offered `--rate` turns/s while the stages run; for every
+  turn, next-state -> sample latency = append time of its SampleReady/SampleRejected minus append
+  time of its NextStateObserved (the log's record timestamps, 1 ms resolution).
+
+`embedded`: SQLite event log, all stages in this process. `faust`: a noida-db Kafka test broker;
+the pure stages (turn_linker, vote_tally, sample_builder) in one faust worker child process, the judge
+effect stage via StreamRunner over the Kafka log in this process. `llm`: votes/s of the LLM judge
+against a real `orl serve` (SmolLM2-135M on CPU): judge stage only, m votes per judgement.
+Writes only under a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from connectors.event_log.base import EventLog, OutgoingRecord
+from connectors.event_log.catalog import create_catalog_topics
+from pipeline.main import build_stages, pipeline_config
+from pipeline.settings import PipelineSettings
+from pipeline.stream_runner import StreamRunner
+from schemas.codec import decode, encode
+from schemas.topics import topic_for_event, topic_name
+from tests.unit.pipeline_streams import Conversation
+
+NAMESPACE = "bench"
+PRAISE = "Thanks, that is exactly what I was looking for."
+CORRECTION = "Not quite. Please keep it under 50 words and stick to the question."
+QUESTION = "How should I plan water and food for a three day hike in the Alps in October?"
+ANSWER = (
+    "Carry two litres of water per day and a filter for refills at huts and streams; pack calorie-dense"
+    " food such as nuts, cheese and dried fruit, plus one warm meal per day."
+)
+
+
+def session_events(index: int, turns: int, close: bool, prefix: str = "s") -> list[dict[str, Any]]:
+    """One session of `turns` main turns (closed if `close`); replies alternate thanks / correction."""
+    # Event times must be recent: the stages' idle timeouts and retention compare them with the wall clock.
+    recent_ms = int(time.time() * 1000) - 1000 * (2 * turns + 2)
+    conversation = Conversation(f"{prefix}{index:06d}", namespace=NAMESPACE, now_ms=recent_ms)
+    conversation.say(QUESTION)
+    for turn in range(turns):
+        if turn:
+            conversation.say(PRAISE if (index + turn) % 2 else CORRECTION)
+        conversation.turn(f"{ANSWER} (variant {turn})")
+    if close:
+        conversation.close(last_turn_id=f"{conversation.session_id}-t{turns - 1}")
+    return conversation.events
+
+
+def encoded_stream(
+    sessions: int, turns: int, close: bool, prefix: str = "s"
+) -> list[list[tuple[str, OutgoingRecord]]]:
+    """Per turn slot, the records serving would append, sessions interleaved round robin.
+
+    Slot t holds each session's request t and response t (and the SessionClosed after the last)."""
+    per_session = [session_events(i, turns, close, prefix) for i in range(sessions)]
+    slots: list[list[tuple[str, OutgoingRecord]]] = []
+    for t in range(turns):
+        slot = []
+        for events in per_session:
+            chunk = events[2 * t : 2 * t + 2] + (events[2 * turns :] if t == turns - 1 else [])
+            for event in chunk:
+                topic = topic_name(NAMESPACE, topic_for_event(event["envelope"]["event_type"]))
+                key = event["envelope"]["session_id"].encode()
+                slot.append((topic, OutgoingRecord(value=encode(event), key=key)))
+        slots.append(slot)
+    return slots
+
+
+async def append_grouped(log: EventLog, records: Sequence[tuple[str, OutgoingRecord]]) -> None:
+    by_topic: dict[str, list[OutgoingRecord]] = {}
+    for topic, record in records:
+        by_topic.setdefault(topic, []).append(record)
+    for topic, batch in by_topic.items():
+        for start in range(0, len(batch), 500):
+            await log.append_batch(topic, batch[start : start + 500])
+
+
+def bench_settings(args: argparse.Namespace, log_url: str, data_dir: Path) -> PipelineSettings:
+    return PipelineSettings(
+        data_dir=data_dir,
+        log_url=log_url,
+        namespace=NAMESPACE,
+        method="binary",
+        judge=args.judge,
+        hint_judge="user_hint",
+        role="all",
+        topic_partitions=args.partitions,
+        effect_concurrency=args.effect_concurrency,
+        tick_interval_s=1.0,
+    )
+
+
+@dataclasses.dataclass
+class SampleWatch:
+    """Reads the next_states and samples topics: append times by turn id."""
+
+    log: EventLog
+    expected_turns: int
+    next_state_ms: dict[str, int] = dataclasses.field(default_factory=dict)
+    sample_ms: dict[str, int] = dataclasses.field(default_factory=dict)
+    ready: int = 0
+    rejected: int = 0
+
+    async def until_done(self, timeout_s: float) -> float:
+        """Poll until every turn has a sample (or `timeout_s` passed); returns when the last was seen."""
+        topics = [topic_name(NAMESPACE, "next_states"), topic_name(NAMESPACE, "samples")]
+        deadline = time.monotonic() + timeout_s
+        async with self.log.consumer(f"bench-watch-{time.time_ns()}", topics) as consumer:
+            last_seen = time.monotonic()
+            while len(self.sample_ms) < self.expected_turns and time.monotonic() < deadline:
+                for record in await consumer.poll(max_records=2000, timeout_s=0.05):
+                    last_seen = time.monotonic()
+                    self._see(record.value, record.timestamp_ms)
+        return last_seen
+
+    def _see(self, value: bytes, timestamp_ms: int) -> None:
+        event = decode(value)
+        kind, turn_id = event["envelope"]["event_type"], event["envelope"]["turn_id"]
+        if not (turn_id or "").startswith("s"):  # a warm-up session
+            return
+        if kind == "NextStateObserved":
+            self.next_state_ms.setdefault(turn_id, timestamp_ms)
+        elif kind in ("SampleReady", "SampleRejected") and turn_id not in self.sample_ms:
+            self.sample_ms[turn_id] = timestamp_ms
+            self.ready += kind == "SampleReady"
+            self.rejected += kind == "SampleRejected"
+
+    def latencies_ms(self) -> list[int]:
+        return sorted(
+            self.sample_ms[t] - self.next_state_ms[t] for t in self.sample_ms if t in self.next_state_ms
+        )
+
+
+def percentile(values: list[int], q: float) -> float:
+    return float(values[min(len(values) - 1, int(q * len(values)))]) if values else float("nan")
+
+
+async def run_stages(
+    log: EventLog,
+    args: argparse.Namespace,
+    data_dir: Path,
+    stop: asyncio.Event,
+    names: Sequence[str] | None = None,
+) -> list[asyncio.Task[None]]:
+    settings = bench_settings(args, "unused://", data_dir)
+    config = pipeline_config(settings)
+    stages = [s for s in build_stages(settings) if names is None or s.name in names]
+    runners = [
+        StreamRunner(log, stage, config, NAMESPACE, tick_interval_s=1.0, partitions=args.partitions,
+                     effect_concurrency=args.effect_concurrency)
+        for stage in stages
+    ]  # fmt: skip
+    return [asyncio.create_task(runner.run(stop)) for runner in runners]
+
+
+async def measure(
+    log: EventLog,
+    args: argparse.Namespace,
+    data_dir: Path,
+    mode: str,
+    stage_names: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """One throughput (mode "backlog") or latency (mode "rate") run on a fresh namespace of `log`."""
+    slots = encoded_stream(args.sessions, args.turns, args.close)
+    expected = args.sessions * (args.turns if args.close else args.turns - 1)
+    await create_catalog_topics(log, NAMESPACE, args.partitions)
+    watch = SampleWatch(log, expected)
+    stop = asyncio.Event()
+    started = time.monotonic()
+    if mode == "backlog":  # everything in the log first, then the stages start
+        await append_grouped(log, [r for slot in slots for r in slot])
+        started = time.monotonic()
+        tasks = await run_stages(log, args, data_dir, stop, stage_names)
+    elif mode == "burst":  # the stages already run (faust): append everything as fast as possible
+        tasks = await run_stages(log, args, data_dir, stop, stage_names)
+        started = time.monotonic()
+        await append_grouped(log, [r for slot in slots for r in slot])
+    else:
+        tasks = await run_stages(log, args, data_dir, stop, stage_names)
+        tasks.append(asyncio.create_task(offer(log, slots, args.rate, args.sessions)))
+    try:
+        finished = await watch.until_done(args.timeout_s)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    latencies = watch.latencies_ms()
+    sampled = len(watch.sample_ms)
+    if sampled < expected:
+        print(
+            f"WARNING: only {sampled} of {expected} turns were sampled within {args.timeout_s} s", flush=True
+        )
+    return {
+        "mode": mode,
+        "turns": sampled,
+        "expected_turns": expected,
+        "seconds": round(finished - started, 2),
+        "turns_per_s": round(sampled / (finished - started), 1),
+        "sample_ready": watch.ready,
+        "sample_rejected": watch.rejected,
+        "latency_p50_ms": percentile(latencies, 0.5),
+        "latency_p99_ms": percentile(latencies, 0.99),
+        "latency_max_ms": latencies[-1] if latencies else None,
+    }
+
+
+async def offer(
+    log: EventLog, slots: list[list[tuple[str, OutgoingRecord]]], rate: float, sessions: int
+) -> None:
+    """Append the turns at `rate` turns/s, in 20 ms batches (a turn = its request + response)."""
+    records = [r for slot in slots for r in slot]
+    per_turn = len(records) / (len(slots) * sessions)
+    started = time.monotonic()
+    sent = 0
+    while sent < len(records):
+        due = min(len(records), int((time.monotonic() - started) * rate * per_turn) + 1)
+        if due > sent:
+            await append_grouped(log, records[sent:due])
+            sent = due
+        await asyncio.sleep(0.02)
+
+
+async def embedded(args: argparse.Namespace) -> None:
+    from connectors.event_log.sqlite_log import SqliteEventLog
+
+    results = []
+    for mode in ("backlog", "rate"):
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory() as tmp:
+                log = SqliteEventLog(Path(tmp) / "log.db")
+                await log.start()
+                try:
+                    result = await measure(log, args, Path(tmp), mode)
+                finally:
+                    await log.close()
+            result["runtime"] = "embedded (SQLite)"
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    print_table(args, results)
+
+
+async def faust(args: argparse.Namespace) -> None:
+    """Pure stages in a faust worker child process, the judge stage here, all on a noida-db broker."""
+    from connectors.event_log.kafka_log import KafkaEventLog
+    from tests.fixtures.kafka_broker import start_kafka_broker, stop_kafka_broker
+
+    results = []
+    for mode in ("backlog", "rate"):
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+                broker = start_kafka_broker(Path(tmp) / "kafka")
+                log = KafkaEventLog(broker.bootstrap)
+                worker, stop, judge = None, asyncio.Event(), []
+                try:
+                    await log.start()
+                    await create_catalog_topics(log, NAMESPACE, args.partitions)
+                    worker = start_faust_worker(args, broker.bootstrap, Path(tmp))
+                    # One judge runner for warm-up and run: a restarted member of a Kafka group waits
+                    # out the old member's session before it gets partitions back.
+                    judge = await run_stages(log, args, Path(tmp), stop, ["judge"])
+                    await warm_up(log)
+                    result = await measure(log, args, Path(tmp), "burst" if mode == "backlog" else mode, [])
+                finally:
+                    stop.set()
+                    await asyncio.gather(*judge)
+                    if worker is not None:
+                        stop_process(worker)
+                    await log.close()
+                    stop_kafka_broker(broker)
+                    stop_broker_children(Path(tmp) / "kafka")
+            result["runtime"] = (
+                f"faust ({args.guarantee}, commit {args.commit_interval_s} s) + judge on Kafka"
+            )
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    print_table(args, results)
+
+
+def stop_process(process: Any, grace_s: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `grace_s` (a faust worker can take long)."""
+    import subprocess
+
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def stop_broker_children(kafka_dir: Path) -> None:
+    """Stop the noida-db server the launcher started: terminating the launcher leaves it running."""
+    import os
+    import signal
+
+    marker = str(kafka_dir / "data")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"noida-db" in cmdline[0] and marker.encode() in cmdline:
+            os.kill(int(proc.name), signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while proc.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+def start_faust_worker(args: argparse.Namespace, bootstrap: str, data_dir: Path) -> Any:
+    import subprocess
+
+    command = [sys.executable, "-m", "benchmarks.bench_pipeline", "faust", "--faust-worker", bootstrap,
+               "--work-dir", str(data_dir), "--partitions", str(args.partitions),
+               "--commit-interval-s", str(args.commit_interval_s), "--guarantee", args.guarantee]  # fmt: skip
+    log_file = (data_dir / "faust-worker.log").open("wb")
+    return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def faust_worker(args: argparse.Namespace) -> None:
+    """The --faust-worker mode: turn_linker, vote_tally and sample_builder as one faust worker."""
+    from pipeline.faust_runtime import run_worker
+
+    settings = bench_settings(args, f"kafka://{args.faust_worker}", args.work_dir)
+    processors = [s for s in build_stages(settings) if s.name != "judge"]
+    run_worker(
+        processors, pipeline_config(settings), NAMESPACE, args.faust_worker,  # type: ignore[arg-type]
+        app_id=f"{NAMESPACE}-pipeline", data_dir=args.work_dir / "faust", processing_guarantee=args.guarantee,
+        partitions=args.partitions, loglevel="warning", session_timeout_s=6.0, rebalance_timeout_s=12.0,
+        commit_interval_s=args.commit_interval_s,
+    )  # fmt: skip
+
+
+async def warm_up(log: EventLog) -> None:
+    """Run 5 small sessions through the whole pipeline, so every stage has joined its group."""
+    await append_grouped(log, [r for slot in encoded_stream(5, 2, False, prefix="w") for r in slot])
+    deadline = time.monotonic() + 180
+    seen: set[str] = set()
+    async with log.consumer(f"bench-warmup-{time.time_ns()}", [topic_name(NAMESPACE, "samples")]) as consumer:
+        while len(seen) < 5:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"faust warm-up: {len(seen)} of 5 samples in 180 s (see faust-worker.log)")
+            for record in await consumer.poll(max_records=100, timeout_s=0.2):
+                seen.add(decode(record.value)["envelope"]["turn_id"])
+
+
+async def llm_votes(args: argparse.Namespace) -> None:
+    """votes/s of the LLM judge against a real `orl serve` on CPU (judge stage only)."""
+    from connectors.event_log.sqlite_log import SqliteEventLog
+    from tests.integration.serve_process import API_KEY, serve_process
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp)
+        env = {"ORL_FOLLOW_CHECKPOINTS": "false", "ORL_MAX_BATCH_SIZE": "8"}
+        (data_dir / "serve").mkdir()
+        with serve_process(data_dir / "serve", extra_env=env, timeout_s=300) as server:
+            settings = dataclasses.replace(
+                bench_settings(args, "unused://", data_dir), judge="llm", judge_votes=args.votes,
+                judge_max_tokens=args.judge_max_tokens, server_url=f"{server.base_url}/v1", api_key=API_KEY,
+                judge_timeout_s=300.0,
+            )  # fmt: skip
+            log = SqliteEventLog(data_dir / "log.db")
+            await log.start()
+            try:
+                await create_catalog_topics(log, NAMESPACE, 1)
+                sessions = max(1, args.judgements // max(1, args.turns - 1))
+                await append_grouped(
+                    log, [r for slot in encoded_stream(sessions, args.turns, False) for r in slot]
+                )
+                config = pipeline_config(settings)
+                turn_linker = next(s for s in build_stages(settings) if s.name == "turn_linker")
+                await StreamRunner(log, turn_linker, config, NAMESPACE).run_until_idle()
+                judge = next(s for s in build_stages(settings) if s.name == "judge")
+                started = time.monotonic()
+                await StreamRunner(
+                    log, judge, config, NAMESPACE, effect_concurrency=args.effect_concurrency
+                ).run_until_idle()
+                wall = time.monotonic() - started - 0.4  # run_until_idle ends with two empty 0.2 s polls
+                votes = [decode(r.value) for r in await _read_all(log, topic_name(NAMESPACE, "judge_votes"))]
+            finally:
+                await log.close()
+    parsed = sum(v["score"] is not None for v in votes)
+    print(json.dumps({"votes": len(votes), "parsed": parsed, "seconds": round(wall, 1),
+                      "votes_per_s": round(len(votes) / wall, 2), "judge_max_tokens": args.judge_max_tokens,
+                      "m": args.votes, "effect_concurrency": args.effect_concurrency}))  # fmt: skip
+
+
+async def _read_all(log: EventLog, topic: str) -> list[Any]:
+    from connectors.event_log.reading import read_to_end
+
+    return await read_to_end(log, topic)
+
+
+def print_table(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    print(f"\n{args.sessions} sessions x {args.turns} turns{' + SessionClosed' if args.close else ''}, "
+          f"judge {args.judge}, method binary, "
+          f"{args.partitions} partition(s), offered rate {args.rate} turns/s in latency runs")  # fmt: skip
+    print(
+        "| runtime | run | turns | s | turns/s | ready / rejected | next-state -> sample p50 ms | p99 ms | max ms |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        run = {"backlog": "throughput (backlog)", "burst": "throughput (burst)"}.get(
+            r["mode"], f"latency (offered {args.rate}/s)"
+        )
+        print(f"| {r['runtime']} | {run} | {r['turns']} | {r['seconds']} | {r['turns_per_s']} "
+              f"| {r['sample_ready']} / {r['sample_rejected']} | {r['latency_p50_ms']:.0f} "
+              f"| {r['latency_p99_ms']:.0f} | {r['latency_max_ms']} |")  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runtime", choices=("embedded", "faust", "llm"), help="what to measure")
+    parser.add_argument("--sessions", type=int, default=400, help="sessions per run")
+    parser.add_argument("--turns", type=int, default=5, help="main turns per session")
+    parser.add_argument("--rate", type=float, default=1000.0, help="offered turns/s in the latency runs")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per measurement")
+    parser.add_argument("--partitions", type=int, default=1, help="partitions of every topic")
+    parser.add_argument("--close", action="store_true", help="end every session with SessionClosed")
+    parser.add_argument("--judge", default="user_reply", help="rule judge (entry point name)")
+    parser.add_argument("--effect-concurrency", type=int, default=4, help="concurrent judge calls")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="give up on a run after this long")
+    parser.add_argument("--judgements", type=int, default=4, help="llm: turns to judge")
+    parser.add_argument("--votes", type=int, default=3, help="llm: votes per judgement (m)")
+    parser.add_argument("--judge-max-tokens", type=int, default=32, help="llm: judge max_tokens")
+    parser.add_argument("--commit-interval-s", type=float, default=0.1, help="faust: commit interval")
+    parser.add_argument("--guarantee", default="exactly_once", help="faust: processing guarantee")
+    parser.add_argument("--faust-worker", default=None, help=argparse.SUPPRESS)  # child worker mode
+    parser.add_argument("--work-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.faust_worker:
+        faust_worker(args)
+    elif args.runtime == "embedded":
+        asyncio.run(embedded(args))
+    elif args.runtime == "faust":
+        asyncio.run(faust(args))
+    else:
+        asyncio.run(llm_votes(args))
+
+
+if __name__ == "__main__":
+    main()
