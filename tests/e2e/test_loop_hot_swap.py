@@ -116,11 +116,29 @@ def test_train_publish_swap_without_a_failed_request(tmp_path: Path, base_model_
         wait_for(lambda: _rejections(server.log_url), 30, "PolicyRejected")
         assert policy(server.base_url)["policy_version"] == 1
         assert _rejections(server.log_url)[0]["version"] == 2
+        check_admin_endpoints(server.base_url)
 
     responses = asyncio.run(read_events(server.log_url, "live.responses"))
     assert {r["policy_version"] for r in responses} == {0, 1}
     activated = asyncio.run(read_events(server.log_url, "live.policy_activations"))
     assert [a["version"] for a in activated if a["envelope"]["event_type"] == "PolicyActivated"] == [1]
+
+
+def check_admin_endpoints(base_url: str) -> None:
+    """Pin, unpin and roll back through the admin surface, which only the admin key opens."""
+
+    def admin(path: str, body: dict | None = None, key: str = ADMIN_KEY) -> httpx.Response:
+        return httpx.post(f"{base_url}/admin/{path}", json=body or {}, headers={"Authorization": f"Bearer {key}"},
+                          timeout=60)  # fmt: skip
+
+    assert admin("pin", {"version": 1}, key=API_KEY).status_code == 401
+    assert admin("rollback").status_code == 400  # only v1 was ever served: nothing earlier to go back to
+    pinned = admin("pin", {"version": 1})
+    assert pinned.status_code == 200 and pinned.json()["pinned"] == 1
+    assert admin("pin", {"version": 7}).json()["error"]["code"] == "checkpoint_unavailable"
+    assert admin("pin", {"version": "one"}).status_code == 400
+    assert admin("unpin").json()["pinned"] is None
+    assert policy(base_url)["policy_version"] == 1
 
 
 async def _publish_checkpoint_event(log_url: str, uri: str) -> None:

@@ -160,7 +160,8 @@ async def test_hot_swap_full_checkpoint_between_requests(
     await running.__anext__()  # the old request is decoding
     await backend.load_checkpoint(ckpt, 1, "full")
     old = await running.result()
-    assert old.policy_version == 0 and old.finish_reason == "length"
+    # the request running during the swap completes (not aborted), on the weights it started with
+    assert old.policy_version == 0 and old.finish_reason in ("length", "stop") and old.token_ids
     assert backend.policy_version == 1
     new = await backend.generate(ids, SamplingParams(temperature=0, max_tokens=4))
     assert new.policy_version == 1
