@@ -63,17 +63,20 @@ class EventSpool:
 
 
 async def drain_once(spool: EventSpool, log: EventLog, batch: int = 500) -> int:
-    """Append the oldest spooled events to the log, in order; returns how many were moved."""
+    """Append the oldest spooled events to the log, one batch per topic; returns how many were moved.
+
+    Each topic keeps the spool's order (so a session's events stay in order); the order across
+    topics does not matter to consumers. The spool rows go once every topic has them: a crash in
+    between re-appends a few events, which their deterministic ids make harmless.
+    """
     events = spool.oldest(batch)
-    start = 0
-    while start < len(events):  # consecutive events of one topic go in one batch append
-        end = start
-        while end < len(events) and events[end].topic == events[start].topic:
-            end += 1
-        run = events[start:end]
-        await log.append_batch(run[0].topic, [OutgoingRecord(value=e.value, key=e.key) for e in run])
-        spool.remove_through(run[-1].seq)
-        start = end
+    by_topic: dict[str, list[OutgoingRecord]] = {}
+    for event in events:
+        by_topic.setdefault(event.topic, []).append(OutgoingRecord(value=event.value, key=event.key))
+    for topic, records in by_topic.items():
+        await log.append_batch(topic, records)
+    if events:
+        spool.remove_through(events[-1].seq)
     return len(events)
 
 
