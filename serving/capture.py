@@ -55,29 +55,24 @@ class EventRecorder:
         main: bool,
         client_id: str | None,
     ) -> None:
-        self._put(
+        self._record(
             "requests",
-            make_event(
-                "RequestReceived",
-                namespace=self.namespace,
-                producer=PRODUCER,
-                occurred_at_ms=self.clock_ms(),
-                id_parts=[request_id],
-                session_id=turn.session_id,
-                turn_id=turn.turn_id,
-                request_id=request_id,
-                turn_kind="main" if main else "side",
-                turn_index=turn.turn_index,
-                previous_turn_id=turn.previous_turn_id,
-                link_method=turn.link_method,
-                messages_json=json.dumps(req.messages, ensure_ascii=False),
-                tools_json=json.dumps(req.tools) if req.tools else None,
-                tool_choice_json=json.dumps(req.tool_choice) if req.tool_choice is not None else None,
-                sampling=sampling_record(params),
-                model=req.model,
-                stream=req.stream,
-                client_id=client_id,
-            ),
+            "RequestReceived",
+            [request_id],
+            session_id=turn.session_id,
+            turn_id=turn.turn_id,
+            request_id=request_id,
+            turn_kind="main" if main else "side",
+            turn_index=turn.turn_index,
+            previous_turn_id=turn.previous_turn_id,
+            link_method=turn.link_method,
+            messages_json=json.dumps(req.messages, ensure_ascii=False),
+            tools_json=json.dumps(req.tools) if req.tools else None,
+            tool_choice_json=json.dumps(req.tool_choice) if req.tool_choice is not None else None,
+            sampling=sampling_record(params),
+            model=req.model,
+            stream=req.stream,
+            client_id=client_id,
         )
 
     def response_generated(
@@ -91,47 +86,37 @@ class EventRecorder:
         tool_calls: list[dict[str, Any]],
         model: str,
     ) -> None:
-        self._put(
+        self._record(
             "responses",
-            make_event(
-                "ResponseGenerated",
-                namespace=self.namespace,
-                producer=PRODUCER,
-                occurred_at_ms=self.clock_ms(),
-                id_parts=[request_id],
-                session_id=turn.session_id,
-                turn_id=turn.turn_id,
-                request_id=request_id,
-                prompt_token_ids=generation.prompt_token_ids,
-                response_token_ids=generation.token_ids,
-                response_logprobs=generation.logprobs,
-                response_text=text,
-                tool_calls_json=json.dumps(tool_calls) if tool_calls else None,
-                finish_reason=generation.finish_reason,
-                sampling=sampling_record(params),
-                policy_version=generation.policy_version,
-                policy_spans=[],
-                latency_ms=generation.latency_ms,
-                prompt_tokens=len(generation.prompt_token_ids),
-                completion_tokens=len(generation.token_ids),
-                model=model,
-            ),
+            "ResponseGenerated",
+            [request_id],
+            session_id=turn.session_id,
+            turn_id=turn.turn_id,
+            request_id=request_id,
+            prompt_token_ids=generation.prompt_token_ids,
+            response_token_ids=generation.token_ids,
+            response_logprobs=generation.logprobs,
+            response_text=text,
+            tool_calls_json=json.dumps(tool_calls) if tool_calls else None,
+            finish_reason=generation.finish_reason,
+            sampling=sampling_record(params),
+            policy_version=generation.policy_version,
+            policy_spans=[],
+            latency_ms=generation.latency_ms,
+            prompt_tokens=len(generation.prompt_token_ids),
+            completion_tokens=len(generation.token_ids),
+            model=model,
         )
 
     def session_closed(self, session_id: str, last_turn_id: str | None, reason: str = "explicit") -> None:
-        self._put(
+        self._record(
             "sessions",
-            make_event(
-                "SessionClosed",
-                namespace=self.namespace,
-                producer=PRODUCER,
-                occurred_at_ms=self.clock_ms(),
-                id_parts=[session_id, last_turn_id, reason],
-                session_id=session_id,
-                turn_id=last_turn_id,
-                reason=reason,
-                last_turn_id=last_turn_id,
-            ),
+            "SessionClosed",
+            [session_id, last_turn_id, reason],
+            session_id=session_id,
+            turn_id=last_turn_id,
+            reason=reason,
+            last_turn_id=last_turn_id,
         )
 
     def next_state_observed(
@@ -164,19 +149,37 @@ class EventRecorder:
         self, event_type: str, server_id: str, run_id: str, version: int, uri: str, **fields: Any
     ) -> None:
         now_ms = self.clock_ms()
-        event = make_event(
+        self._record(
+            "policy_activations",
             event_type,
-            namespace=self.namespace,
-            producer=PRODUCER,
+            [server_id, run_id, version, now_ms],
             occurred_at_ms=now_ms,
-            id_parts=[server_id, run_id, version, now_ms],
             server_id=server_id,
             run_id=run_id,
             version=version,
             uri=uri,
             **fields,
         )
-        self._put("policy_activations", event)
+
+    def _record(
+        self,
+        topic: str,
+        event_type: str,
+        id_parts: list[Any],
+        occurred_at_ms: int | None = None,
+        **fields: Any,
+    ) -> None:
+        """Build a server event (namespace, producer, time of recording) and spool it."""
+        at_ms = self.clock_ms() if occurred_at_ms is None else occurred_at_ms
+        event = make_event(
+            event_type,
+            namespace=self.namespace,
+            producer=PRODUCER,
+            occurred_at_ms=at_ms,
+            id_parts=id_parts,
+            **fields,
+        )
+        self._put(topic, event)
 
     def _put(self, topic: str, event: dict[str, Any]) -> None:
         if not self.enabled:
