@@ -183,14 +183,18 @@ def lineage_parts(lineage: dict[str, Any]) -> tuple[str, ...]:
 
 
 def all_settled(state: State) -> bool:
-    """Every main turn with a response is decided, and the session's last turn is known."""
+    """Every main turn with a response is decided, and the session's last turn is known.
+
+    A close that names no last turn cannot tell whether more turns are still unread on other
+    topics: such a session is settled only by the timeout in on_tick.
+    """
     turns = state["turns"]
     for turn in turns.values():
         if turn["kind"] == "main" and turn["response"] is not None and not turn["decided"]:
             return False
     last_turn_id = state["closed"]["last_turn_id"]
     if last_turn_id is None:
-        return True
+        return False
     last = turns.get(last_turn_id)
     return last is not None and last["kind"] is not None and (last["kind"] != "main" or last["decided"])
 

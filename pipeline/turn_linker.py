@@ -17,7 +17,14 @@ Writes next_states (NextStateObserved, source "conversation" or "session_end") a
   then still vote (silence after an answer is weak evidence, and the judge prompt says so), and
   the session's state no longer leaks: a closed session keeps a small tombstone (for redelivery
   detection) that `on_tick` deletes after `closed_retention_s`.
-State per session: namespace, seen, last_activity_ms, closed, closed_at_ms, waiting_responses
+- Topics are read in no fixed order relative to each other, so an explicit SessionClosed can be
+  processed before the session's last requests. The close is therefore order-insensitive: it
+  names its last turn (`last_turn_id`), which gets the session_end state once its request and
+  response are known; requests that occurred at or before an explicit close belong to the
+  closed session and never reopen it. A close that names no main turn is settled by `on_tick`
+  `CLOSE_GRACE_S` after it, on the then-last main turn.
+State per session: namespace, seen, last_activity_ms, closed, closed_at_ms, closed_reason,
+session_end (the explicit close's trigger, until its turn is known), waiting_responses
 (request_id -> response id, for responses before requests) and turns (turn_id -> index, kind,
 request_id, request_event_id, response_event_id, message_count, messages_digest, pending,
 next_state ("none" | "pending" | "emitted"), external).
@@ -56,6 +63,8 @@ LOGIC_VERSION = "1"
 PRODUCER = producer_name(NAME, LOGIC_VERSION)
 SESSION_END_CONTENT = "(the user ended the session without replying)"
 RETRY_CONTENT = "(the user sent the same conversation again without a new message: a retry)"
+# How long (event time) a close that names no known main turn waits for the session's late events.
+CLOSE_GRACE_S = 30.0
 
 
 class TurnLinker:
@@ -74,6 +83,8 @@ class TurnLinker:
 
     def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
         if state["closed"]:
+            if state.get("session_end") and now_ms - state["closed_at_ms"] >= CLOSE_GRACE_S * 1000:
+                return state, settle_session_end(state, config)
             expired = now_ms - state["closed_at_ms"] >= config.linker.closed_retention_s * 1000
             return (None, []) if expired else (state, [])
         deadline_ms = state["last_activity_ms"] + int(config.linker.idle_timeout_s * 1000)
@@ -90,6 +101,8 @@ def new_state(event: Event) -> State:
         "last_activity_ms": occurred_at_of(event),
         "closed": False,
         "closed_at_ms": None,
+        "closed_reason": None,
+        "session_end": None,
         "waiting_responses": {},
         "turns": {},
     }
@@ -101,8 +114,8 @@ def touch(state: State, event: Event) -> None:
 
 def on_request(state: State, event: Event, config: PipelineConfig) -> list[Emit]:
     touch(state, event)
-    if state["closed"]:  # the user came back after an idle close: the session goes on
-        state["closed"], state["closed_at_ms"] = False, None
+    if state["closed"] and not belongs_to_closed_session(state, event):
+        reopen(state)  # the user came back after the close: the session goes on
     turn_id = turn_id_of(event) or event["request_id"]
     messages: list[dict[str, Any]] = json.loads(event["messages_json"])
     waiting = state["waiting_responses"].pop(event["request_id"], None)
@@ -124,7 +137,18 @@ def on_request(state: State, event: Event, config: PipelineConfig) -> list[Emit]
     previous_id = previous_main_turn(state, turn["index"])
     if previous_id is not None:
         link_conversation(state, previous_id, messages, event, config)
+    assign_named_session_end(state)
     return flush_pending(state, config)
+
+
+def belongs_to_closed_session(state: State, request: Event) -> bool:
+    """A request that occurred at or before an explicit close was only read after it: it is part of the session."""
+    return state.get("closed_reason") == "explicit" and occurred_at_of(request) <= state["closed_at_ms"]
+
+
+def reopen(state: State) -> None:
+    state["closed"], state["closed_at_ms"] = False, None
+    state["closed_reason"], state["session_end"] = None, None
 
 
 def previous_main_turn(state: State, index: int) -> str | None:
@@ -218,24 +242,46 @@ def on_external_next_state(state: State, event: Event, config: PipelineConfig) -
 def on_session_closed(state: State, event: Event, config: PipelineConfig) -> list[Emit]:
     if state["closed"]:
         return []
-    close(state, occurred_at_of(event))
-    mark_session_end(state, event.get("last_turn_id"), event_id_of(event), occurred_at_of(event))
+    close(state, occurred_at_of(event), "explicit")
+    state["session_end"] = {
+        "last_turn_id": event.get("last_turn_id"),
+        "trigger_event_id": event_id_of(event),
+        "occurred_at_ms": occurred_at_of(event),
+    }
+    assign_named_session_end(state)
     return flush_pending(state, config)
 
 
-def close(state: State, closed_at_ms: int) -> None:
-    state["closed"], state["closed_at_ms"] = True, closed_at_ms
+def close(state: State, closed_at_ms: int, reason: str) -> None:
+    state["closed"], state["closed_at_ms"], state["closed_reason"] = True, closed_at_ms, reason
     state.pop("external_turns", None)
 
 
-def mark_session_end(state: State, last_turn_id: str | None, trigger_id: str, occurred_at_ms: int) -> None:
-    """Give the session's last main turn a session_end next state, unless it already has one."""
-    turns = state["turns"]
-    if last_turn_id not in turns or turns[last_turn_id]["kind"] != "main":
-        last_turn_id = last_main_turn(state)
-    if last_turn_id is None:
+def assign_named_session_end(state: State) -> None:
+    """Once the explicit close's named main turn is known, give it the session_end next state."""
+    end = state.get("session_end")
+    if not end:
         return
-    turn = turns[last_turn_id]
+    turn = state["turns"].get(end["last_turn_id"])
+    if turn is None or turn["kind"] != "main":
+        return  # not read yet (or a side turn): wait for it, or for the grace period in on_tick
+    state["session_end"] = None
+    mark_session_end(state, end["last_turn_id"], end["trigger_event_id"], end["occurred_at_ms"])
+
+
+def settle_session_end(state: State, config: PipelineConfig) -> list[Emit]:
+    """The close named no known main turn and the grace period is over: end the then-last main turn."""
+    end, state["session_end"] = state["session_end"], None
+    last_turn_id = last_main_turn(state)
+    if last_turn_id is None:
+        return []
+    mark_session_end(state, last_turn_id, end["trigger_event_id"], end["occurred_at_ms"])
+    return flush_pending(state, config)
+
+
+def mark_session_end(state: State, last_turn_id: str, trigger_id: str, occurred_at_ms: int) -> None:
+    """Give the session's last main turn a session_end next state, unless it already has one."""
+    turn = state["turns"][last_turn_id]
     if turn["next_state"] != "none" or turn["external"]:
         return
     turn["pending"] = {
@@ -272,8 +318,9 @@ def close_idle_session(state: State, deadline_ms: int, config: PipelineConfig) -
         reason="idle_timeout",
         last_turn_id=last_turn_id,
     )
-    close(state, deadline_ms)
-    mark_session_end(state, last_turn_id, event_id_of(closed), deadline_ms)
+    close(state, deadline_ms, "idle_timeout")
+    if last_turn_id is not None:
+        mark_session_end(state, last_turn_id, event_id_of(closed), deadline_ms)
     return [Emit("sessions", closed), *flush_pending(state, config)]
 
 

@@ -104,8 +104,9 @@ class _ApiHandlers:
 
     async def end_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
+        last_turn_id = self.state.tracker.last_main_turn(session_id)  # the pipeline ends this turn
         was_open = self.state.tracker.close(session_id)
-        self.state.recorder.session_closed(session_id, None)
+        self.state.recorder.session_closed(session_id, last_turn_id)
         return JSONResponse({"session_id": session_id, "closed": True, "was_open": was_open})
 
     async def chat(self, request: Request) -> Response:
@@ -234,8 +235,9 @@ class _Turn:
         if self.main:
             self.state.tracker.record_response(self.turn, self.req.messages, message)
         if self.session_done:
+            last_turn_id = self.state.tracker.last_main_turn(self.turn.session_id)
             self.state.tracker.close(self.turn.session_id)
-            self.state.recorder.session_closed(self.turn.session_id, self.turn.turn_id)
+            self.state.recorder.session_closed(self.turn.session_id, last_turn_id)
         self._count(generation)
         return {
             "id": self.request_id,

@@ -197,6 +197,8 @@ def test_every_ingest_route_needs_the_api_key(server: Server) -> None:
 def test_the_feedback_after_an_ended_session_needs_a_turn_id(server: Server) -> None:
     turn = server.main_turn("s5")
     assert server.post("/v1/sessions/s5/end", {}).status_code == 200
+    closes = [decode(e.value) for e in server.spool.oldest(1000) if e.topic == "live.sessions"]
+    assert [c["last_turn_id"] for c in closes] == [turn]  # the pipeline ends the session's last main turn
     assert server.post("/v1/feedback", {"session_id": "s5", "thumbs": 1}).status_code == 409
     assert server.post("/v1/feedback", {"session_id": "s5", "turn_id": turn, "thumbs": 1}).status_code == 202
 

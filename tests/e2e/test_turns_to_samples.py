@@ -94,6 +94,8 @@ def test_a_corrected_turn_becomes_a_combined_sample(tmp_path: Path, base_model_d
     )
     last = by_turn["s1/t1"]
     assert last["envelope"]["event_type"] == "SampleRejected"
+    (closed,) = asyncio.run(read_events(server.log_url, "live.sessions"))
+    assert closed["last_turn_id"] == "s1/t1"  # serving names the turn the pipeline must end
 
 
 async def _wait_for_spool(log_url: str, timeout_s: float = 15.0) -> None:

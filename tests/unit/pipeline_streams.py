@@ -65,6 +65,7 @@ class Conversation:
     messages: list[dict[str, Any]] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     turn_count: int = 0
+    last_main_turn_id: str | None = None
 
     def tick(self, ms: int = 1000) -> int:
         self.now_ms += ms
@@ -102,6 +103,8 @@ class Conversation:
         if respond:
             response = response_event(self, turn_id, request["request_id"], messages, response_text, tool_calls,
                                       temperature, policy_version)  # fmt: skip
+        if kind == "main":
+            self.last_main_turn_id = turn_id
         if kind == "main" and respond:
             assistant: dict[str, Any] = {"role": "assistant", "content": response_text}
             if tool_calls:
@@ -111,7 +114,10 @@ class Conversation:
             self.events.extend(event for event in (request, response) if event is not None)
         return Turn(turn_id, request, response)
 
-    def close(self, last_turn_id: str | None = None) -> Event:
+    def close(self, last_turn_id: str | None = None, *, name_last_turn: bool = True) -> Event:
+        """SessionClosed as serving writes it: naming the session's last main turn unless told not to."""
+        if last_turn_id is None and name_last_turn:
+            last_turn_id = self.last_main_turn_id
         event = make_event(
             "SessionClosed", namespace=self.namespace, producer=SERVING, occurred_at_ms=self.tick(),
             id_parts=(self.session_id, "explicit"), session_id=self.session_id, reason="explicit",

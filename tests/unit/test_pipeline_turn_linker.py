@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import LinkerConfig, PipelineConfig
-from pipeline.turn_linker import SESSION_END_CONTENT, TURN_LINKER
+from pipeline.event_building import Event
+from pipeline.processor import Emit
+from pipeline.turn_linker import CLOSE_GRACE_S, SESSION_END_CONTENT, TURN_LINKER
 from schemas.codec import encode
 from tests.unit.pipeline_streams import Conversation, of_type, run_processor, tick_processor, tool_call
 
@@ -143,3 +149,82 @@ def test_redelivered_events_emit_nothing_and_replay_is_identical() -> None:
     assert again == []
     _, replay = run_processor(TURN_LINKER, c.events, CONFIG)
     assert replay == emits
+
+
+TOPIC_OF = {
+    "RequestReceived": "requests",
+    "ResponseGenerated": "responses",
+    "SessionClosed": "sessions",
+}
+
+
+def emitted_ids(emits: list[Emit]) -> set[str]:
+    return {emit.event["envelope"]["event_id"] for emit in emits}
+
+
+def run_then_settle(events: list[Event], now_ms: int) -> set[str]:
+    """Every event turn_linker emits for `events`, including what ticks after the grace period release."""
+    states, emits = run_processor(TURN_LINKER, events, CONFIG)
+    ticked = tick_processor(TURN_LINKER, states, now_ms + int(CLOSE_GRACE_S * 1000) + 1, CONFIG)
+    return emitted_ids(emits) | emitted_ids(ticked)
+
+
+def test_a_close_read_before_the_last_request_still_ends_the_last_turn() -> None:
+    c, (t0, t1, t2) = tool_conversation()
+    c.say("thanks, that is all")
+    t3 = c.turn("You are welcome.").turn_id
+    close = c.close()
+    _, in_order = run_processor(TURN_LINKER, c.events, CONFIG)
+    close_first = [close, *c.events[:-1]]  # the sessions topic was read before the requests topic
+    states, emits = run_processor(TURN_LINKER, close_first, CONFIG)
+    assert emitted_ids(emits) == emitted_ids(in_order)
+    by_turn = {e["envelope"]["turn_id"]: e for e in of_type(emits, "NextStateObserved")}
+    assert set(by_turn) == {t0, t1, t2, t3}
+    assert by_turn[t2]["source"] == "conversation" and "that is all" in by_turn[t2]["content"]
+    assert by_turn[t3]["source"] == "session_end"
+    assert next(iter(states.values()))["closed"]  # the late requests did not reopen the session
+
+
+def test_a_close_naming_no_turn_settles_on_the_last_main_turn_after_the_grace_period() -> None:
+    c, (_, _, t2) = tool_conversation()
+    c.close(name_last_turn=False)
+    states, emits = run_processor(TURN_LINKER, c.events, CONFIG)
+    assert [e["source"] for e in of_type(emits, "NextStateObserved")] == ["conversation", "conversation"]
+    assert tick_processor(TURN_LINKER, states, c.now_ms + 1_000, CONFIG) == []  # still in the grace period
+    settled = tick_processor(TURN_LINKER, states, c.now_ms + int(CLOSE_GRACE_S * 1000), CONFIG)
+    (end,) = of_type(settled, "NextStateObserved")
+    assert end["envelope"]["turn_id"] == t2 and end["source"] == "session_end"
+
+
+def test_a_request_after_an_explicit_close_reopens_the_session() -> None:
+    c = Conversation("s5")
+    c.say("hi")
+    t0 = c.turn("hello")
+    c.close()
+    c.tick()
+    c.say("one more thing")
+    c.turn("sure")
+    states, emits = run_processor(TURN_LINKER, c.events, CONFIG)
+    (end,) = of_type(emits, "NextStateObserved")
+    assert (end["envelope"]["turn_id"], end["source"]) == (t0.turn_id, "session_end")
+    assert not next(iter(states.values()))["closed"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_any_interleaving_of_the_topics_gives_the_same_next_states(rnd: random.Random) -> None:
+    """Each topic keeps its own order, but topics are read in any order relative to each other."""
+    c, _ = tool_conversation()
+    c.say("great")
+    c.turn("Glad it helped.")
+    c.close()
+    queues: dict[str, list[Event]] = {}
+    for event in c.events:
+        queues.setdefault(TOPIC_OF[event["envelope"]["event_type"]], []).append(event)
+    interleaved: list[Event] = []
+    while any(queues.values()):
+        topic = rnd.choice([t for t, q in queues.items() if q])
+        count = rnd.randint(1, 3)
+        interleaved.extend(queues[topic][:count])
+        del queues[topic][:count]
+    assert run_then_settle(interleaved, c.now_ms) == run_then_settle(c.events, c.now_ms)
