@@ -161,8 +161,12 @@ class SampleBatcher:
             return "stale"
         return sample
 
-    def take(self, current_version: int) -> Batch | None:
-        """The next batch trained at `current_version`, or None while fewer than N samples are pending."""
+    def take(self, current_version: int, *, partial: bool = False) -> Batch | None:
+        """The next batch trained at `current_version`, or None while fewer than N samples are pending.
+
+        `partial` cuts a smaller batch from everything pending (at least one sample): the loop asks
+        for it when the stream has gone quiet, so a trickle of samples is not held back forever.
+        """
         samples: list[TrainingSample] = []
         skipped: Counter[str] = Counter()
         for index, pending in enumerate(self._pending):
@@ -173,6 +177,8 @@ class SampleBatcher:
             samples.append(verdict)
             if len(samples) == self.batch_size:
                 return self._cut(index + 1, samples, skipped, current_version)
+        if partial and samples:
+            return self._cut(len(self._pending), samples, skipped, current_version)
         return None
 
     def _cut(

@@ -239,8 +239,11 @@ async def run_trainer(
         stream = SampleStream(consumer, point.consumed_offsets)
         idle_since = time.monotonic()
         while settings.max_steps == 0 or steps < settings.max_steps:
-            # Consume until N effective samples are pending.
-            batch = batcher.take(version)
+            # Consume until N effective samples are pending (or fewer, once the stream is quiet).
+            quiet = bool(settings.partial_batch_after_s) and (
+                time.monotonic() - idle_since >= settings.partial_batch_after_s
+            )
+            batch = batcher.take(version, partial=quiet)
             if batch is None:
                 records = await stream.poll(POLL_MAX_RECORDS, settings.poll_timeout_s)
                 batcher.add(records)

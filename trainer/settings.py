@@ -44,6 +44,11 @@ class TrainSettings(ConnectionSettings):
         None, "ORL_TRAIN_LR", "AdamW learning rate (default: 5e-4 for lora, 1e-5 for full)."
     )
     batch_size: int = setting(16, "ORL_TRAIN_BATCH_SIZE", "Effective samples per optimizer step (N).")
+    partial_batch_after_s: float = setting(
+        0.0,
+        "ORL_TRAIN_PARTIAL_BATCH_AFTER_S",
+        "Train on fewer than N pending samples once no new sample arrived for this long (0: always wait for N).",
+    )
     beta_kl: float = setting(0.02, "ORL_TRAIN_BETA_KL", "Weight of the k3 KL to the base model (0: off).")
     eps_low: float = setting(0.2, "ORL_TRAIN_EPS_LOW", "PPO clip below: ratio >= 1 - eps-low.")
     eps_high: float = setting(0.28, "ORL_TRAIN_EPS_HIGH", "PPO clip above: ratio <= 1 + eps-high.")
@@ -101,6 +106,10 @@ def check_settings(settings: TrainSettings) -> None:
     problems = [
         (settings.kind not in KINDS, f"--kind must be one of {KINDS}, not {settings.kind!r}"),
         (settings.batch_size < 1, f"--batch-size must be >= 1, not {settings.batch_size}"),
+        (
+            settings.partial_batch_after_s < 0,
+            f"--partial-batch-after-s must be >= 0, not {settings.partial_batch_after_s}",
+        ),
         (settings.lr is not None and settings.lr <= 0, f"--lr must be > 0, not {settings.lr}"),
         (settings.beta_kl < 0, f"--beta-kl must be >= 0, not {settings.beta_kl}"),
         (not 0 <= settings.eps_low < 1, f"--eps-low must be in [0, 1), not {settings.eps_low}"),

@@ -243,3 +243,18 @@ async def test_methods_staleness_and_rejections(
         assert [(o.offset) for o in found[2].consumed_offsets] == [7]
         steps_events = [decode(r.value) for r in await read_all(log, topic_name(NAMESPACE, "train_steps"))]
         assert [e["dropped_stale"] for e in steps_events] == [0, 1]
+
+
+async def test_a_quiet_stream_trains_a_partial_batch(
+    tmp_path: Path, base_model_dir: Path, generated: list[dict]
+) -> None:
+    settings = settings_for(tmp_path, base_model_dir, batch_size=4, max_steps=1, partial_batch_after_s=0.5)
+    store = LocalObjectStore(tmp_path / "objects")
+    events = [sample_event(i, generated[i]) for i in range(3)]
+    async with SqliteEventLog(tmp_path / "log.db") as log:
+        await log.create_topics([TopicSpec(topic_name(NAMESPACE, "samples"))])
+        await append(log, events)
+        assert await run_trainer(settings, log, store, base_model_dir, tmp_path / "work") == 1
+        (manifest,) = manifests(store, "r1").values()
+        assert manifest.metrics["sample_ids"] == [e["envelope"]["event_id"] for e in events]
+        assert [o.offset for o in manifest.consumed_offsets] == [3]

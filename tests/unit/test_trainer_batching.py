@@ -1,0 +1,59 @@
+"""SampleBatcher: batches of N trainable samples, skip reasons, offsets, and partial batches."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from connectors.event_log.base import ConsumedRecord, TopicPartition
+from schemas.codec import encode
+from tests.unit.event_examples import sample_ready, sample_rejected
+from trainer.batching import SampleBatcher
+
+TOPIC = "test.samples"
+
+
+def ready(sample_id: str, policy_version: int = 7) -> dict[str, Any]:
+    event = copy.deepcopy(sample_ready())
+    event["envelope"]["event_id"] = sample_id
+    event["policy_version"] = policy_version
+    return event
+
+
+def records(*events: dict[str, Any] | bytes) -> list[ConsumedRecord]:
+    return [
+        ConsumedRecord(TOPIC, 0, offset, None, e if isinstance(e, bytes) else encode(e))
+        for offset, e in enumerate(events)
+    ]
+
+
+def test_a_batch_is_cut_after_n_trainable_samples_and_counts_what_it_skipped() -> None:
+    batcher = SampleBatcher(batch_size=2, max_staleness=2)
+    batcher.add(records(ready("a"), sample_rejected(), b"garbage", ready("a"), ready("b"), ready("c")))
+    batch = batcher.take(current_version=7)
+    assert batch is not None
+    assert batch.sample_ids == ["a", "b"]
+    assert batch.skipped == {"duplicate": 1, "rejected": 1, "undecodable": 1}
+    assert batch.consumed_offsets == {TopicPartition(TOPIC, 0): 5}  # "c" stays pending
+    assert batcher.take(current_version=8) is None  # one sample is not a batch
+    assert batcher.pending_records == 1
+
+
+def test_stale_samples_are_dropped_and_counted() -> None:
+    batcher = SampleBatcher(batch_size=1, max_staleness=2)
+    batcher.add(records(ready("old", policy_version=4), ready("new", policy_version=5)))
+    batch = batcher.take(current_version=7)
+    assert batch is not None and batch.sample_ids == ["new"] and batch.skipped == {"stale": 1}
+    assert batch.staleness == (2,)
+
+
+def test_a_partial_batch_takes_everything_pending_and_needs_one_sample() -> None:
+    batcher = SampleBatcher(batch_size=16, max_staleness=2)
+    batcher.add(records(sample_rejected()))
+    assert batcher.take(current_version=7, partial=True) is None  # nothing to train on
+    batcher.add(records(ready("a"), ready("b"), sample_rejected()))
+    assert batcher.take(current_version=7) is None
+    batch = batcher.take(current_version=7, partial=True)
+    assert batch is not None and batch.sample_ids == ["a", "b"]
+    assert batch.skipped == {"rejected": 2}
+    assert batcher.pending_records == 0
