@@ -1,0 +1,201 @@
+"""One optimizer step of the megatron backend: the torch backend's loss, over TP x DP ranks.
+
+The objective is not re-implemented: advantages come from `trainer.batch_loss.advantages` and the
+loss from `trainer.losses.total_loss`, fed with logprobs from `trainer.megatron_backend.logprobs`.
+What the parallel layout adds, and why the result equals the torch backend's on the whole batch:
+
+- Data parallel: DP rank r scores samples r, r + D, r + 2D, ... of the batch. The torch loss is a
+  mean over every valid token of the batch, so rank r back-propagates its own token mean times
+  n_r / N (its share of the batch's N tokens) and the gradients are summed over the DP group; the
+  statistics are combined with the same weights.
+- Reward centring (an option) subtracts the mean over the whole batch, so it is applied to the
+  batch's rewards before the split, never per rank.
+- Gradient clipping uses the global norm over all shards (`trainer.megatron_backend.parallel`).
+- The loss itself runs on CPU: the `[B, T]` logprobs come back from the device with their graph
+  (a few KB), and the pure loss functions build their per-sample weights as CPU tensors.
+
+Reads and writes no topics or object keys.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trainer.batch_loss import LossConfig, advantages, method_weights
+from trainer.batching import TrainingSample
+from trainer.logprobs import collate_samples, pad_right
+from trainer.losses import LossStats, center_rewards, total_loss
+from trainer.megatron_backend.hf_conversion import MegatronBackendError
+from trainer.megatron_backend.logprobs import response_logprobs_tp
+from trainer.megatron_backend.model import MegatronPolicy
+from trainer.megatron_backend.parallel import ParallelContext, clip_gradients, dp_sum, sync_gradients
+
+_WEIGHTED_STATS = ("loss", "pg_loss", "kl", "clip_fraction", "advantage_mean")
+
+
+class NonFiniteStepError(MegatronBackendError):
+    """A non-finite loss or gradient norm: the step is not applied and the worker stops loudly."""
+
+
+@dataclass(frozen=True)
+class ShardLoss:
+    """This rank's part of a batch: its weighted loss (with gradient) and the batch's statistics."""
+
+    loss: Tensor  # this rank's token mean times its share of the batch's tokens
+    stats: dict[str, float]  # whole-batch values, identical on every rank
+    logprobs: list[Tensor]  # detached, per local sample (for reports)
+
+
+def local_indices(batch_size: int, parallel: ParallelContext) -> list[int]:
+    """The batch positions this rank's data-parallel replica scores."""
+    return list(range(parallel.dp_rank, batch_size, parallel.dp_size))
+
+
+def _centred_rewards(samples: Sequence[TrainingSample], config: LossConfig) -> Tensor:
+    """The batch's rewards, centred over the whole batch when the setting asks for it."""
+    rewards_B = torch.tensor([0.0 if s.reward is None else float(s.reward) for s in samples])
+    if not config.center_rewards:
+        return rewards_B
+    _, rl_w_B = method_weights(samples, config)
+    return center_rewards(rewards_B, rl_w_B != 0)
+
+
+def _logprobs(
+    policy: MegatronPolicy, samples: Sequence[TrainingSample], reference: bool, autocast: bool
+) -> Tensor:
+    prompts = [list(s.prompt_ids) for s in samples]
+    responses = [list(s.response_ids) for s in samples]
+    temps = [s.temperature for s in samples]
+    device = policy.parallel.device
+    if reference:
+        with policy.reference() as module:
+            rows = response_logprobs_tp(module, prompts, responses, temps, device, autocast)
+    else:
+        rows = response_logprobs_tp(policy.module, prompts, responses, temps, device, autocast)
+    values_B_T, _ = pad_right(rows)
+    return values_B_T
+
+
+def _batch_stats(
+    local: dict[str, float], tokens: int, opd: tuple[float, int], parallel: ParallelContext
+) -> dict[str, float]:
+    """Token-weighted sums over DP ranks -> whole-batch statistics (as the torch backend reports them)."""
+    values = [local[name] * tokens for name in _WEIGHTED_STATS] + [float(tokens), opd[0], float(opd[1])]
+    summed = dp_sum(torch.tensor(values, dtype=torch.float64, device=parallel.device), parallel).tolist()
+    total_tokens, opd_sum, opd_count = summed[len(_WEIGHTED_STATS) :]
+    stats = {name: summed[i] / max(total_tokens, 1.0) for i, name in enumerate(_WEIGHTED_STATS)}
+    stats["tokens"] = total_tokens
+    stats["opd_advantage_mean"] = opd_sum / opd_count if opd_count else float("nan")
+    return stats
+
+
+def _local_loss(
+    policy: MegatronPolicy, local: Sequence[TrainingSample], rewards_B: Tensor, config: LossConfig
+) -> tuple[Tensor, LossStats, tuple[float, int], Tensor]:
+    """The torch backend's loss on this rank's samples: (loss, stats, (OPD advantage sum, count), logprobs)."""
+    collated = collate_samples(
+        [list(s.response_ids) for s in local],
+        [list(s.rollout_logprobs) for s in local],
+        [None if s.teacher_logprobs is None else list(s.teacher_logprobs) for s in local],
+        [s.reward for s in local],
+    )
+    mask_B_T = collated.mask_B_T
+    logprobs_B_T = _logprobs(policy, local, reference=False, autocast=config.autocast).cpu()
+    ref_B_T = None
+    if config.beta_kl != 0.0:
+        ref_B_T = _logprobs(policy, local, reference=True, autocast=config.autocast).cpu()
+    old_B_T = logprobs_B_T.detach() if config.old_logprobs == "recompute" else collated.rollout_logprobs_B_T
+    adv_B_T, opd_mean = advantages(
+        local,
+        old_B_T,
+        collated.teacher_logprobs_B_T,
+        rewards_B,
+        mask_B_T,
+        replace(config, center_rewards=False),  # already centred over the whole batch
+    )
+    loss, stats = total_loss(
+        logprobs_B_T,
+        old_B_T,
+        adv_B_T,
+        mask_B_T,
+        ref_B_T,
+        beta_kl=config.beta_kl,
+        eps_low=config.eps_low,
+        eps_high=config.eps_high,
+    )
+    opd_w_B, _ = method_weights(local, config)
+    opd_count = int(((opd_w_B != 0)[:, None] & mask_B_T).sum())
+    return loss, stats, (opd_mean * opd_count if opd_count else 0.0, opd_count), logprobs_B_T
+
+
+def shard_loss(policy: MegatronPolicy, samples: Sequence[TrainingSample], config: LossConfig) -> ShardLoss:
+    """This rank's share of the torch backend's `batch_loss` on `samples` (the whole batch)."""
+    parallel = policy.parallel
+    if len(samples) < parallel.dp_size:
+        raise MegatronBackendError(
+            f"a batch of {len(samples)} samples cannot feed {parallel.dp_size} DP ranks"
+        )
+    mine = local_indices(len(samples), parallel)
+    local = [samples[i] for i in mine]
+    rewards_B = _centred_rewards(samples, config)[mine]
+    loss, stats, opd, logprobs_B_T = _local_loss(policy, local, rewards_B, config)
+    batch = _batch_stats(asdict(stats), stats.tokens, opd, parallel)
+    share = stats.tokens / batch["tokens"] if batch["tokens"] else 0.0
+    rewards = [s.reward for s in samples if s.reward is not None]
+    batch["reward_mean"] = sum(rewards) / len(rewards) if rewards else float("nan")
+    rows = [logprobs_B_T[i, : len(s.response_ids)].detach() for i, s in enumerate(local)]
+    return ShardLoss(loss * share, batch, rows)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    metrics: dict[str, Any]  # what a manifest and TrainStepCompleted record about the step
+    logprobs: list[Tensor]  # this rank's samples' logprobs before the update (batch order of `mine`)
+
+
+def train_step(
+    policy: MegatronPolicy,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[TrainingSample],
+    config: LossConfig,
+    grad_clip: float,
+) -> StepResult:
+    """Loss, backward, DP gradient sum, global-norm clip, optimizer step; every rank calls it."""
+    started = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    result = shard_loss(policy, samples, config)
+    if not math.isfinite(result.stats["loss"]):
+        raise NonFiniteStepError(
+            f"non-finite loss {result.stats['loss']} on samples {[s.sample_id for s in samples]}"
+        )
+    result.loss.backward()
+    params = policy.trainable_parameters()
+    sync_gradients(params, policy.parallel)
+    grad_norm = clip_gradients(params, grad_clip if grad_clip > 0 else math.inf, policy.parallel)
+    if not math.isfinite(grad_norm):
+        raise NonFiniteStepError(f"non-finite gradient norm on samples {[s.sample_id for s in samples]}")
+    optimizer.step()
+    duration_s = time.perf_counter() - started
+    tokens = int(result.stats["tokens"])
+    metrics = {
+        "sample_ids": [s.sample_id for s in samples],
+        **{k: v for k, v in result.stats.items() if k != "tokens"},
+        "grad_norm": grad_norm,
+        "tokens": tokens,
+        "duration_s": duration_s,
+        "tokens_per_s": tokens / duration_s if duration_s > 0 else 0.0,
+        "methods": dict(sorted(Counter(s.method for s in samples).items())),
+        "lr": optimizer.param_groups[0]["lr"],
+        "backend": "megatron",
+        "tensor_parallel": policy.parallel.tp_size,
+        "data_parallel": policy.parallel.dp_size,
+    }
+    return StepResult(metrics, result.logprobs)
