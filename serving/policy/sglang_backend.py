@@ -1,18 +1,23 @@
 """Policy backend that drives an SGLang server over HTTP (the GPU deployment).
 
-Generation goes through SGLang's native `POST /generate` with `input_ids` (the prompt the server
-rendered with `ChatTemplate`, so the recorded ids are exactly what the model saw) and
-`return_logprob`, reading the sampled ids and logprobs from `meta_info.output_token_logprobs`
-(`[logprob, token_id, text]` entries). Streaming reads the SSE `data: {...}` chunks; the token
-count in `meta_info.completion_tokens` tells which entries are new, so cumulative and incremental
-streaming servers both work. Scoring is a prefill-only `/generate` (max_new_tokens 0) reading
-`meta_info.input_token_logprobs` of the response suffix.
+Generation: SGLang's native `POST /generate` with `input_ids` (the prompt rendered by `ChatTemplate`,
+so the recorded ids are exactly what the model saw) and `return_logprob`, reading sampled ids and
+logprobs from `meta_info.output_token_logprobs` (`[logprob, token_id, text]`). Streaming reads SSE
+`data:` chunks; `meta_info.completion_tokens` tells which entries are new, so cumulative and
+incremental streams both work. Scoring: a prefill-only `/generate` (max_new_tokens 0) reading the
+response suffix of `meta_info.input_token_logprobs`.
 
 Hot swap (reference/peers.md 4.1): full checkpoints via `POST /update_weights_from_disk` with
-`weight_version` and `abort_all_requests=false` (a version bump must never abort running requests);
-LoRA adapters via `POST /load_lora_adapter` under an immutable name per version (`v<version>`),
-which later requests pass as `lora_path`. Logprob temperature: SGLang must be configured to return
-temperature-scaled logprobs (the orl contract in `base.py`); orl passes each request's temperature.
+`weight_version` and `abort_all_requests=false` (a version bump never aborts running requests);
+LoRA via `POST /load_lora_adapter` under a name immutable per version and unique per backend
+instance (`v<version>-<instance>`, so a restarted or second orl server never collides with adapters
+an earlier one left loaded), which requests pass as `lora_path`. A failed load, an unreachable server
+included, is a CheckpointError (PolicyRejected; the follower keeps following); unloads are best effort.
+
+Temperature: SGLang's output logprobs are temperature-scaled (the contract in `base.py`) unless
+SGLANG_RETURN_ORIGINAL_LOGPROB is set; its input logprobs ignore `sampling_params.temperature`, so
+scoring at T != 1 sends `input_logprob_temperature` (sglang PR #36213) and refuses a reply that does
+not echo it instead of passing T = 1 logprobs off as logprobs at T.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from schemas.errors import ServiceUnavailable
+from schemas.errors import OrlError, ServiceUnavailable
 from serving.policy.base import (
     CheckpointError,
     CheckpointKind,
@@ -74,7 +80,9 @@ class SGLangBackend(PolicyBackend):
         self._template: ChatTemplate | None = None
         self._version = 0
         self._full_loaded = False
-        self._loras: list[str] = []
+        self._instance = secrets.token_hex(3)  # adapter names of this backend never collide with others'
+        self._loras: list[str] = []  # loaded adapter names, oldest first; the last one serves
+        self._lora_paths: dict[str, str] = {}
         self._swap_lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -132,9 +140,9 @@ class SGLangBackend(PolicyBackend):
         return body
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        version = self._version
+        version, body = self._version, self._generate_body(prompt_ids, params, stream=False)
         started = asyncio.get_running_loop().time()
-        out = await self._request("POST", "/generate", self._generate_body(prompt_ids, params, stream=False))
+        out = await self._request("POST", "/generate", body)
         meta = out.get("meta_info") or {}
         ids, logprobs = _ids_and_logprobs(meta.get("output_token_logprobs"), "output_token_logprobs")
         return Generation(
@@ -143,20 +151,23 @@ class SGLangBackend(PolicyBackend):
             logprobs=logprobs,
             text=str(out.get("text", "")),
             finish_reason=_finish_reason(meta.get("finish_reason")),
-            policy_version=_version_number(meta.get("weight_version"), default=version),
+            policy_version=_served_version(body, meta, version),
             latency_ms=(asyncio.get_running_loop().time() - started) * 1000.0,
         )
 
     def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
-        body = self._generate_body(prompt_ids, params, stream=True)
+        # The version is read with the body (same adapter), not when the task runs: a swap may land between.
+        version, body = self._version, self._generate_body(prompt_ids, params, stream=True)
         stream = GenerationStream()
-        task = asyncio.get_running_loop().create_task(self._pump(body, params, stream))
+        task = asyncio.get_running_loop().create_task(self._pump(body, version, params, stream))
         stream.set_on_close(task.cancel)
         return stream
 
-    async def _pump(self, body: dict[str, Any], params: SamplingParams, stream: GenerationStream) -> None:
+    async def _pump(
+        self, body: dict[str, Any], version: int, params: SamplingParams, stream: GenerationStream
+    ) -> None:
         """Read SSE chunks and publish TokenSteps, then the Generation (or the error)."""
-        version, started = self._version, asyncio.get_running_loop().time()
+        started = asyncio.get_running_loop().time()
         decoder = IncrementalDecoder(self.chat_template.decode, params.stop, self.chat_template.eos_token_ids)
         ids: list[int] = []
         logprobs: list[float] = []
@@ -182,7 +193,7 @@ class SGLangBackend(PolicyBackend):
                 logprobs=logprobs,
                 text=decoder.text,
                 finish_reason=_finish_reason(meta.get("finish_reason")),
-                policy_version=_version_number(meta.get("weight_version"), default=version),
+                policy_version=_served_version(body, meta, version),
                 latency_ms=(asyncio.get_running_loop().time() - started) * 1000.0,
             )
         )
@@ -201,12 +212,15 @@ class SGLangBackend(PolicyBackend):
         if not response_ids:
             return []
         url = self._url
+        temperature = effective_temperature(temperature)
         body: dict[str, Any] = {
             "input_ids": list(prompt_ids) + list(response_ids),
-            "sampling_params": {"max_new_tokens": 0, "temperature": effective_temperature(temperature)},
+            "sampling_params": {"max_new_tokens": 0, "temperature": temperature},
             "return_logprob": True,
             "logprob_start_len": len(prompt_ids) - 1,
         }
+        if temperature != 1.0:  # SGLang's input logprobs ignore sampling_params.temperature
+            body["input_logprob_temperature"] = temperature
         if use_base and self._full_loaded:
             if self._ref_url is None:
                 raise PolicyError(
@@ -216,8 +230,14 @@ class SGLangBackend(PolicyBackend):
         elif not use_base and self._loras:
             body["lora_path"] = self._loras[-1]
         out = await self._request("POST", "/generate", body, base_url=url)
-        entries = (out.get("meta_info") or {}).get("input_token_logprobs")
-        return _response_logprobs(entries, response_ids)
+        meta = out.get("meta_info") or {}
+        if temperature != 1.0 and meta.get("input_logprob_temperature") != temperature:
+            raise PolicyError(
+                f"SGLang at {url} returned input logprobs without applying temperature {temperature} "
+                "(it needs input_logprob_temperature support, sglang PR #36213); score at temperature 1 "
+                "or use a server that has it"
+            )
+        return _response_logprobs(meta.get("input_token_logprobs"), response_ids)
 
     # -- hot swap ----------------------------------------------------------------------------
 
@@ -229,30 +249,51 @@ class SGLangBackend(PolicyBackend):
                 await self._load_lora(Path(path), version)
             else:
                 raise CheckpointError(f"unknown checkpoint kind {kind!r} (expected 'full' or 'lora')")
-            self._version = version
             log.info("SGLang at %s now serves v%d (%s)", self._url, version, kind)
+            await self._unload_old_adapters()
 
     async def _load_full(self, path: Path, version: int) -> None:
         body = {"model_path": str(path), "weight_version": str(version), "abort_all_requests": False}
         out = await self._request("POST", "/update_weights_from_disk", body, checkpoint=True)
         if not out.get("success", False):
             raise CheckpointError(f"SGLang refused {path}: {out.get('message')}")
+        # No await from here to the version: a request admitted now must carry the new version.
         self._full_loaded = True
-        self._loras = []  # adapters were trained on the old base
+        self._version = version
+        self._loras, stale = [], self._loras  # adapters were trained on the old base
+        for name in stale:
+            await self._unload_adapter(name)
 
     async def _load_lora(self, path: Path, version: int) -> None:
-        name = f"v{version}"
-        if name in self._loras:
-            raise CheckpointError(f"LoRA adapter {name} is already loaded; adapter names are immutable")
+        name = f"v{version}-{self._instance}"
+        if name in self._lora_paths and self._lora_paths[name] != str(path):
+            raise CheckpointError(
+                f"LoRA adapter {name} was loaded from {self._lora_paths[name]}; names are immutable"
+            )
+        if name in self._loras:  # serving it again (a rollback): reload, SGLang may have evicted it
+            self._loras.remove(name)
+            await self._unload_adapter(name)
         out = await self._request(
             "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, checkpoint=True
         )
         if not out.get("success", True):
-            raise CheckpointError(f"SGLang refused the adapter {path}: {out.get('message')}")
+            raise CheckpointError(f"SGLang refused the adapter {path}: {out.get('error_message')}")
+        # No await from here to the version: a request that picks this adapter carries its version.
+        self._lora_paths[name] = str(path)
         self._loras.append(name)
+        self._version = version
+
+    async def _unload_old_adapters(self) -> None:
+        """Keep the newest adapters for requests still running on them; SGLang waits for those anyway."""
         while len(self._loras) > _LORAS_KEPT:
-            old = self._loras.pop(0)
-            await self._request("POST", "/unload_lora_adapter", {"lora_name": old})
+            await self._unload_adapter(self._loras.pop(0))
+
+    async def _unload_adapter(self, name: str) -> None:
+        """Best effort: an adapter SGLang already dropped (eviction, restart) is not an error."""
+        try:
+            await self._request("POST", "/unload_lora_adapter", {"lora_name": name})
+        except OrlError as error:
+            log.warning("could not unload LoRA adapter %s from %s: %s", name, self._url, error)
 
     # -- HTTP --------------------------------------------------------------------------------
 
@@ -274,6 +315,8 @@ class SGLangBackend(PolicyBackend):
         try:
             response = await self._http().request(method, url, json=body)
         except (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError) as exc:
+            if checkpoint:  # the swap failed: the follower rejects this version and keeps following
+                raise CheckpointError(f"SGLang server at {url} is unreachable: {exc!r}") from exc
             raise ServiceUnavailable(f"SGLang server at {url} is unreachable: {exc!r}") from exc
         _raise_for_status(response, url, checkpoint)
         data = response.json()
@@ -292,7 +335,10 @@ class SGLangBackend(PolicyBackend):
                     data = line[len("data:") :].strip()
                     if data == "[DONE]":
                         return
-                    yield json.loads(data)
+                    chunk = json.loads(data)
+                    if isinstance(chunk, dict) and "error" in chunk:  # SGLang reports it inside the stream
+                        raise PolicyError(f"SGLang {url} failed the request: {chunk['error']}")
+                    yield chunk
         except (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError) as exc:
             raise ServiceUnavailable(f"SGLang server at {url} is unreachable: {exc!r}") from exc
 
@@ -343,6 +389,14 @@ def _finish_reason(raw: Any) -> FinishReason:
     if kind in ("stop", "length", "abort"):
         return kind  # type: ignore[no-any-return]
     raise PolicyError(f"SGLang returned an unknown finish_reason {raw!r}")
+
+
+def _served_version(body: dict[str, Any], meta: dict[str, Any], version: int) -> int:
+    """An adapter request ran on the adapter it named (SGLang's weight_version is the base's);
+    otherwise SGLang's meta_info says which weights ran (requests held during an update get the new)."""
+    if body.get("lora_path"):
+        return version
+    return _version_number(meta.get("weight_version"), default=version)
 
 
 def _version_number(raw: Any, default: int) -> int:
