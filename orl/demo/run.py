@@ -19,13 +19,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from connectors.event_log.factory import open_event_log
+from connectors.event_log.reading import read_to_end
 from connectors.settings import ConnectionSettings, setting
 from orl.demo.report import write_report
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
 from orl.samples import read_samples
 from orl.up import Supervisor, UpSettings, component_env, stack_keys
+from schemas.codec import decode
 from schemas.errors import OrlError
+from schemas.topics import topic_name
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +48,16 @@ class DemoSettings(ConnectionSettings):
     eval_prompts: int = setting(16, "ORL_DEMO_EVAL_PROMPTS", "Held-out prompts per evaluation (at most 16).")
     eval_samples: int = setting(2, "ORL_DEMO_EVAL_SAMPLES", "Responses per held-out prompt per evaluation.")
     lr: float = setting(5e-4, "ORL_DEMO_LR", "LoRA learning rate.")
+    train_temperature: float = setting(
+        1.0,
+        "ORL_DEMO_TRAIN_TEMPERATURE",
+        "Temperature of the trainer's policy logprobs (answers are sampled at 0.7; see trainer/batch_loss.py).",
+    )
+    partial_batch_after_s: float = setting(
+        8.0,
+        "ORL_DEMO_PARTIAL_BATCH_AFTER_S",
+        "The trainer takes a round's samples as a partial batch after this much quiet.",
+    )
     teacher_kind: str = setting(
         "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy."
     )
@@ -104,6 +118,7 @@ def run_demo(settings: DemoSettings) -> int:
                 "steps": settings.steps,
                 "batch_size": settings.batch_size,
                 "lr": settings.lr,
+                "train_temperature": settings.train_temperature,
                 "eval_prompts": settings.eval_prompts,
                 "eval_samples": settings.eval_samples,
             },
@@ -156,11 +171,17 @@ async def _run_method(
         "ORL_AT_LEAST_ONE": "false",
         "ORL_SERVED_MODEL_NAME": "orl-policy",
         "ORL_TRAIN_SEED": str(settings.seed),
+        "ORL_TRAIN_PARTIAL_BATCH_AFTER_S": str(settings.partial_batch_after_s),
+        "ORL_TRAIN_TEMPERATURE": str(settings.train_temperature),
     }
     supervisor = Supervisor(env, settings.data_dir / "logs" / namespace, ("serve", "pipeline", "train"))
     api_key, admin_key = stack_keys(up)
     client = DemoClient(
-        f"http://127.0.0.1:{settings.port}", api_key, admin_key, Sampling(max_tokens=settings.max_tokens)
+        f"http://127.0.0.1:{settings.port}",
+        api_key,
+        admin_key,
+        Sampling(max_tokens=settings.max_tokens),
+        concurrency=settings.batch_size,  # one wave per round: its samples reach the trainer together
     )
     supervisor.start_all()
     try:
@@ -192,30 +213,51 @@ async def _train_one_step(
     step: int,
     prompts: Iterator[str],
 ) -> str:
-    """Hold sessions until the trainer has `step * batch_size` samples, then wait for the hot swap."""
+    """One round of `batch_size` sessions, then wait until the trainer trained on all of its samples.
+
+    Every method gets the same traffic per step. Binary RL and Combined learn from every answer, so
+    a round fills a batch; OPD learns only from corrected answers, so its rounds give fewer samples
+    as users become satisfied, and the trainer takes them as a partial batch once the stream is
+    quiet (`partial_batch_after_s`). A round without any trainable sample trains nothing.
+    """
     deadline = time.monotonic() + settings.step_timeout_s
-    satisfied = sessions = chunk = 0
-    while (counts := await _sample_counts(up, namespace))[0] < step * settings.batch_size:
-        batch = [next(prompts) for _ in range(settings.batch_size)]
-        satisfied += await client.sessions(
-            scenario, batch, f"{namespace}-s{step}-{chunk}", settings.seed + step
-        )
-        sessions += len(batch)
-        chunk += 1
-        # every session gets two decisions (its answer, and the one-token reply that closed it)
-        await _wait_for_decisions(up, namespace, counts[1] + 2 * len(batch), deadline, supervisor)
-        _check_deadline(deadline, step, "collecting samples")
-    while await client.policy_version() < step:
+    ready_before, decided_before = await _sample_counts(up, namespace)
+    batch = [next(prompts) for _ in range(settings.batch_size)]
+    satisfied = await client.sessions(scenario, batch, f"{namespace}-s{step}", settings.seed + step)
+    # every session gets two decisions (its answer, and the one-token reply that closed it)
+    await _wait_for_decisions(up, namespace, decided_before + 2 * len(batch), deadline, supervisor)
+    _check_deadline(deadline, step, "collecting samples")
+    ready, _ = await _sample_counts(up, namespace)
+    while (trained := await _trained_counts(up, namespace))[0] < ready:
         supervisor.check()
-        _check_deadline(deadline, step, "waiting for the trainer and the hot swap")
-        await asyncio.sleep(1.0)
-    return f"{satisfied}/{sessions} users satisfied"
+        _check_deadline(deadline, step, "waiting for the trainer")
+        await asyncio.sleep(0.5)
+    while await client.policy_version() < trained[1]:
+        supervisor.check()
+        _check_deadline(deadline, step, "waiting for the hot swap")
+        await asyncio.sleep(0.5)
+    return (
+        f"{satisfied}/{len(batch)} users satisfied, trained on {ready - ready_before} samples "
+        f"(policy v{trained[1]}, KL to base {trained[2]:.3f})"
+    )
 
 
 async def _sample_counts(up: UpSettings, namespace: str) -> tuple[int, int]:
     """(SampleReady count, all decisions) in the namespace so far."""
     rows = await read_samples(up.effective_log_url(), namespace)
     return sum(row["status"] == "ready" for row in rows), len(rows)
+
+
+async def _trained_counts(up: UpSettings, namespace: str) -> tuple[int, int, float]:
+    """(samples the trainer has consumed (trained or dropped as stale), its newest version, that step's KL)."""
+    async with open_event_log(up.effective_log_url()) as log:
+        records = await read_to_end(log, topic_name(namespace, "train_steps"))
+    steps = [decode(record.value) for record in records]
+    consumed = sum(len(s["sample_ids"]) + int(s["dropped_stale"]) for s in steps)
+    newest = max(steps, key=lambda s: int(s["policy_version"]), default=None)
+    if newest is None:
+        return consumed, 0, 0.0
+    return consumed, int(newest["policy_version"]), float(newest["kl"])
 
 
 async def _wait_for_decisions(
