@@ -13,6 +13,10 @@ version has no manifest and is deleted on start; events missing after a crash be
 and the append are re-emitted from the manifest (`trainer.resume`). One trainer process per run.
 Adam's moments are not checkpointed: after a restart they start from zero (weights and data
 position are exact).
+
+The loop itself (`consume_and_train`) is the same for every backend: a `StepRunner` takes and
+publishes one step (`TorchStepRunner` here; `trainer.megatron_backend.loop` runs it across a torchrun
+job), so batching, resume and the events cannot drift apart between backends.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ import math
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -68,6 +73,7 @@ def loss_config(settings: TrainSettings) -> LossConfig:
         center_rewards=settings.center_rewards,
         old_logprobs=settings.old_logprobs,
         autocast=settings.autocast,
+        train_temperature=settings.train_temperature,
     )
 
 
@@ -87,34 +93,57 @@ def train_step(
         raise TrainingError(f"non-finite gradient norm on samples {batch.sample_ids}")
     optimizer.step()
     duration_s = time.perf_counter() - started
-    stats = result.stats
-    return StepResult(
-        {
-            "sample_ids": batch.sample_ids,
-            "loss": stats.loss,
-            "pg_loss": stats.pg_loss,
-            "kl": stats.kl,
-            "clip_fraction": stats.clip_fraction,
-            "advantage_mean": stats.advantage_mean,
-            "opd_advantage_mean": result.opd_advantage_mean,
-            "reward_mean": result.reward_mean,
-            "grad_norm": grad_norm,
-            "tokens": stats.tokens,
-            "duration_s": duration_s,
-            "tokens_per_s": stats.tokens / duration_s if duration_s > 0 else 0.0,
-            "dropped_stale": batch.skipped.get("stale", 0),
-            "mean_staleness": batch.mean_staleness,
-            "skipped": batch.skipped,
-            "methods": dict(sorted(Counter(s.method for s in batch.samples).items())),
-            "lr": optimizer.param_groups[0]["lr"],
-        }
-    )
+    stats = {
+        **asdict(result.stats),
+        "opd_advantage_mean": result.opd_advantage_mean,
+        "reward_mean": result.reward_mean,
+    }
+    return StepResult(step_metrics(batch, stats, grad_norm, duration_s, optimizer.param_groups[0]["lr"]))
+
+
+def step_metrics(
+    batch: Batch, stats: Mapping[str, float], grad_norm: float, duration_s: float, lr: float
+) -> dict[str, Any]:
+    """What the manifest and TrainStepCompleted record about a step: the same keys for every backend.
+
+    `stats` holds the whole batch's loss, pg_loss, kl, clip_fraction, advantage_mean,
+    opd_advantage_mean, reward_mean and tokens.
+    """
+    tokens = int(stats["tokens"])
+    return {
+        "sample_ids": batch.sample_ids,
+        "loss": stats["loss"],
+        "pg_loss": stats["pg_loss"],
+        "kl": stats["kl"],
+        "clip_fraction": stats["clip_fraction"],
+        "advantage_mean": stats["advantage_mean"],
+        "opd_advantage_mean": stats["opd_advantage_mean"],
+        "reward_mean": stats["reward_mean"],
+        "grad_norm": grad_norm,
+        "tokens": tokens,
+        "duration_s": duration_s,
+        "tokens_per_s": tokens / duration_s if duration_s > 0 else 0.0,
+        "dropped_stale": batch.skipped.get("stale", 0),
+        "mean_staleness": batch.mean_staleness,
+        "skipped": batch.skipped,
+        "methods": dict(sorted(Counter(s.method for s in batch.samples).items())),
+        "lr": lr,
+    }
+
+
+class Checkpointable(Protocol):
+    """What `publish_step` saves: a PolicyModel, or the megatron backend's gathered weights."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def save(self, out_dir: Path) -> list[Path]: ...
 
 
 def publish_step(
     store: ObjectStore,
     settings: TrainSettings,
-    policy: PolicyModel,
+    policy: Checkpointable,
     version: int,
     batch: Batch,
     step: StepResult,
@@ -146,18 +175,24 @@ def folder_uri(store: ObjectStore, manifest: Manifest) -> str:
     return store.uri(manifest.manifest_key).rsplit("/", 1)[0] + "/"
 
 
+def check_resumable(settings: TrainSettings, point: ResumePoint) -> None:
+    """ConfigError unless the run's newest checkpoint has this kind and base model."""
+    if point.manifest is None:
+        return
+    if point.manifest.kind != settings.kind:
+        raise ConfigError(
+            f"run {settings.run_id!r} trains kind {point.manifest.kind!r}: pass --kind "
+            f"{point.manifest.kind} or a new --run-id"
+        )
+    if point.manifest.base_model != settings.model:
+        raise ConfigError(
+            f"run {settings.run_id!r} was trained from --model {point.manifest.base_model!r}, "
+            f"not {settings.model!r}: pass that model or a new --run-id"
+        )
+
+
 def load_resumed_policy(settings: TrainSettings, model_dir: Path, point: ResumePoint) -> PolicyModel:
-    if point.manifest is not None:
-        if point.manifest.kind != settings.kind:
-            raise ConfigError(
-                f"run {settings.run_id!r} trains kind {point.manifest.kind!r}: pass --kind "
-                f"{point.manifest.kind} or a new --run-id"
-            )
-        if point.manifest.base_model != settings.model:
-            raise ConfigError(
-                f"run {settings.run_id!r} was trained from --model {point.manifest.base_model!r}, "
-                f"not {settings.model!r}: pass that model or a new --run-id"
-            )
+    check_resumable(settings, point)
     lora = LoraSettings(r=settings.lora_r, alpha=settings.lora_alpha)
     kind: PolicyKind = "full" if settings.kind == "full" else "lora"
     return load_policy(model_dir, kind, lora=lora, init_dir=point.checkpoint_dir)
@@ -203,6 +238,63 @@ async def create_trainer_topics(log_: EventLog, namespace: str, partitions: int)
     await create_catalog_topics(log_, namespace, partitions, ("samples", "train_steps", "checkpoints"))
 
 
+async def prepare_resume(
+    settings: TrainSettings, log_: EventLog, store: ObjectStore, work_dir: Path
+) -> ResumePoint:
+    """Create the topics, find the newest complete checkpoint, re-emit its events if they are missing."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    await create_trainer_topics(log_, settings.namespace, settings.topic_partitions)
+    samples_topic = topic_name(settings.namespace, "samples")
+    point = await asyncio.to_thread(find_resume_point, store, settings.run_id, samples_topic, work_dir)
+    if point.manifest is not None:
+        await reemit_missing_events(
+            log_, point.manifest, settings.namespace, folder_uri(store, point.manifest)
+        )
+    return point
+
+
+class StepRunner(Protocol):
+    """How a backend takes one step and publishes it; `consume_and_train` does everything else."""
+
+    async def train(self, batch: Batch) -> StepResult: ...
+
+    async def publish(self, version: int, batch: Batch, step: StepResult) -> Manifest: ...
+
+    async def waiting(self) -> None:
+        """Called on every loop turn without a batch (megatron: keeps the other ranks' collective alive)."""
+
+
+@dataclass
+class TorchStepRunner:
+    """The torch backend: one process; each step and publish in a thread (the consumer keeps heartbeating)."""
+
+    settings: TrainSettings
+    store: ObjectStore
+    policy: PolicyModel
+    optimizer: torch.optim.Optimizer
+    work_dir: Path
+    faults: FaultPlan
+
+    async def train(self, batch: Batch) -> StepResult:
+        return await asyncio.to_thread(train_step, self.policy, self.optimizer, batch, self.settings)
+
+    async def publish(self, version: int, batch: Batch, step: StepResult) -> Manifest:
+        return await asyncio.to_thread(
+            publish_step,
+            self.store,
+            self.settings,
+            self.policy,
+            version,
+            batch,
+            step,
+            self.work_dir,
+            self.faults,
+        )
+
+    async def waiting(self) -> None:
+        return None
+
+
 async def run_trainer(
     settings: TrainSettings,
     log_: EventLog,
@@ -212,28 +304,33 @@ async def run_trainer(
     metrics: Metrics | None = None,
 ) -> int:
     """Train until `max_steps` (or idle exit); returns the number of steps this call took."""
-    metrics = metrics or Metrics()
-    work_dir.mkdir(parents=True, exist_ok=True)
-    samples_topic = topic_name(settings.namespace, "samples")
-    await create_trainer_topics(log_, settings.namespace, settings.topic_partitions)
-
     # Resume: newest complete checkpoint (weights, version, offsets), or the base model at version 0.
-    point = await asyncio.to_thread(find_resume_point, store, settings.run_id, samples_topic, work_dir)
-    if point.manifest is not None:
-        await reemit_missing_events(
-            log_, point.manifest, settings.namespace, folder_uri(store, point.manifest)
-        )
+    point = await prepare_resume(settings, log_, store, work_dir)
     torch.manual_seed(settings.seed)
     policy = await asyncio.to_thread(load_resumed_policy, settings, model_dir, point)
     optimizer = torch.optim.AdamW(
         policy.trainable_parameters(), lr=settings.effective_lr(), betas=(0.9, 0.999), weight_decay=0.0
     )
+    faults = FaultPlan(settings.fault_after, settings.fault_version)
+    runner = TorchStepRunner(settings, store, policy, optimizer, work_dir, faults)
+    return await consume_and_train(settings, log_, store, runner, point, faults, metrics or Metrics())
+
+
+async def consume_and_train(
+    settings: TrainSettings,
+    log_: EventLog,
+    store: ObjectStore,
+    runner: StepRunner,
+    point: ResumePoint,
+    faults: FaultPlan,
+    metrics: Metrics,
+) -> int:
+    """Consume, batch, step, publish from `point` until `max_steps` (or idle exit); returns the steps taken."""
+    samples_topic = topic_name(settings.namespace, "samples")
     version = point.version
     batcher = SampleBatcher(
         settings.batch_size, settings.max_staleness, point.consumed_offsets, point.trained_ids
     )
-    faults = FaultPlan(settings.fault_after, settings.fault_version)
-
     steps = 0
     async with log_.consumer(settings.group_id(), [samples_topic]) as consumer:
         stream = SampleStream(consumer, point.consumed_offsets)
@@ -245,6 +342,7 @@ async def run_trainer(
             )
             batch = batcher.take(version, partial=quiet)
             if batch is None:
+                await runner.waiting()
                 records = await stream.poll(POLL_MAX_RECORDS, settings.poll_timeout_s)
                 batcher.add(records)
                 if records:
@@ -258,17 +356,15 @@ async def run_trainer(
                     break
                 continue
 
-            # Loss, backward, optimizer step (in a thread: the consumer keeps heartbeating).
+            # Loss, backward, optimizer step (the runner keeps the consumer heartbeating meanwhile).
             faults.arm(version + 1)
-            step = await asyncio.to_thread(train_step, policy, optimizer, batch, settings)
+            step = await runner.train(batch)
             version += 1
             faults.hit("after_step", version)
 
             # Publish: weights and manifest (the resume point), then the events, then the group offsets.
             publish_started = time.perf_counter()
-            manifest = await asyncio.to_thread(
-                publish_step, store, settings, policy, version, batch, step, work_dir, faults
-            )
+            manifest = await runner.publish(version, batch, step)
             faults.hit("after_manifest", version)
             await append_step_events(log_, manifest, settings.namespace, folder_uri(store, manifest))
             await stream.commit(batch.consumed_offsets)

@@ -2,13 +2,16 @@
 
 Reads `<namespace>.samples` and `checkpoints/<run>/`; writes checkpoints, `<namespace>.train_steps`
 and `<namespace>.checkpoints` (see `trainer.loop`). Local scratch (checkpoint staging, the resumed
-checkpoint's verified copy) lives in `<data-dir>/trainer/<run-id>/`.
+checkpoint's verified copy) lives in `<data-dir>/trainer/<run-id>/`. `--backend megatron` runs the
+same loop across a torchrun job (`trainer.megatron_backend.loop`; the command is in
+`trainer.megatron_backend.launch`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import torch
 
@@ -26,6 +29,8 @@ def train(settings: TrainSettings) -> int:
     check_settings(settings)
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
+    if settings.backend == "megatron":
+        return _train_megatron(settings)
     model_dir = resolve_model(settings.model, settings.model_cache_dir)
     store = open_object_store(
         settings.effective_store_url(),
@@ -41,4 +46,16 @@ def train(settings: TrainSettings) -> int:
 
     steps = asyncio.run(main())
     logger.info("trainer %s stopped after %d steps", settings.run_id, steps)
+    return 0
+
+
+def _train_megatron(settings: TrainSettings) -> int:
+    from trainer.megatron_backend.launch import torchrun_job
+
+    # torchrun's variables are the launcher's contract, not settings: read once, here, at start-up.
+    job = torchrun_job(os.environ, settings.tensor_parallel)
+    from trainer.megatron_backend.loop import run_megatron_trainer  # imports megatron-core
+
+    steps = run_megatron_trainer(settings, job)
+    logger.info("trainer %s (megatron, rank %d) stopped after %d steps", settings.run_id, job.rank, steps)
     return 0

@@ -12,6 +12,11 @@ Defaults and why (DESIGN.md "Methods"; issue 5):
   no longer describes what the served policy would do. A negative value turns the rule off (training
   a new run from a replayed namespace, whose versions belong to another run).
 - `old_logprobs` "recompute": see `OLD_LOGPROBS_MODES` below.
+- `backend` "torch": one process on the CPU, LoRA or full. "megatron" trains full weights with
+  megatron-core across GPUs (tensor x data parallel), one process per GPU started by torchrun
+  (`trainer.megatron_backend.launch` has the command); same samples, loss, checkpoints and events.
+- `megatron_timeout_s` 1800: the other ranks wait in a collective while rank 0 uploads a checkpoint,
+  so the timeout must outlast the slowest upload (NCCL's default, 10 minutes, does not for large models).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from schemas.errors import ConfigError
 #   ratio importance-corrects for staleness and the asymmetric clip bounds it (PPO across versions).
 OLD_LOGPROBS_MODES = ("recompute", "rollout")
 KINDS = ("lora", "full")
+BACKENDS = ("torch", "megatron")
+MEGATRON_DEVICES = ("cuda", "cpu")
 FAULT_POINTS = ("", "after_step", "mid_upload", "after_manifest")
 
 
@@ -40,6 +47,28 @@ class TrainSettings(ConnectionSettings):
         "live", "ORL_RUN_ID", "Run name: checkpoints go to checkpoints/<run-id>/<version>/."
     )
     kind: str = setting("lora", "ORL_TRAIN_KIND", "What to train: lora (adapter) | full (all weights, fp32).")
+    backend: str = setting(
+        "torch",
+        "ORL_TRAIN_BACKEND",
+        "torch (one process, CPU) | megatron (megatron-core on GPUs, tensor x data parallel, --kind full "
+        "only; start it with torchrun: torchrun --nproc-per-node=GPUS --no-python orl train --backend megatron ...).",
+    )
+    tensor_parallel: int = setting(
+        1,
+        "ORL_TRAIN_TENSOR_PARALLEL",
+        "megatron backend: tensor-parallel size; it must divide the torchrun world size (data parallel = "
+        "world / this) and the model's heads, KV heads, vocabulary and intermediate size.",
+    )
+    megatron_device: str = setting(
+        "cuda",
+        "ORL_TRAIN_MEGATRON_DEVICE",
+        "megatron backend: cuda (NCCL, GPU LOCAL_RANK) | cpu (gloo; tests only, needs the test-only CPU patches).",
+    )
+    megatron_timeout_s: float = setting(
+        1800.0,
+        "ORL_TRAIN_MEGATRON_TIMEOUT_S",
+        "megatron backend: longest a collective may wait (the other ranks wait while rank 0 uploads a checkpoint).",
+    )
     lr: float | None = setting(
         None, "ORL_TRAIN_LR", "AdamW learning rate (default: 5e-4 for lora, 1e-5 for full)."
     )
@@ -68,6 +97,11 @@ class TrainSettings(ConnectionSettings):
         "recompute",
         "ORL_TRAIN_OLD_LOGPROBS",
         "pi_old for the PPO ratio: recompute (trainer, current weights) | rollout (serving's, importance-corrected).",
+    )
+    train_temperature: float | None = setting(
+        None,
+        "ORL_TRAIN_TEMPERATURE",
+        "Temperature of the logprobs the gradient, ratio and KL use (empty: each sample's own; see trainer/batch_loss.py).",
     )
     threads: int = setting(0, "ORL_THREADS", "torch threads (0: torch's default, all cores).")
     max_steps: int = setting(
@@ -105,6 +139,25 @@ def check_settings(settings: TrainSettings) -> None:
     """ConfigError naming the flag of the first unusable value."""
     problems = [
         (settings.kind not in KINDS, f"--kind must be one of {KINDS}, not {settings.kind!r}"),
+        (settings.backend not in BACKENDS, f"--backend must be one of {BACKENDS}, not {settings.backend!r}"),
+        (
+            settings.backend == "megatron" and settings.kind != "full",
+            f"--backend megatron trains full weights only (megatron LoRA is not supported): pass --kind full, "
+            f"not --kind {settings.kind}",
+        ),
+        (settings.tensor_parallel < 1, f"--tensor-parallel must be >= 1, not {settings.tensor_parallel}"),
+        (
+            settings.backend == "torch" and settings.tensor_parallel != 1,
+            f"--tensor-parallel {settings.tensor_parallel} needs --backend megatron (torch trains in one process)",
+        ),
+        (
+            settings.megatron_device not in MEGATRON_DEVICES,
+            f"--megatron-device must be one of {MEGATRON_DEVICES}, not {settings.megatron_device!r}",
+        ),
+        (
+            settings.megatron_timeout_s <= 0,
+            f"--megatron-timeout-s must be > 0, not {settings.megatron_timeout_s}",
+        ),
         (settings.batch_size < 1, f"--batch-size must be >= 1, not {settings.batch_size}"),
         (
             settings.partial_batch_after_s < 0,
@@ -118,6 +171,14 @@ def check_settings(settings: TrainSettings) -> None:
         (
             settings.old_logprobs not in OLD_LOGPROBS_MODES,
             f"--old-logprobs must be one of {OLD_LOGPROBS_MODES}, not {settings.old_logprobs!r}",
+        ),
+        (
+            settings.train_temperature is not None and settings.train_temperature <= 0,
+            f"--train-temperature must be > 0, not {settings.train_temperature}",
+        ),
+        (
+            settings.train_temperature is not None and settings.old_logprobs == "rollout",
+            "--train-temperature needs --old-logprobs recompute (rollout logprobs are at the sample's temperature)",
         ),
         (settings.max_steps < 0, f"--max-steps must be >= 0, not {settings.max_steps}"),
         (settings.poll_timeout_s <= 0, f"--poll-timeout-s must be > 0, not {settings.poll_timeout_s}"),

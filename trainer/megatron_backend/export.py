@@ -4,15 +4,18 @@ The tensor-parallel shards of data-parallel replica 0 are gathered on global ran
 Hugging Face names (`trainer.megatron_backend.hf_conversion.megatron_to_hf`) and written as the same
 folder `PolicyModel.save` writes for `kind="full"`: `model.safetensors` (fp32, no `lm_head.weight`
 when the embeddings are tied) plus the base folder's config, generation config, tokenizer and chat
-template. `publish_export` hands that folder to `connectors.checkpoint_store.publish_checkpoint`
-(every file first, the manifest last), so serving's checkpoint follower verifies and loads it like a
-torch-backend checkpoint. Writes `checkpoints/<run>/<version>/` in the object store.
+template. `GatheredCheckpoint` is that folder-to-be on rank 0, in the shape `trainer.loop.publish_step`
+saves (what `orl train --backend megatron` publishes per step); `publish_export` (the samples-file
+worker) hands the folder to `connectors.checkpoint_store.publish_checkpoint` directly. Either way
+every file goes first and the manifest last, so serving's checkpoint follower verifies and loads it
+like a torch-backend checkpoint. Writes `checkpoints/<run>/<version>/` in the object store.
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ from torch import Tensor
 
 from connectors.checkpoint_store import Manifest, publish_checkpoint
 from connectors.object_store.base import ObjectStore
-from trainer.megatron_backend.hf_conversion import megatron_to_hf
+from trainer.megatron_backend.hf_conversion import LlamaArch, megatron_to_hf
 from trainer.megatron_backend.model import MegatronPolicy, weights_state
 from trainer.megatron_backend.parallel import tp_group
 from trainer.policy_model import _copy_non_weight_files
@@ -64,12 +67,29 @@ def write_hf_folder(hf_weights: Mapping[str, Tensor], base_dir: Path, out_dir: P
     return sorted(p for p in out_dir.rglob("*") if p.is_file())
 
 
+@dataclass(frozen=True)
+class GatheredCheckpoint:
+    """Every TP shard of the current weights, on rank 0: saves as a full Hugging Face folder."""
+
+    shards: list[dict[str, Tensor]]
+    arch: LlamaArch
+    base_dir: Path
+    kind: str = "full"
+
+    def save(self, out_dir: Path) -> list[Path]:
+        return write_hf_folder(megatron_to_hf(self.shards, self.arch), self.base_dir, out_dir)
+
+
+def gather_checkpoint(policy: MegatronPolicy) -> GatheredCheckpoint | None:
+    """The current weights, gathered on rank 0 (None elsewhere); every rank must call it."""
+    shards = gather_shards(policy)
+    return None if shards is None else GatheredCheckpoint(shards, policy.arch, policy.base_dir)
+
+
 def export_hf_checkpoint(policy: MegatronPolicy, out_dir: Path) -> list[Path]:
     """Write the full HF checkpoint of the current weights on rank 0 (returns its files; [] elsewhere)."""
-    shards = gather_shards(policy)
-    if shards is None:
-        return []
-    return write_hf_folder(megatron_to_hf(shards, policy.arch), policy.base_dir, out_dir)
+    checkpoint = gather_checkpoint(policy)
+    return [] if checkpoint is None else checkpoint.save(out_dir)
 
 
 def publish_export(

@@ -5,7 +5,8 @@ model `connectors.model_files.resolve_model` gives). Each tensor-parallel rank r
 tensors it needs through a lazy safetensors mapping and slices its shard with
 `trainer.megatron_backend.hf_conversion`. The model is built with megatron's local layer spec (plain
 torch modules, no Transformer Engine), dropout 0 (as the torch backend's Llama), fp32 master weights;
-the frozen reference for the KL term is a second GPTModel with the base weights.
+the frozen reference for the KL term is a second GPTModel with the base weights. The policy starts
+from the base weights or, on resume, from a checkpoint folder's.
 Needs `megatron.core.parallel_state` initialised (`trainer.megatron_backend.parallel`).
 Reads and writes no topics or object keys.
 """
@@ -192,20 +193,41 @@ def _frozen(model: nn.Module) -> nn.Module:
     return model
 
 
-def load_megatron_policy(model_dir: Path, parallel: ParallelContext, with_reference: bool) -> MegatronPolicy:
-    """Build this rank's policy (and reference) from the HF folder, on `parallel.device`."""
-    arch = read_arch(model_dir)
-    weights = SafetensorsFolder(model_dir)
+def _read_shard(folder: Path, arch: LlamaArch, parallel: ParallelContext) -> dict[str, Tensor]:
+    """This rank's GPTModel state dict from a Hugging Face folder's safetensors."""
+    weights = SafetensorsFolder(folder)
     try:
-        shard = hf_to_megatron_shard(weights, arch, parallel.tp_rank, parallel.tp_size)
+        return hf_to_megatron_shard(weights, arch, parallel.tp_rank, parallel.tp_size)
     finally:
         weights.close()
+
+
+def load_megatron_policy(
+    model_dir: Path, parallel: ParallelContext, with_reference: bool, init_dir: Path | None = None
+) -> MegatronPolicy:
+    """Build this rank's policy (and reference) from the HF folder, on `parallel.device`.
+
+    `init_dir` resumes from a full checkpoint folder (this backend's or the torch backend's: both are
+    Hugging Face folders of the same model); the reference stays the base model either way.
+    """
+    arch = read_arch(model_dir)
+    base_shard = _read_shard(model_dir, arch, parallel) if with_reference or init_dir is None else None
+    if init_dir is not None:
+        if read_arch(init_dir) != arch:
+            raise MegatronBackendError(
+                f"checkpoint {init_dir} is not a checkpoint of the base model {model_dir}"
+            )
+        shard = _read_shard(init_dir, arch, parallel)
+    else:
+        assert base_shard is not None
+        shard = base_shard
     policy = build_gpt_model(arch, parallel.tp_size)
     load_shard(policy, shard)
     reference = None
     if with_reference:
+        assert base_shard is not None
         reference = build_gpt_model(arch, parallel.tp_size)
-        load_shard(reference, shard)
+        load_shard(reference, base_shard)
         reference = _frozen(reference.to(parallel.device))
     policy = policy.to(parallel.device).train()
     return MegatronPolicy(policy, reference, arch, Path(model_dir), parallel)

@@ -5,15 +5,18 @@ splits the world into tensor-parallel groups of `tp_size` consecutive ranks (meg
 order) and data-parallel groups across them, and seeds megatron's RNG tracker. The helpers below
 sum over the data-parallel group (loss statistics, gradients) and compute the global gradient norm
 over the model-parallel shards (a replicated tensor, e.g. a norm weight, counted once).
+`broadcast_json` sends rank 0's commands to every rank as UTF-8 JSON in a uint8 tensor (no pickle).
 Reads and writes no topics or object keys.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,7 +24,7 @@ from torch import Tensor, nn
 
 from schemas.errors import ConfigError
 
-_TIMEOUT = timedelta(minutes=10)
+DEFAULT_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -64,14 +67,21 @@ def _device(device: str, local_rank: int) -> torch.device:
     raise ConfigError(f"--device must be cuda or cpu, not {device!r}")
 
 
-def init_parallel(device: str, tp_size: int, local_rank: int, seed: int) -> ParallelContext:
-    """Join the torchrun job (env:// rendezvous), build megatron's TP/DP groups, seed the RNGs."""
+def init_parallel(
+    device: str, tp_size: int, local_rank: int, seed: int, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> ParallelContext:
+    """Join the torchrun job (env:// rendezvous), build megatron's TP/DP groups, seed the RNGs.
+
+    `timeout_s` bounds every collective: a rank waiting longer (a peer died, or hangs) fails loudly.
+    """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     where = _device(device, local_rank)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if where.type == "cuda" else "gloo", timeout=_TIMEOUT)
+        dist.init_process_group(
+            "nccl" if where.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s)
+        )
     world = dist.get_world_size()
     if tp_size < 1 or world % tp_size:
         raise ConfigError(f"--tensor-parallel {tp_size} must divide the {world} torchrun processes")
@@ -97,6 +107,21 @@ def shutdown_parallel() -> None:
     parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def broadcast_json(message: Any, parallel: ParallelContext) -> Any:
+    """Rank 0's `message` (JSON-serialisable) on every rank; other ranks pass None. A collective."""
+    size = torch.zeros(1, dtype=torch.long, device=parallel.device)
+    payload = torch.empty(0, dtype=torch.uint8)
+    if parallel.rank == 0:
+        raw = bytearray(json.dumps(message, separators=(",", ":")).encode())
+        payload = torch.frombuffer(raw, dtype=torch.uint8).to(parallel.device)
+        size[0] = payload.numel()
+    dist.broadcast(size, src=0)
+    if parallel.rank != 0:
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=parallel.device)
+    dist.broadcast(payload, src=0)
+    return json.loads(payload.cpu().numpy().tobytes())
 
 
 def tp_group() -> dist.ProcessGroup:

@@ -7,7 +7,8 @@ What the parallel layout adds, and why the result equals the torch backend's on 
 - Data parallel: DP rank r scores samples r, r + D, r + 2D, ... of the batch. The torch loss is a
   mean over every valid token of the batch, so rank r back-propagates its own token mean times
   n_r / N (its share of the batch's N tokens) and the gradients are summed over the DP group; the
-  statistics are combined with the same weights.
+  statistics are combined with the same weights. A partial batch smaller than D leaves some
+  replicas without a sample: they contribute zero gradients (and still join every reduction).
 - Reward centring (an option) subtracts the mean over the whole batch, so it is applied to the
   batch's rewards before the split, never per rank.
 - Gradient clipping uses the global norm over all shards (`trainer.megatron_backend.parallel`).
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -30,8 +30,9 @@ import torch
 from torch import Tensor
 
 from trainer.batch_loss import LossConfig, advantages, method_weights
-from trainer.batching import TrainingSample
+from trainer.batching import Batch, TrainingSample
 from trainer.logprobs import collate_samples, pad_right
+from trainer.loop import step_metrics
 from trainer.losses import LossStats, center_rewards, total_loss
 from trainer.megatron_backend.hf_conversion import MegatronBackendError
 from trainer.megatron_backend.logprobs import response_logprobs_tp
@@ -69,12 +70,13 @@ def _centred_rewards(samples: Sequence[TrainingSample], config: LossConfig) -> T
 
 
 def _logprobs(
-    policy: MegatronPolicy, samples: Sequence[TrainingSample], reference: bool, autocast: bool
+    policy: MegatronPolicy, samples: Sequence[TrainingSample], reference: bool, config: LossConfig
 ) -> Tensor:
+    """Each sample at its own temperature, or all at `train_temperature` (as `trainer.batch_loss`)."""
     prompts = [list(s.prompt_ids) for s in samples]
     responses = [list(s.response_ids) for s in samples]
-    temps = [s.temperature for s in samples]
-    device = policy.parallel.device
+    temps = [s.temperature if config.train_temperature is None else config.train_temperature for s in samples]
+    device, autocast = policy.parallel.device, config.autocast
     if reference:
         with policy.reference() as module:
             rows = response_logprobs_tp(module, prompts, responses, temps, device, autocast)
@@ -108,14 +110,16 @@ def _local_loss(
         [s.reward for s in local],
     )
     mask_B_T = collated.mask_B_T
-    logprobs_B_T = _logprobs(policy, local, reference=False, autocast=config.autocast).cpu()
+    logprobs_B_T = _logprobs(policy, local, reference=False, config=config).cpu()
     ref_B_T = None
     if config.beta_kl != 0.0:
-        ref_B_T = _logprobs(policy, local, reference=True, autocast=config.autocast).cpu()
+        ref_B_T = _logprobs(policy, local, reference=True, config=config).cpu()
     old_B_T = logprobs_B_T.detach() if config.old_logprobs == "recompute" else collated.rollout_logprobs_B_T
+    # The OPD baseline stays at the teacher's (the sample's) temperature, as in trainer.batch_loss.
+    opd_old_B_T = old_B_T if config.train_temperature is None else collated.rollout_logprobs_B_T
     adv_B_T, opd_mean = advantages(
         local,
-        old_B_T,
+        opd_old_B_T,
         collated.teacher_logprobs_B_T,
         rewards_B,
         mask_B_T,
@@ -136,17 +140,29 @@ def _local_loss(
     return loss, stats, (opd_mean * opd_count if opd_count else 0.0, opd_count), logprobs_B_T
 
 
+def _empty_local_loss(policy: MegatronPolicy) -> tuple[Tensor, LossStats, tuple[float, int], Tensor]:
+    """A replica without samples (a partial batch smaller than DP): zero loss, zero gradient everywhere.
+
+    Every parameter still gets a (zero) gradient, so the DP gradient sum sees the same tensors on
+    every rank.
+    """
+    zero = torch.stack([p.sum() for p in policy.trainable_parameters()]).sum().cpu() * 0.0
+    stats = LossStats(loss=0.0, pg_loss=0.0, kl=0.0, clip_fraction=0.0, advantage_mean=0.0, tokens=0)
+    return zero.cpu(), stats, (0.0, 0), torch.zeros((0, 0))
+
+
 def shard_loss(policy: MegatronPolicy, samples: Sequence[TrainingSample], config: LossConfig) -> ShardLoss:
     """This rank's share of the torch backend's `batch_loss` on `samples` (the whole batch)."""
     parallel = policy.parallel
-    if len(samples) < parallel.dp_size:
-        raise MegatronBackendError(
-            f"a batch of {len(samples)} samples cannot feed {parallel.dp_size} DP ranks"
-        )
+    if not samples:
+        raise MegatronBackendError("an empty batch has no loss")
     mine = local_indices(len(samples), parallel)
     local = [samples[i] for i in mine]
-    rewards_B = _centred_rewards(samples, config)[mine]
-    loss, stats, opd, logprobs_B_T = _local_loss(policy, local, rewards_B, config)
+    if local:
+        rewards_B = _centred_rewards(samples, config)[mine]
+        loss, stats, opd, logprobs_B_T = _local_loss(policy, local, rewards_B, config)
+    else:
+        loss, stats, opd, logprobs_B_T = _empty_local_loss(policy)
     batch = _batch_stats(asdict(stats), stats.tokens, opd, parallel)
     share = stats.tokens / batch["tokens"] if batch["tokens"] else 0.0
     rewards = [s.reward for s in samples if s.reward is not None]
@@ -164,36 +180,30 @@ class StepResult:
 def train_step(
     policy: MegatronPolicy,
     optimizer: torch.optim.Optimizer,
-    samples: Sequence[TrainingSample],
+    batch: Batch,
     config: LossConfig,
     grad_clip: float,
 ) -> StepResult:
-    """Loss, backward, DP gradient sum, global-norm clip, optimizer step; every rank calls it."""
+    """Loss, backward, DP gradient sum, global-norm clip, optimizer step; every rank calls it.
+
+    The metrics are `trainer.loop.step_metrics`' (the torch backend's keys) plus the layout.
+    """
     started = time.perf_counter()
+    samples = batch.samples
     optimizer.zero_grad(set_to_none=True)
     result = shard_loss(policy, samples, config)
     if not math.isfinite(result.stats["loss"]):
-        raise NonFiniteStepError(
-            f"non-finite loss {result.stats['loss']} on samples {[s.sample_id for s in samples]}"
-        )
+        raise NonFiniteStepError(f"non-finite loss {result.stats['loss']} on samples {batch.sample_ids}")
     result.loss.backward()
     params = policy.trainable_parameters()
     sync_gradients(params, policy.parallel)
     grad_norm = clip_gradients(params, grad_clip if grad_clip > 0 else math.inf, policy.parallel)
     if not math.isfinite(grad_norm):
-        raise NonFiniteStepError(f"non-finite gradient norm on samples {[s.sample_id for s in samples]}")
+        raise NonFiniteStepError(f"non-finite gradient norm on samples {batch.sample_ids}")
     optimizer.step()
     duration_s = time.perf_counter() - started
-    tokens = int(result.stats["tokens"])
     metrics = {
-        "sample_ids": [s.sample_id for s in samples],
-        **{k: v for k, v in result.stats.items() if k != "tokens"},
-        "grad_norm": grad_norm,
-        "tokens": tokens,
-        "duration_s": duration_s,
-        "tokens_per_s": tokens / duration_s if duration_s > 0 else 0.0,
-        "methods": dict(sorted(Counter(s.method for s in samples).items())),
-        "lr": optimizer.param_groups[0]["lr"],
+        **step_metrics(batch, result.stats, grad_norm, duration_s, optimizer.param_groups[0]["lr"]),
         "backend": "megatron",
         "tensor_parallel": policy.parallel.tp_size,
         "data_parallel": policy.parallel.dp_size,

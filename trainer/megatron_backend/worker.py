@@ -1,4 +1,9 @@
-"""The megatron trainer entry point: one process per device under torchrun, tensor x data parallel.
+"""The megatron backend on a samples file (a parity and benchmark tool): one process per device under torchrun.
+
+The trainer of the live loop is `orl train --backend megatron` (`trainer.megatron_backend.loop`:
+it consumes the samples topic and publishes a checkpoint per step). This worker runs the same step
+on a JSON-lines file and exports once at the end, which is what the parity tests compare with the
+torch backend:
 
     torchrun --nproc-per-node 8 -m trainer.megatron_backend.worker \\
         --model-dir MODEL_DIR --samples-file samples.jsonl --tensor-parallel 2 \\
@@ -31,7 +36,7 @@ import torch.distributed as dist
 
 from connectors.object_store.factory import open_object_store
 from schemas.errors import OrlError
-from trainer.batching import TrainingSample
+from trainer.batching import Batch, TrainingSample
 from trainer.megatron_backend.batch_file import read_samples
 from trainer.megatron_backend.export import export_hf_checkpoint, publish_export
 from trainer.megatron_backend.model import MegatronPolicy, load_megatron_policy
@@ -143,10 +148,11 @@ def run(settings: MegatronSettings, local_rank: int) -> dict[str, Any]:
         )
         steps: list[dict[str, Any]] = []
         first_logprobs: dict[str, list[float]] = {}
-        for index, batch in enumerate(batches(samples, settings.batch_size)):
+        for index, chunk in enumerate(batches(samples, settings.batch_size)):
+            batch = Batch(tuple(chunk), {}, {}, tuple(0 for _ in chunk))
             step = train_step(policy, optimizer, batch, settings.loss_config(), settings.grad_clip)
             if index == 0:
-                first_logprobs = gather_logprobs(step, batch, parallel)
+                first_logprobs = gather_logprobs(step, chunk, parallel)
             steps.append(step.metrics)
             m = step.metrics
             log.info(
@@ -156,7 +162,7 @@ def run(settings: MegatronSettings, local_rank: int) -> dict[str, Any]:
                 m["pg_loss"],
                 m["kl"],
                 m["grad_norm"],
-                len(batch),
+                len(chunk),
                 m["tokens"],
                 m["duration_s"],
             )

@@ -1,0 +1,247 @@
+"""`orl train --backend megatron`: the torch backend's training loop, with every step taken by a torchrun job.
+
+Rank 0 owns the event log and the object store. It finds the resume point
+(`trainer.loop.prepare_resume`: topics, the newest verified checkpoint, its events re-emitted if
+missing) and runs `trainer.loop.consume_and_train`, the torch backend's loop: the same SampleStream
+and SampleBatcher (skip reasons, staleness, the partial-batch rule), the same publish protocol
+(`trainer.loop.publish_step`: files, then the manifest with the consumed offsets), the same step
+events and metrics. Its `MegatronStepRunner` drives the other ranks through a command channel
+(`parallel.broadcast_json`: JSON in a uint8 tensor, never pickle):
+
+- `resume` (once): the version to start from. Rank 0 downloaded and verified that checkpoint; ranks
+  on its node read the same folder, and on every other node the local rank 0 downloads and verifies
+  the same manifest. Every rank then loads its shard (version 0: the base model). `error` instead
+  when rank 0 could not resume: every rank stops with its message.
+- `step`: the batch's samples. Every rank takes the step (`trainer.megatron_backend.step`) and joins
+  the gather of the tensor-parallel shards to rank 0, which writes and publishes the checkpoint.
+- `wait`: sent every KEEPALIVE_S (at most a quarter of the timeout) while no batch is ready, so no
+  rank waits in one collective long enough to hit the process-group timeout, however long the
+  samples take to come.
+- `stop`: rank 0's loop ended (max_steps or the idle exit); every rank returns.
+
+Reads `<ns>.samples` and `checkpoints/<run>/` (rank 0; the resumed version on other nodes); writes
+`checkpoints/<run>/<version>/`, `<ns>.train_steps` and `<ns>.checkpoints` (rank 0 only). As in the
+torch backend, Adam's moments are not checkpointed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from connectors.checkpoint_store import Manifest, download_and_verify
+from connectors.event_log.factory import open_event_log
+from connectors.metrics import Metrics
+from connectors.model_files import resolve_model
+from connectors.object_store.base import ObjectStore
+from connectors.object_store.factory import open_object_store
+from trainer.batching import Batch
+from trainer.faults import FaultPlan
+from trainer.loop import (
+    StepResult,
+    check_resumable,
+    consume_and_train,
+    loss_config,
+    prepare_resume,
+    publish_step,
+)
+from trainer.megatron_backend.batch_file import sample_from_json, sample_to_json
+from trainer.megatron_backend.export import gather_checkpoint
+from trainer.megatron_backend.hf_conversion import MegatronBackendError
+from trainer.megatron_backend.launch import TorchrunJob
+from trainer.megatron_backend.model import MegatronPolicy, load_megatron_policy
+from trainer.megatron_backend.parallel import (
+    ParallelContext,
+    broadcast_json,
+    init_parallel,
+    shutdown_parallel,
+)
+from trainer.megatron_backend.step import train_step
+from trainer.resume import ResumePoint
+from trainer.settings import TrainSettings
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_S = 30.0
+
+
+def run_megatron_trainer(settings: TrainSettings, job: TorchrunJob) -> int:
+    """Every rank: join the job, load the policy, train until rank 0 stops; returns the steps taken."""
+    parallel = init_parallel(
+        settings.megatron_device,
+        settings.tensor_parallel,
+        job.local_rank,
+        settings.seed,
+        settings.megatron_timeout_s,
+    )
+    try:
+        model_dir = _resolve_model(settings, job)
+        work_dir = settings.data_dir / "trainer" / settings.run_id
+        if parallel.is_writer:
+            log.info(
+                "megatron trainer: %d ranks = tensor parallel %d x data parallel %d on %s",
+                parallel.world_size,
+                parallel.tp_size,
+                parallel.dp_size,
+                parallel.device.type,
+            )
+            return asyncio.run(_lead(settings, parallel, model_dir, work_dir))
+        return _follow(settings, job, parallel, model_dir, work_dir)
+    finally:
+        shutdown_parallel()
+
+
+def _resolve_model(settings: TrainSettings, job: TorchrunJob) -> Path:
+    """The base model folder; local rank 0 converts the shipped model once per node, the others wait."""
+    if job.local_rank == 0:
+        resolve_model(settings.model, settings.model_cache_dir)
+    dist.barrier()
+    return resolve_model(settings.model, settings.model_cache_dir)
+
+
+def _open_store(settings: TrainSettings) -> ObjectStore:
+    return open_object_store(
+        settings.effective_store_url(),
+        access_key=settings.s3_access_key or None,
+        secret_key=settings.s3_secret_key or None,
+    )
+
+
+def _load(
+    settings: TrainSettings, parallel: ParallelContext, model_dir: Path, init_dir: Path | None
+) -> tuple[MegatronPolicy, torch.optim.Optimizer]:
+    """Wait until every node has the resumed checkpoint, then load this rank's shard and its optimizer."""
+    dist.barrier()
+    policy = load_megatron_policy(model_dir, parallel, settings.beta_kl != 0, init_dir)
+    optimizer = torch.optim.AdamW(
+        policy.trainable_parameters(), lr=settings.effective_lr(), betas=(0.9, 0.999), weight_decay=0.0
+    )
+    return policy, optimizer
+
+
+def _resume_message(point: ResumePoint) -> dict[str, Any]:
+    if point.manifest is None:
+        return {"op": "resume", "version": 0}
+    return {
+        "op": "resume",
+        "version": point.version,
+        "manifest_key": point.manifest.manifest_key,
+        "manifest_sha256": point.manifest.sha256,
+        "local_dir": str(point.checkpoint_dir),
+    }
+
+
+@dataclass
+class MegatronStepRunner:
+    """Rank 0's side of a step: command the other ranks, step with them, gather and publish."""
+
+    settings: TrainSettings
+    store: ObjectStore
+    policy: MegatronPolicy
+    optimizer: torch.optim.Optimizer
+    work_dir: Path
+    faults: FaultPlan
+    _last_command_s: float = field(default_factory=time.monotonic)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        broadcast_json(message, self.policy.parallel)
+        self._last_command_s = time.monotonic()
+
+    def _step(self, batch: Batch) -> StepResult:
+        self._send({"op": "step", "samples": [sample_to_json(s) for s in batch.samples]})
+        step = train_step(
+            self.policy, self.optimizer, batch, loss_config(self.settings), self.settings.grad_clip
+        )
+        return StepResult(step.metrics)
+
+    def _publish(self, version: int, batch: Batch, step: StepResult) -> Manifest:
+        checkpoint = gather_checkpoint(self.policy)
+        if checkpoint is None:
+            raise MegatronBackendError("rank 0 must hold the gathered weights")
+        return publish_step(
+            self.store, self.settings, checkpoint, version, batch, step, self.work_dir, self.faults
+        )
+
+    async def train(self, batch: Batch) -> StepResult:
+        return await asyncio.to_thread(self._step, batch)
+
+    async def publish(self, version: int, batch: Batch, step: StepResult) -> Manifest:
+        return await asyncio.to_thread(self._publish, version, batch, step)
+
+    async def waiting(self) -> None:
+        keepalive_s = min(KEEPALIVE_S, self.settings.megatron_timeout_s / 4)
+        if time.monotonic() - self._last_command_s >= keepalive_s:
+            log.debug("no batch yet: keep-alive to the other ranks")
+            self._send({"op": "wait"})
+
+    def stop(self) -> None:
+        self._send({"op": "stop"})
+
+
+async def _lead(settings: TrainSettings, parallel: ParallelContext, model_dir: Path, work_dir: Path) -> int:
+    """Rank 0: resume, then the torch backend's loop with every step taken by the whole job."""
+    store = _open_store(settings)
+    async with open_event_log(settings.effective_log_url()) as log_:
+        try:
+            point = await prepare_resume(settings, log_, store, work_dir)
+            check_resumable(settings, point)
+        except Exception as error:
+            # Tell the other ranks why, so they stop with the same message instead of a timeout.
+            broadcast_json({"op": "error", "message": f"rank 0 could not resume: {error}"}, parallel)
+            raise
+        broadcast_json(_resume_message(point), parallel)
+        policy, optimizer = await asyncio.to_thread(
+            _load, settings, parallel, model_dir, point.checkpoint_dir
+        )
+        faults = FaultPlan(settings.fault_after, settings.fault_version)
+        runner = MegatronStepRunner(settings, store, policy, optimizer, work_dir, faults)
+        steps = await consume_and_train(settings, log_, store, runner, point, faults, Metrics())
+        runner.stop()
+    return steps
+
+
+def _resumed_checkpoint(
+    settings: TrainSettings, job: TorchrunJob, message: dict[str, Any], work_dir: Path
+) -> Path | None:
+    """The local folder of the version rank 0 resumes from (None: the base model)."""
+    if int(message["version"]) == 0:
+        return None
+    if job.node_rank == 0:
+        return Path(message["local_dir"])  # rank 0's node: it downloaded and verified it there
+    local = work_dir / f"resume-{int(message['version']):08d}-node{job.node_rank}"
+    if job.local_rank == 0:
+        download_and_verify(_open_store(settings), message["manifest_key"], local, message["manifest_sha256"])
+    return local
+
+
+def _follow(
+    settings: TrainSettings, job: TorchrunJob, parallel: ParallelContext, model_dir: Path, work_dir: Path
+) -> int:
+    """Every rank but 0: load what rank 0 resumes from, then take each step it commands."""
+    message = broadcast_json(None, parallel)
+    if message["op"] == "error":
+        raise MegatronBackendError(str(message["message"]))
+    policy, optimizer = _load(
+        settings, parallel, model_dir, _resumed_checkpoint(settings, job, message, work_dir)
+    )
+    config = loss_config(settings)
+    steps = 0
+    while True:
+        command = broadcast_json(None, parallel)
+        if command["op"] == "stop":
+            return steps
+        if command["op"] == "wait":
+            continue
+        if command["op"] != "step":
+            raise MegatronBackendError(f"unknown command {command['op']!r} from rank 0")
+        samples = tuple(sample_from_json(body, index) for index, body in enumerate(command["samples"]))
+        train_step(policy, optimizer, Batch(samples, {}, {}, (0,) * len(samples)), config, settings.grad_clip)
+        gather_checkpoint(policy)  # rank 0 writes and publishes it
+        steps += 1
