@@ -3,7 +3,8 @@
 The work is done in pipeline/replay.py, audit.py, export.py, archive.py and openclaw_import.py;
 this module maps settings onto them, shows a progress bar and prints results. `orl replay
 --train-steps N` then runs `orl train` on the new namespace as a child process (printed first);
-with 0 the command is only printed. The new run starts from `--model` (the base model) and keeps
+with 0 the command is only printed. The new run starts from `--model` (the base model), or with
+`--train-from <run>/<version>` from that published checkpoint (`orl train --init-from`), and keeps
 every replayed sample whatever its recorded policy version (`--max-staleness -1`: those versions
 belong to the recorded run, not to the new one).
 """
@@ -47,6 +48,7 @@ from pipeline.replay import (
 )
 from pipeline.settings import PipelineSettings
 from schemas.errors import ConfigError
+from trainer.settings import parse_init_from
 
 SOURCES = ("log", "archive", "openclaw")
 
@@ -91,6 +93,12 @@ class ReplaySettings(PipelineSettings):
     train_run_id: str = setting(
         "", "ORL_REPLAY_RUN_ID", "Run id of that training (default: the target namespace)."
     )
+    train_from: str = setting(
+        "",
+        "ORL_REPLAY_TRAIN_FROM",
+        "Start that training from the published checkpoint <run-id>/<version> (or <run-id>/latest) "
+        "instead of --model (passed as orl train --init-from; empty: the base model).",
+    )
 
 
 def settings_version(settings: ReplaySettings) -> str:
@@ -119,6 +127,8 @@ def _check(settings: ReplaySettings) -> None:
         raise ConfigError(f"--source must be one of {', '.join(SOURCES)}, not {settings.source!r}")
     if settings.source == "openclaw" and not settings.openclaw_files:
         raise ConfigError("--source openclaw needs --openclaw-files FILE[,FILE...]")
+    if settings.train_from:
+        parse_init_from(settings.train_from, "--train-from")
     missing = [f for f in settings.openclaw_files if not Path(f).is_file()]
     if missing:
         raise ConfigError(f"--openclaw-files: no such file {missing[0]!r}")
@@ -181,6 +191,8 @@ def run_replay(settings: ReplaySettings) -> int:
         command += ["--log-url", settings.log_url]
     if settings.store_url:
         command += ["--store-url", settings.store_url]
+    if settings.train_from:
+        command += ["--init-from", settings.train_from]
     shown = "orl " + " ".join(command[3:])
     if settings.train_steps <= 0:
         print(f"to train a new model on it: {shown} [--max-steps N]")

@@ -7,6 +7,11 @@ leaves a published checkpoint nobody announced: on start the newest manifest's e
 from the manifest alone (same deterministic ids, same payload, occurred_at = the manifest's
 created_at, so byte-identical) and appended if the topics do not hold them yet. Only the newest can
 be missing: a step starts only after the previous one's events were appended, or re-emitted here.
+
+A run with no checkpoint starts at version 0 from the base model, or from another run's published
+checkpoint (`--init-from <run>/<version>`, read from `checkpoints/<run>/<version>/`): downloaded and
+verified like a resume, checked for the same kind and base model, and recorded as the run's
+`init_from` lineage, which every manifest of the run carries on (`metrics["init_from"]`).
 """
 
 from __future__ import annotations
@@ -20,17 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from connectors.checkpoint_store import (
+    MANIFEST_NAME,
+    CheckpointRejected,
     Manifest,
     clean_incomplete,
     download_and_verify,
     latest_checkpoint,
+    run_prefix,
+    version_prefix,
 )
 from connectors.event_log.base import EventLog, OutgoingRecord, TopicPartition
 from connectors.object_store.base import ObjectStore
 from schemas.codec import decode, encode
-from schemas.errors import EventDecodeError
+from schemas.errors import ConfigError, EventDecodeError
 from schemas.events import make_event
 from schemas.topics import topic_name
+from trainer.settings import parse_init_from
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +53,11 @@ class ResumePoint:
 
     version: int = 0
     manifest: Manifest | None = None
-    checkpoint_dir: Path | None = None  # verified local copy of the manifest's files
+    # verified local copy of the manifest's files (version 0: of the --init-from checkpoint, if any)
+    checkpoint_dir: Path | None = None
     consumed_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     trained_ids: tuple[str, ...] = ()  # the newest step's sample ids (duplicate detection)
+    init_from: Mapping[str, Any] | None = None  # the checkpoint the run started from (None: the base)
 
 
 def find_resume_point(store: ObjectStore, run_id: str, samples_topic: str, work_dir: Path) -> ResumePoint:
@@ -55,7 +67,7 @@ def find_resume_point(store: ObjectStore, run_id: str, samples_topic: str, work_
         log.warning("run %s: removed incomplete checkpoint versions %s", run_id, removed)
     latest = latest_checkpoint(store, run_id)
     if latest is None:
-        log.info("run %s: no checkpoint yet; starting from the base model at version 0", run_id)
+        log.info("run %s: no checkpoint yet; starting at version 0", run_id)
         return ResumePoint()
     local = work_dir / f"resume-{latest.version:08d}"
     manifest = download_and_verify(store, latest.manifest_key, local, latest.sha256)
@@ -66,7 +78,70 @@ def find_resume_point(store: ObjectStore, run_id: str, samples_topic: str, work_
     }
     log.info("run %s: resuming at version %d from offsets %s", run_id, manifest.version, offsets)
     ids = manifest.metrics.get("sample_ids") or ()
-    return ResumePoint(manifest.version, manifest, local, offsets, tuple(str(i) for i in ids))
+    init_from = manifest.metrics.get("init_from")
+    return ResumePoint(manifest.version, manifest, local, offsets, tuple(str(i) for i in ids), init_from)
+
+
+def published_versions(store: ObjectStore, run_id: str) -> list[int]:
+    """The run's complete versions (those with a manifest), ascending."""
+    root = run_prefix(run_id)
+    found = []
+    for key in store.list(root):
+        folder, _, rest = key[len(root) :].partition("/")
+        if folder.isdigit() and rest == MANIFEST_NAME:
+            found.append(int(folder))
+    return sorted(found)
+
+
+def _init_manifest(store: ObjectStore, spec: str) -> Manifest:
+    """The manifest `--init-from spec` names; ConfigError listing the published versions if none."""
+    run_id, wanted = parse_init_from(spec)
+    versions = published_versions(store, run_id)
+    version = versions[-1] if wanted is None and versions else wanted
+    if version is None or version not in versions:
+        folder = store.uri(run_prefix(run_id) + MANIFEST_NAME).rsplit("/", 1)[0] + "/"
+        name = f"{run_id}/latest" if version is None else f"{run_id}/{version:08d}"
+        listed = ", ".join(f"{run_id}/{v:08d}" for v in versions) or "none"
+        raise ConfigError(
+            f"--init-from {spec}: no checkpoint {name} in {folder}: published versions are {listed}"
+        )
+    key = version_prefix(run_id, version) + MANIFEST_NAME
+    try:
+        return Manifest.from_json(store.get(key))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--init-from {spec}: checkpoint {key} has a malformed manifest: {exc!r}") from exc
+
+
+def find_init_point(store: ObjectStore, spec: str, kind: str, base_model: str, work_dir: Path) -> ResumePoint:
+    """Version 0 of a new run, starting from the published checkpoint `spec` (`--init-from`), verified.
+
+    ConfigError naming the flag for an unknown run or version, another kind or base model, or a
+    checkpoint that fails verification (the same checks serving makes before loading one).
+    """
+    manifest = _init_manifest(store, spec)
+    name = f"{manifest.run_id}/{manifest.version:08d}"
+    if manifest.kind != kind:
+        raise ConfigError(
+            f"--init-from {spec}: {name} is a {manifest.kind} checkpoint and this run trains --kind {kind}: "
+            f"pass --kind {manifest.kind} or a {kind} checkpoint"
+        )
+    if manifest.base_model != base_model:
+        raise ConfigError(
+            f"--init-from {spec}: {name} was trained from --model {manifest.base_model!r}, not "
+            f"{base_model!r}: pass that model or a checkpoint of this one"
+        )
+    local = work_dir / f"init-{manifest.run_id}-{manifest.version:08d}"
+    try:
+        download_and_verify(store, manifest.manifest_key, local, manifest.sha256)
+    except CheckpointRejected as exc:
+        raise ConfigError(f"--init-from {spec}: {exc}") from exc
+    lineage = {
+        "run_id": manifest.run_id,
+        "version": manifest.version,
+        "manifest_key": manifest.manifest_key,
+        "manifest_sha256": manifest.sha256,
+    }
+    return ResumePoint(checkpoint_dir=local, init_from=lineage)
 
 
 def _created_at_ms(manifest: Manifest) -> int:

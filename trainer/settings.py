@@ -17,10 +17,17 @@ Defaults and why (DESIGN.md "Methods"; issue 5):
   (`trainer.megatron_backend.launch` has the command); same samples, loss, checkpoints and events.
 - `megatron_timeout_s` 1800: the other ranks wait in a collective while rank 0 uploads a checkpoint,
   so the timeout must outlast the slowest upload (NCCL's default, 10 minutes, does not for large models).
+- `init_from` empty: a new run starts from the base model. `<run-id>/<version>` (or `<run-id>/latest`)
+  starts it from that published checkpoint instead (verified like serving verifies it; same kind and
+  base model), e.g. to retrain a replayed namespace from a live checkpoint. It is a start point, not
+  an override: a run that already has checkpoints resumes from its own and ignores it. The KL
+  reference stays the base model, and every manifest of the run records the start in
+  `metrics["init_from"]` (run id, version, manifest key and hash).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from connectors.settings import ConnectionSettings, setting
@@ -39,6 +46,7 @@ KINDS = ("lora", "full")
 BACKENDS = ("torch", "megatron")
 MEGATRON_DEVICES = ("cuda", "cpu")
 FAULT_POINTS = ("", "after_step", "mid_upload", "after_manifest")
+_INIT_FROM_RE = re.compile(r"^(?P<run>[^/]+)/(?P<version>\d+|latest)$")
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,13 @@ class TrainSettings(ConnectionSettings):
         "live", "ORL_RUN_ID", "Run name: checkpoints go to checkpoints/<run-id>/<version>/."
     )
     kind: str = setting("lora", "ORL_TRAIN_KIND", "What to train: lora (adapter) | full (all weights, fp32).")
+    init_from: str = setting(
+        "",
+        "ORL_TRAIN_INIT_FROM",
+        "Start a new run from the published checkpoint <run-id>/<version> (or <run-id>/latest) instead of "
+        "--model (empty: the base model); same --kind and --model; the KL reference stays --model. Used only "
+        "while --run-id has no checkpoint: a run with checkpoints resumes from its own and ignores it.",
+    )
     backend: str = setting(
         "torch",
         "ORL_TRAIN_BACKEND",
@@ -135,6 +150,15 @@ class TrainSettings(ConnectionSettings):
         return f"trainer.{self.run_id}"
 
 
+def parse_init_from(spec: str, flag: str = "--init-from") -> tuple[str, int | None]:
+    """(run id, version) of `<run-id>/<version>`; version None for `<run-id>/latest`. ConfigError naming `flag`."""
+    match = _INIT_FROM_RE.match(spec)
+    if match is None:
+        raise ConfigError(f"{flag} must be <run-id>/<version> or <run-id>/latest, not {spec!r}")
+    version = match["version"]
+    return match["run"], None if version == "latest" else int(version)
+
+
 def check_settings(settings: TrainSettings) -> None:
     """ConfigError naming the flag of the first unusable value."""
     problems = [
@@ -194,3 +218,19 @@ def check_settings(settings: TrainSettings) -> None:
     for bad, message in problems:
         if bad:
             raise ConfigError(message)
+    if settings.init_from:
+        _check_init_from(settings)
+
+
+def _check_init_from(settings: TrainSettings) -> None:
+    run_id, _ = parse_init_from(settings.init_from)
+    if run_id == settings.run_id:
+        raise ConfigError(
+            f"--init-from {settings.init_from} names this run ({settings.run_id!r}): a run resumes from its "
+            "own checkpoints by itself; --init-from starts a new --run-id from another run's checkpoint"
+        )
+    if settings.backend == "megatron":
+        raise ConfigError(
+            "--init-from is not supported with --backend megatron yet: train the new run with --backend torch, "
+            "or leave --init-from empty to start from --model"
+        )
