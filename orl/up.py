@@ -108,6 +108,12 @@ class Supervisor:
         for name in self.components:
             self.start(name)
 
+    def signal(self, name: str, signum: int) -> None:
+        """Send `signum` to the running `name` process (nothing if it is not running)."""
+        process = self.processes.get(name)
+        if process is not None and process.poll() is None:
+            process.send_signal(signum)
+
     def check(self) -> None:
         """Restart whatever exited (with a short pause so a crash loop does not spin)."""
         for name, process in list(self.processes.items()):

@@ -12,7 +12,8 @@ weights and reads on from exactly those offsets (`trainer.sample_stream`), so a 
 version has no manifest and is deleted on start; events missing after a crash between the manifest
 and the append are re-emitted from the manifest (`trainer.resume`). One trainer process per run.
 Adam's moments are not checkpointed: after a restart they start from zero (weights and data
-position are exact).
+position are exact). A run with no checkpoint starts from the base model, or from another run's
+checkpoint with `--init-from` (`trainer.resume.find_init_point`); its manifests record that start.
 
 The loop itself (`consume_and_train`) is the same for every backend: a `StepRunner` takes and
 publishes one step (`TorchStepRunner` here; `trainer.megatron_backend.loop` runs it across a torchrun
@@ -44,8 +45,15 @@ from schemas.topics import topic_name
 from trainer.batch_loss import LossConfig, batch_loss
 from trainer.batching import Batch, SampleBatcher
 from trainer.faults import FaultPlan
+from trainer.flush_request import FlushRequest
 from trainer.policy_model import LoraSettings, PolicyKind, PolicyModel, load_policy
-from trainer.resume import ResumePoint, append_step_events, find_resume_point, reemit_missing_events
+from trainer.resume import (
+    ResumePoint,
+    append_step_events,
+    find_init_point,
+    find_resume_point,
+    reemit_missing_events,
+)
 from trainer.sample_stream import SampleStream
 from trainer.settings import TrainSettings
 
@@ -241,7 +249,10 @@ async def create_trainer_topics(log_: EventLog, namespace: str, partitions: int)
 async def prepare_resume(
     settings: TrainSettings, log_: EventLog, store: ObjectStore, work_dir: Path
 ) -> ResumePoint:
-    """Create the topics, find the newest complete checkpoint, re-emit its events if they are missing."""
+    """Create the topics, find the newest complete checkpoint, re-emit its events if they are missing.
+
+    A run without one starts at version 0: from the base model, or from the `--init-from` checkpoint.
+    """
     work_dir.mkdir(parents=True, exist_ok=True)
     await create_trainer_topics(log_, settings.namespace, settings.topic_partitions)
     samples_topic = topic_name(settings.namespace, "samples")
@@ -249,6 +260,22 @@ async def prepare_resume(
     if point.manifest is not None:
         await reemit_missing_events(
             log_, point.manifest, settings.namespace, folder_uri(store, point.manifest)
+        )
+        if settings.init_from:
+            log.warning(
+                "run %s already has checkpoints (newest v%d): --init-from %s is ignored (a start point, "
+                "not an override)",
+                settings.run_id,
+                point.version,
+                settings.init_from,
+            )
+    elif settings.init_from:
+        point = await asyncio.to_thread(
+            find_init_point, store, settings.init_from, settings.kind, settings.model, work_dir
+        )
+        start = (point.init_from or {}).get("manifest_key")
+        log.info(
+            "run %s starts from %s (--init-from %s), not --model", settings.run_id, start, settings.init_from
         )
     return point
 
@@ -304,6 +331,8 @@ async def run_trainer(
     metrics: Metrics | None = None,
 ) -> int:
     """Train until `max_steps` (or idle exit); returns the number of steps this call took."""
+    flush = FlushRequest()
+    flush.listen_for_sigusr1()  # first: before this, SIGUSR1 would end the process
     # Resume: newest complete checkpoint (weights, version, offsets), or the base model at version 0.
     point = await prepare_resume(settings, log_, store, work_dir)
     torch.manual_seed(settings.seed)
@@ -313,7 +342,7 @@ async def run_trainer(
     )
     faults = FaultPlan(settings.fault_after, settings.fault_version)
     runner = TorchStepRunner(settings, store, policy, optimizer, work_dir, faults)
-    return await consume_and_train(settings, log_, store, runner, point, faults, metrics or Metrics())
+    return await consume_and_train(settings, log_, store, runner, point, faults, metrics or Metrics(), flush)
 
 
 async def consume_and_train(
@@ -324,6 +353,7 @@ async def consume_and_train(
     point: ResumePoint,
     faults: FaultPlan,
     metrics: Metrics,
+    flush: FlushRequest | None = None,
 ) -> int:
     """Consume, batch, step, publish from `point` until `max_steps` (or idle exit); returns the steps taken."""
     samples_topic = topic_name(settings.namespace, "samples")
@@ -341,6 +371,15 @@ async def consume_and_train(
                 time.monotonic() - idle_since >= settings.partial_batch_after_s
             )
             batch = batcher.take(version, partial=quiet)
+            # A flush request: read to the end of the topic, then train whatever is pending.
+            if (
+                batch is None
+                and flush is not None
+                and flush.requested
+                and await drained(log_, stream, samples_topic)
+            ):
+                batch = batcher.take(version, partial=True)
+                flush.clear()
             if batch is None:
                 await runner.waiting()
                 records = await stream.poll(POLL_MAX_RECORDS, settings.poll_timeout_s)
@@ -359,6 +398,8 @@ async def consume_and_train(
             # Loss, backward, optimizer step (the runner keeps the consumer heartbeating meanwhile).
             faults.arm(version + 1)
             step = await runner.train(batch)
+            if point.init_from is not None:  # every version of the run records where the run started
+                step = StepResult({**step.metrics, "init_from": dict(point.init_from)})
             version += 1
             faults.hit("after_step", version)
 

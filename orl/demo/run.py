@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import random
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -32,6 +33,8 @@ from schemas.errors import OrlError
 from schemas.topics import topic_name
 
 logger = logging.getLogger(__name__)
+
+FLUSH_EVERY_S = 10.0  # how often the demo repeats its flush request while waiting for the trainer
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,6 @@ class DemoSettings(ConnectionSettings):
         1.0,
         "ORL_DEMO_TRAIN_TEMPERATURE",
         "Temperature of the trainer's policy logprobs (answers are sampled at 0.7; see trainer/batch_loss.py).",
-    )
-    partial_batch_after_s: float = setting(
-        8.0,
-        "ORL_DEMO_PARTIAL_BATCH_AFTER_S",
-        "The trainer takes a round's samples as a partial batch after this much quiet.",
     )
     teacher_kind: str = setting(
         "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy."
@@ -171,7 +169,6 @@ async def _run_method(
         "ORL_AT_LEAST_ONE": "false",
         "ORL_SERVED_MODEL_NAME": "orl-policy",
         "ORL_TRAIN_SEED": str(settings.seed),
-        "ORL_TRAIN_PARTIAL_BATCH_AFTER_S": str(settings.partial_batch_after_s),
         "ORL_TRAIN_TEMPERATURE": str(settings.train_temperature),
     }
     supervisor = Supervisor(env, settings.data_dir / "logs" / namespace, ("serve", "pipeline", "train"))
@@ -217,8 +214,9 @@ async def _train_one_step(
 
     Every method gets the same traffic per step. Binary RL and Combined learn from every answer, so
     a round fills a batch; OPD learns only from corrected answers, so its rounds give fewer samples
-    as users become satisfied, and the trainer takes them as a partial batch once the stream is
-    quiet (`partial_batch_after_s`). A round without any trainable sample trains nothing.
+    as users become satisfied: once all of a round's decisions are in, the demo asks the trainer to
+    flush (SIGUSR1, trainer/flush_request.py), so every round is exactly one step whatever its
+    number of samples. A round without any trainable sample trains nothing.
     """
     deadline = time.monotonic() + settings.step_timeout_s
     ready_before, decided_before = await _sample_counts(up, namespace)
@@ -228,9 +226,13 @@ async def _train_one_step(
     await _wait_for_decisions(up, namespace, decided_before + 2 * len(batch), deadline, supervisor)
     _check_deadline(deadline, step, "collecting samples")
     ready, _ = await _sample_counts(up, namespace)
+    asked_s = 0.0
     while (trained := await _trained_counts(up, namespace))[0] < ready:
         supervisor.check()
         _check_deadline(deadline, step, "waiting for the trainer")
+        if time.monotonic() - asked_s > FLUSH_EVERY_S:  # again in case the trainer restarted meanwhile
+            supervisor.signal("train", signal.SIGUSR1)  # train the round's samples, even fewer than N
+            asked_s = time.monotonic()
         await asyncio.sleep(0.5)
     while await client.policy_version() < trained[1]:
         supervisor.check()

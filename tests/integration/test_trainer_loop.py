@@ -7,6 +7,9 @@ response under the prompt plus a hint as the teacher's.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -258,3 +261,21 @@ async def test_a_quiet_stream_trains_a_partial_batch(
         (manifest,) = manifests(store, "r1").values()
         assert manifest.metrics["sample_ids"] == [e["envelope"]["event_id"] for e in events]
         assert [o.offset for o in manifest.consumed_offsets] == [3]
+
+
+async def test_sigusr1_trains_what_is_pending_as_one_batch(
+    tmp_path: Path, base_model_dir: Path, generated: list[dict]
+) -> None:
+    settings = settings_for(tmp_path, base_model_dir, batch_size=8, max_steps=1, idle_exit_s=0.0)
+    store = LocalObjectStore(tmp_path / "objects")
+    events = [sample_event(i, generated[i]) for i in range(3)]
+    async with SqliteEventLog(tmp_path / "log.db") as log:
+        await log.create_topics([TopicSpec(topic_name(NAMESPACE, "samples"))])
+        await append(log, events)
+        training = asyncio.create_task(run_trainer(settings, log, store, base_model_dir, tmp_path / "work"))
+        await asyncio.sleep(3.0)  # the trainer waits for 8 samples: nothing happens on its own
+        assert not manifests(store, "r1")
+        os.kill(os.getpid(), signal.SIGUSR1)  # what `kill -USR1 <orl train pid>` does
+        assert await asyncio.wait_for(training, timeout=300) == 1
+        (manifest,) = manifests(store, "r1").values()
+        assert manifest.metrics["sample_ids"] == [e["envelope"]["event_id"] for e in events]
