@@ -6,7 +6,11 @@ Usage: python -m benchmarks.bench_capture [--requests 2000] [--concurrency 1,16]
 For each concurrency level and each repeat, the server is started twice from scratch, capture off
 then on (ServeSettings.capture), with the same backend, and `--requests` non-streaming chat
 completions are sent by that many concurrent clients after a warm-up. Reported per configuration:
-p50 / p99 latency (median over repeats), requests/s, and the overhead on - off.
+p50 / p99 latency, requests/s and the overhead on - off, as the median over repeats and as the best
+of repeats (other processes on a shared machine only slow runs down); with --transport http also
+the server process's CPU time per request (all its threads, from /proc), and with --transport asgi
+the CPU time of the one process (clients included, the same off and on): load on the machine hardly
+changes it, so its on - off difference is the CPU cost of capture.
 
 - `--transport http` (default): the server is a child process serving the real app with uvicorn on
   loopback (what clients see); the clients are raw keep-alive HTTP/1.1 connections in this process
@@ -129,6 +133,7 @@ class RunResult:
     latencies_ms: list[float]
     wall_s: float
     events_in_log: int | None
+    server_cpu_s: float | None = None  # CPU of the server process over the measured requests and the drain
 
     def pct(self, q: float) -> float:
         ordered = sorted(self.latencies_ms)
@@ -241,15 +246,23 @@ async def run_http(args: argparse.Namespace, data_dir: Path, capture: bool, conc
         ) as client:
             await wait_ready(client, child, data_dir / "serve.log")
             await drive_raw(port, concurrency, args.warmup, args.max_tokens)
+            await wait_spool_drained(client)
+            cpu_before_s = process_cpu_s(child.pid)
             latencies, wall = await drive_raw(port, concurrency, args.requests, args.max_tokens)
-            if capture:
-                await wait_spool_drained(client)
+            await wait_spool_drained(client)  # with capture off the depth is 0: the same /metrics call
+            server_cpu_s = process_cpu_s(child.pid) - cpu_before_s
     finally:
         child.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown
         child.wait(timeout=120)
         log_file.close()
     events = await count_events(data_dir / "log.db") if capture else None
-    return RunResult(latencies, wall, events)
+    return RunResult(latencies, wall, events, server_cpu_s)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all threads (Linux /proc; 10 ms ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def wait_spool_drained(client: httpx.AsyncClient, timeout_s: float = 60.0) -> None:
@@ -287,10 +300,13 @@ async def run_asgi(args: argparse.Namespace, data_dir: Path, capture: bool, conc
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench", timeout=600) as client:
             await drive(client, concurrency, args.warmup, args.max_tokens)
+            await server.drainer.flush(120.0)  # type: ignore[attr-defined]
+            cpu_before_s = time.process_time()  # the whole process: the clients' share is the same off and on
             latencies, wall = await drive(client, concurrency, args.requests, args.max_tokens)
         await server.drainer.flush(120.0)  # type: ignore[attr-defined]
+        process_cpu = time.process_time() - cpu_before_s
     events = await count_events(data_dir / "log.db") if capture else None
-    return RunResult(latencies, wall, events)
+    return RunResult(latencies, wall, events, process_cpu)
 
 
 async def run_one(args: argparse.Namespace, capture: bool, concurrency: int) -> RunResult:
@@ -303,41 +319,55 @@ async def run_one(args: argparse.Namespace, capture: bool, concurrency: int) -> 
     return result
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
+def summary(runs: list[RunResult], name: str, best: bool) -> dict[str, float]:
+    """One cell's numbers over its repeats: the median, or the best (lowest latency and CPU, highest rate)."""
+    low, high = (min, max) if best else (statistics.median, statistics.median)
+    row = {
+        f"p50_{name}": low([r.pct(0.50) for r in runs]),
+        f"p99_{name}": low([r.pct(0.99) for r in runs]),
+        f"rps_{name}": high([r.rps for r in runs]),
+    }
+    cpu = [r.server_cpu_s * 1e6 / len(r.latencies_ms) for r in runs if r.server_cpu_s is not None]
+    if cpu:
+        row[f"cpu_us_{name}"] = low(cpu)
+    return row
 
 
 async def main(args: argparse.Namespace) -> None:
-    rows = []
+    tables: dict[str, list[dict[str, float]]] = {"median": [], "best": []}
     for concurrency in args.concurrency:
         results: dict[bool, list[RunResult]] = {False: [], True: []}
         for _ in range(args.repeat):
             for capture in (False, True):
                 results[capture].append(await run_one(args, capture, concurrency))
-        row = {"concurrency": concurrency}
-        for capture, name in ((False, "off"), (True, "on")):
-            runs = results[capture]
-            row[f"p50_{name}"] = median([r.pct(0.50) for r in runs])
-            row[f"p99_{name}"] = median([r.pct(0.99) for r in runs])
-            row[f"rps_{name}"] = median([r.rps for r in runs])
-        rows.append(row)
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    print_table(args, rows)
+        for kind, rows in tables.items():
+            row: dict[str, float] = {"concurrency": concurrency}
+            for capture, name in ((False, "off"), (True, "on")):
+                row.update(summary(results[capture], name, best=kind == "best"))
+            rows.append(row)
+            print(json.dumps({"summary": kind, **{k: round(v, 3) for k, v in row.items()}}), flush=True)
+    for kind, rows in tables.items():
+        print_table(args, rows, kind)
 
 
-def print_table(args: argparse.Namespace, rows: list[dict[str, float]]) -> None:
+def print_table(args: argparse.Namespace, rows: list[dict[str, float]], kind: str) -> None:
     print(
-        f"\nbackend {args.backend}, transport {args.transport}, {args.requests} requests x {args.repeat} "
-        f"repeats per cell (+{args.warmup} warm-up), max_tokens {args.max_tokens}, {os.cpu_count()} cores"
+        f"\n{kind} of {args.repeat} repeats; backend {args.backend}, transport {args.transport}, "
+        f"{args.requests} requests per run (+{args.warmup} warm-up), max_tokens {args.max_tokens}, "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end"
     )
+    cpu = "cpu_us_on" in rows[0]
     print("| clients | p50 off ms | p50 on ms | p50 overhead ms | p99 off ms | p99 on ms | p99 overhead ms "
-          "| req/s off | req/s on |")  # fmt: skip
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| req/s off | req/s on |" + (" CPU off us/req | CPU on us/req |" if cpu else ""))  # fmt: skip
+    print(
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if cpu else "")
+    )
     for r in rows:
         print(
-            f"| {r['concurrency']} | {r['p50_off']:.2f} | {r['p50_on']:.2f} | {r['p50_on'] - r['p50_off']:+.2f} "
+            f"| {r['concurrency']:.0f} | {r['p50_off']:.2f} | {r['p50_on']:.2f} | {r['p50_on'] - r['p50_off']:+.2f} "
             f"| {r['p99_off']:.2f} | {r['p99_on']:.2f} | {r['p99_on'] - r['p99_off']:+.2f} "
             f"| {r['rps_off']:.0f} | {r['rps_on']:.0f} |"
+            + (f" {r['cpu_us_off']:.0f} | {r['cpu_us_on']:.0f} |" if cpu else "")
         )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +106,7 @@ class _ApiHandlers:
         session_id = request.path_params["session_id"]
         last_turn_id = self.state.tracker.last_main_turn(session_id)  # the pipeline ends this turn
         was_open = self.state.tracker.close(session_id)
-        self.state.recorder.session_closed(session_id, last_turn_id)
+        await self.state.recorder.session_closed(session_id, last_turn_id)
         return JSONResponse({"session_id": session_id, "closed": True, "was_open": was_open})
 
     async def chat(self, request: Request) -> Response:
@@ -126,18 +126,20 @@ class _ApiHandlers:
             main=main,
         )
         request_id = "chatcmpl-" + uuid.uuid4().hex
-        self.state.recorder.request_received(request_id, turn, req, params, main=main, client_id=req.user)
+        spooled = self.state.recorder.request_received(
+            request_id, turn, req, params, main=main, client_id=req.user
+        )
         done = _truthy(request.headers.get("x-session-done"))
-        turn_call = _Turn(self.state, req, turn, request_id, params, main, done, started)
-        stream = self.state.backend.generate_stream(prompt_ids, params)
+        turn_call = _Turn(self.state, req, turn, request_id, params, main, done, started, [spooled])
         if req.stream:
+            await turn_call.spooled()  # the 200 and the first bytes go out only once the request is spooled
             return StreamingResponse(
-                turn_call.sse(stream),
+                turn_call.sse(self.state.backend.generate_stream(prompt_ids, params)),
                 media_type="text/event-stream",
                 headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id},
             )
-        generation = await stream.result()
-        body = turn_call.finish(generation)
+        generation = await self.state.backend.generate_stream(prompt_ids, params).result()
+        body = await turn_call.finish(generation)
         return JSONResponse(body, headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id})
 
     async def score(self, request: Request) -> Response:
@@ -217,27 +219,43 @@ class _Turn:
     main: bool
     session_done: bool
     started: float
+    events: list[Awaitable[None]]  # this turn's events, staged for the spool's group commit
 
-    def finish(self, generation: Generation) -> dict[str, Any]:
+    async def spooled(self) -> None:
+        """Wait until this turn's events are committed to the spool: only then may it be answered."""
+        for committed in self.events:
+            await committed
+        self.events.clear()
+
+    async def finish(self, generation: Generation) -> dict[str, Any]:
+        """Record the response (and a requested session end), then build the reply body.
+
+        The events are committed before the session tracker learns of the response, as when each
+        event was written on its own: a spool failure fails the request and changes nothing else.
+        """
         text, tool_calls = self._reply(generation)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if tool_calls:
             message["tool_calls"] = tool_calls
-        self.state.recorder.response_generated(
-            self.request_id,
-            self.turn,
-            generation,
-            self.params,
-            text=text or "",
-            tool_calls=tool_calls,
-            model=self.state.settings.served_model_name,
+        self.events.append(
+            self.state.recorder.response_generated(
+                self.request_id,
+                self.turn,
+                generation,
+                self.params,
+                text=text or "",
+                tool_calls=tool_calls,
+                model=self.state.settings.served_model_name,
+            )
         )
+        await self.spooled()
         if self.main:
             self.state.tracker.record_response(self.turn, self.req.messages, message)
         if self.session_done:
             last_turn_id = self.state.tracker.last_main_turn(self.turn.session_id)
             self.state.tracker.close(self.turn.session_id)
-            self.state.recorder.session_closed(self.turn.session_id, last_turn_id)
+            self.events.append(self.state.recorder.session_closed(self.turn.session_id, last_turn_id))
+            await self.spooled()
         self._count(generation)
         return {
             "id": self.request_id,
@@ -266,7 +284,7 @@ class _Turn:
             generation = stream.generation
         finally:
             await stream.aclose()
-        body = self.finish(generation)
+        body = await self.finish(generation)
         message = body["choices"][0]["message"]
         if buffered:
             delta = {k: v for k, v in message.items() if k in ("content", "tool_calls") and v}

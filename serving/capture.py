@@ -1,14 +1,19 @@
 """Turns what the server saw and did into events: RequestReceived, ResponseGenerated, SessionClosed.
 
-Writes: the `requests`, `responses` and `sessions` topics of the namespace (through the spool).
-Token ids and logprobs are recorded exactly as the backend sampled them; text is never re-tokenized.
+Writes: the `requests`, `responses`, `sessions`, `next_states` and `policy_activations` topics of
+the namespace (through the spool). Token ids and logprobs are recorded exactly as the backend
+sampled them; text is never re-tokenized.
+
+The chat path's events (RequestReceived, ResponseGenerated, SessionClosed) join the spool's group
+commit: their methods return an awaitable that completes once the event is committed, and the
+handler awaits it before it answers. The other events are committed before their method returns.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.environment.api import Observation
@@ -22,6 +27,16 @@ from serving.session_tracker import TurnAssignment
 from serving.spool import EventSpool
 
 PRODUCER = "serving/0.1.0"
+
+
+class _Committed:
+    """The awaitable of an event that needs no waiting (capture is off)."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
+_NOTHING_TO_WAIT_FOR = _Committed()
 
 
 def sampling_record(params: SamplingParams) -> dict[str, Any]:
@@ -41,9 +56,9 @@ class EventRecorder:
     spool: EventSpool
     namespace: str
     clock_ms: Callable[[], int]
-    on_spooled: Callable[[], None] = lambda: None
     enabled: bool = True
     spooled: int = 0
+    _topics: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     def request_received(
         self,
@@ -54,8 +69,9 @@ class EventRecorder:
         *,
         main: bool,
         client_id: str | None,
-    ) -> None:
-        self._record(
+    ) -> Awaitable[None]:
+        """Stage RequestReceived; await the result before acknowledging the request."""
+        return self._stage(
             "requests",
             "RequestReceived",
             [request_id],
@@ -85,8 +101,9 @@ class EventRecorder:
         text: str,
         tool_calls: list[dict[str, Any]],
         model: str,
-    ) -> None:
-        self._record(
+    ) -> Awaitable[None]:
+        """Stage ResponseGenerated; await the result before sending the response."""
+        return self._stage(
             "responses",
             "ResponseGenerated",
             [request_id],
@@ -108,8 +125,11 @@ class EventRecorder:
             model=model,
         )
 
-    def session_closed(self, session_id: str, last_turn_id: str | None, reason: str = "explicit") -> None:
-        self._record(
+    def session_closed(
+        self, session_id: str, last_turn_id: str | None, reason: str = "explicit"
+    ) -> Awaitable[None]:
+        """Stage SessionClosed; await the result before acknowledging the close."""
+        return self._stage(
             "sessions",
             "SessionClosed",
             [session_id, last_turn_id, reason],
@@ -169,22 +189,46 @@ class EventRecorder:
         occurred_at_ms: int | None = None,
         **fields: Any,
     ) -> None:
-        """Build a server event (namespace, producer, time of recording) and spool it."""
-        at_ms = self.clock_ms() if occurred_at_ms is None else occurred_at_ms
-        event = make_event(
+        """Build a server event and commit it to the spool now."""
+        self._put(topic, self._event(event_type, id_parts, occurred_at_ms, fields))
+
+    def _stage(self, topic: str, event_type: str, id_parts: list[Any], **fields: Any) -> Awaitable[None]:
+        """Build a server event and stage it for the spool's group commit."""
+        event = self._event(event_type, id_parts, None, fields)
+        if not self.enabled:
+            return _NOTHING_TO_WAIT_FOR
+        committed = self.spool.stage(self._topic(topic), _key(event), encode(event))
+        self.spooled += 1
+        return committed
+
+    def _event(
+        self, event_type: str, id_parts: list[Any], occurred_at_ms: int | None, fields: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A server event: namespace, producer, and the time of recording unless given."""
+        return make_event(
             event_type,
             namespace=self.namespace,
             producer=PRODUCER,
-            occurred_at_ms=at_ms,
+            occurred_at_ms=self.clock_ms() if occurred_at_ms is None else occurred_at_ms,
             id_parts=id_parts,
             **fields,
         )
-        self._put(topic, event)
 
     def _put(self, topic: str, event: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        key = event["envelope"]["session_id"] or event.get("server_id")
-        self.spool.put(topic_name(self.namespace, topic), key.encode() if key else None, encode(event))
+        self.spool.put(self._topic(topic), _key(event), encode(event))
         self.spooled += 1
-        self.on_spooled()
+
+    def _topic(self, topic: str) -> str:
+        """The full topic name, validated once per topic rather than once per event."""
+        full = self._topics.get(topic)
+        if full is None:
+            full = self._topics[topic] = topic_name(self.namespace, topic)
+        return full
+
+
+def _key(event: dict[str, Any]) -> bytes | None:
+    """The record key: the session (a session's events stay in order), else the server."""
+    key = event["envelope"]["session_id"] or event.get("server_id")
+    return key.encode() if key else None

@@ -95,12 +95,9 @@ async def running_server(
     spool = EventSpool(settings.data_dir / f"spool-{settings.server_id}.db")
     metrics = Metrics()
     drainer = SpoolDrainer(spool, log)
+    spool.on_committed = drainer.wake
     recorder = EventRecorder(
-        spool,
-        settings.namespace,
-        clock_ms=lambda: int(time.time() * 1000),
-        on_spooled=drainer.wake,
-        enabled=settings.capture,
+        spool, settings.namespace, clock_ms=lambda: int(time.time() * 1000), enabled=settings.capture
     )
     store = open_object_store(
         settings.effective_store_url(),

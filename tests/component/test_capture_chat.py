@@ -1,0 +1,129 @@
+"""Chat turns on the real app are in the spool before their response leaves the server.
+
+Runs `serving.app.build_app` over the zero-cost echo backend (benchmarks/echo_backend.py) and the real
+SmolLM2 tokenizer, with a real recorder and spool file; a spool failure is a real SQLite failure (a
+trigger in the spool file aborts inserts of one topic).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from benchmarks.echo_backend import ECHO_TEXT, EchoBackend
+from connectors.metrics import Metrics
+from schemas.codec import decode
+from serving.app import ServerState, build_app
+from serving.capture import EventRecorder
+from serving.policy.chat_template import ChatTemplate
+from serving.settings import ServeSettings
+from serving.spool import EventSpool
+
+KEY = "chat-key"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def template(base_model_dir: Path) -> ChatTemplate:
+    return ChatTemplate.from_dir(base_model_dir)
+
+
+class Server:
+    def __init__(self, tmp_path: Path, template: ChatTemplate) -> None:
+        self.spool_path = tmp_path / "spool.db"
+        self.spool = EventSpool(self.spool_path)
+        self.state = ServerState(
+            settings=ServeSettings(api_keys=(KEY,), admin_key="admin"),
+            backend=EchoBackend(),
+            template=template,
+            recorder=EventRecorder(self.spool, "live", clock_ms=lambda: 1_700_000_000_000),
+            metrics=Metrics(),
+        )
+        transport = httpx.ASGITransport(app=build_app(self.state), raise_app_exceptions=False)
+        self.client = httpx.AsyncClient(transport=transport, base_url="http://orl")
+
+    async def chat(self, headers: dict[str, str] | None = None, **body: Any) -> httpx.Response:
+        body = {"model": "orl-policy", "messages": QUESTION, "max_tokens": 4, **body}
+        return await self.client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}", **(headers or {})}
+        )
+
+    def spooled(self) -> list[dict[str, Any]]:
+        """What the spool file holds right now (committed rows only)."""
+        return [decode(e.value) for e in self.spool.oldest(1000)]
+
+    def reject_topic(self, topic: str) -> None:
+        db = sqlite3.connect(str(self.spool_path))
+        db.execute(
+            f"CREATE TRIGGER reject BEFORE INSERT ON spool WHEN NEW.topic = '{topic}' "
+            "BEGIN SELECT RAISE(ABORT, 'rejected by the test'); END"
+        )
+        db.commit()
+        db.close()
+
+
+@pytest.fixture
+async def server(tmp_path: Path, template: ChatTemplate) -> AsyncIterator[Server]:
+    up = Server(tmp_path, template)
+    yield up
+    await up.client.aclose()
+    up.spool.close()
+
+
+def event_types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["envelope"]["event_type"] for e in events]
+
+
+async def test_a_completion_returns_only_once_its_events_are_spooled(server: Server) -> None:
+    reply = await server.chat(headers={"x-session-id": "s1"})
+    assert reply.status_code == 200, reply.text
+    events = server.spooled()  # no tick has passed since the response: committed before it was sent
+    assert event_types(events) == ["RequestReceived", "ResponseGenerated"]
+    request, response = events
+    assert request["request_id"] == response["request_id"] == reply.json()["id"]
+    assert json.loads(request["messages_json"]) == QUESTION
+    assert response["response_token_ids"] == [1000, 1001, 1002, 1003]
+    assert response["envelope"]["session_id"] == "s1"
+
+
+async def test_a_stream_is_spooled_before_its_last_chunk(server: Server) -> None:
+    reply = await server.chat(stream=True)
+    assert reply.status_code == 200 and reply.text.endswith("data: [DONE]\n\n")
+    assert event_types(server.spooled()) == ["RequestReceived", "ResponseGenerated"]
+
+
+async def test_a_session_end_request_spools_the_close_before_answering(server: Server) -> None:
+    reply = await server.chat(headers={"x-session-id": "s2", "x-session-done": "true"})
+    assert reply.status_code == 200, reply.text
+    events = server.spooled()
+    assert event_types(events) == ["RequestReceived", "ResponseGenerated", "SessionClosed"]
+    assert events[2]["last_turn_id"] == reply.headers["x-turn-id"]
+    closed = await server.client.post("/v1/sessions/s3/end", headers={"authorization": f"Bearer {KEY}"})
+    assert closed.status_code == 200
+    assert event_types(server.spooled())[-1] == "SessionClosed"
+
+
+async def test_a_spool_failure_fails_the_request_and_changes_nothing_else(server: Server) -> None:
+    server.reject_topic("live.responses")
+    reply = await server.chat()
+    assert reply.status_code == 500
+    assert server.spooled() == []  # the request's events were one group commit: none is spooled
+    # The session tracker never learnt of the reply: resending the conversation does not link to it.
+    resent = [
+        *QUESTION,
+        {"role": "assistant", "content": ECHO_TEXT},
+        {"role": "user", "content": "And Spain?"},
+    ]
+    assert server.state.tracker.assign(resent).link_method == "new"
+
+
+async def test_capture_off_records_nothing_and_still_answers(server: Server) -> None:
+    server.state.recorder.enabled = False
+    reply = await server.chat(stream=True)
+    assert reply.status_code == 200 and server.spooled() == []
