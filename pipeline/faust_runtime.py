@@ -22,7 +22,9 @@ Same semantics and the same output bytes as `pipeline.stream_runner.StreamRunner
 Workers: `run_worker(...)` creates the topics, builds the app and runs `faust.Worker` until SIGTERM
 or SIGINT (`faust -A` needs a module-level app; this keeps settings out of the environment).
 Every source topic must exist with the app's partition count before a worker starts
-(`create_pipeline_topics`): a mismatch with a Table's changelog crashes the agent.
+(`create_pipeline_topics`): a mismatch with a Table's changelog crashes the agent. The app's
+consumer (`PipelineTransport`) works around faust-streaming 0.15.3 defects that rebalances between
+workers hit (tests/integration/test_faust_multiworker.py).
 
 Reads: the processors' input topics, their tick topics and changelogs. Writes: their output
 topics, `<input>.dlq`, their changelogs and tick topics.
@@ -40,7 +42,8 @@ from typing import Any
 
 import faust
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import IllegalOperation, TopicAlreadyExistsError
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import EventT, StreamT, TopicT
 from mode import CrashingSupervisor
 
@@ -207,6 +210,43 @@ class ProcessorAgent:
             await self.app.producer.send(self.tick_topic, None, now_ms, partition, None, None)
 
 
+class PipelineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    async def _highwaters(self, partitions: list[Any]) -> Any:
+        """Changelog highwaters from the broker's last stable offset, not from the last fetch.
+
+        Under exactly_once, faust-streaming 0.15.3 takes them from the consumer's cached last stable
+        offset, None until the partition has been fetched since the assignment, so recovery sees
+        highwater -1: a worker holding a standby offset then crashes (ConsistencyError "persisted
+        offset ... is higher than the last offset", faust-streaming/faust#158; seen here), and by
+        the recovery code a new owner would skip restoring the partition's Table. `end_offsets` on
+        this read_committed consumer asks the broker; under at_least_once faust does that already.
+        """
+        return await self._ensure_consumer().end_offsets(partitions)
+
+
+class PipelineConsumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return PipelineConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def commit_and_end_transactions(self) -> None:
+        """The last commit at stop, which must not stop the worker from leaving its group.
+
+        faust-streaming 0.15.3 ends the transactions twice on stop (the app's wait for streams, then
+        the consumer's): offsets of records processed in between have no open transaction, the
+        commit raises IllegalOperation and the consumer never sends LeaveGroup, so its partitions
+        wait for the session timeout. Those records' Table writes failed with the same error; the
+        partitions' next owner processes them again from the committed offsets.
+        """
+        try:
+            await super().commit_and_end_transactions()
+        except IllegalOperation as error:
+            logger.warning("last offsets not committed at stop, the next owner reprocesses them: %s", error)
+
+
+class PipelineTransport(faust_aiokafka.Transport):
+    Consumer = PipelineConsumer
+
+
 def broker_urls(broker_url: str) -> list[str]:
     """ "host:9092,host2:9092" (or kafka:// URLs) -> faust's list of kafka:// URLs."""
     hosts = [part.strip() for part in broker_url.replace(";", ",").split(",") if part.strip()]
@@ -248,6 +288,11 @@ def build_faust_app(
         processing_guarantee=processing_guarantee,
         topic_partitions=partitions,
         topic_disable_leader=True,
+        # exactly_once: faust-streaming 0.15.3 keeps the transactional producer of a partition that
+        # moved to another worker if this one holds the partition's standby; the new owner fences it,
+        # and when the partition comes back the fenced producer is reused and the agent crashes
+        # (ProducerFenced). Without standbys a new owner restores the Table from its changelog.
+        table_standby_replicas=0 if processing_guarantee == "exactly_once" else 1,
         web_enabled=False,
         autodiscover=False,
         broker_session_timeout=session_timeout_s,
@@ -257,6 +302,7 @@ def build_faust_app(
         consumer_auto_offset_reset="earliest",
         worker_redirect_stdouts=False,
     )
+    app.transport = PipelineTransport(app.conf.broker_consumer, app)
     shared_metrics = metrics or Metrics()
     for processor in chosen:
         ProcessorAgent(
