@@ -1,7 +1,7 @@
 """Pipeline throughput and latency: serving events in, SampleReady / SampleRejected out.
 
 Usage:
-    python -m benchmarks.bench_pipeline embedded [--sessions 400] [--turns 5] [--rate 1000]
+    python -m benchmarks.bench_pipeline embedded [--sessions 400] [--turns 5] [--rate 1000] [--one-process]
     python -m benchmarks.bench_pipeline faust [--sessions 200] [--turns 5] [--rate 200] [--partitions 2]
     python -m benchmarks.bench_pipeline llm [--judgements 4] [--judge-max-tokens 32]
 
@@ -11,20 +11,27 @@ LLM) scores each turn +1 or -1. A session's last turn has no reply, so it stays 
 judged at the idle timeout): each session yields `turns - 1` judged turns. `--close` adds a
 SessionClosed after each session's last turn, which the last turn is then judged on; see
 RESULTS-pipeline.md for why that is not the default (closes consumed before the session's last
-request are mis-linked by turn_linker, so some turns are never sampled). Method binary: turn_linker -> judge -> vote_tally -> sample_builder, each stage
-one StreamRunner (one consumer group), as `orl pipeline --role all` runs them.
+request are mis-linked by turn_linker, so some turns are never sampled). Method binary:
+turn_linker -> judge -> vote_tally -> sample_builder, each stage one StreamRunner (one consumer
+group).
 
-Two measurements per runtime:
-- throughput: every serving event is appended first (not timed), then the stages start; turns/s =
-  judged turns (distinct turn ids on the samples topic) / seconds until the last one appears.
+Measurements per runtime:
+- throughput (backlog, cold start): every serving event is appended first (not timed), then the
+  stages start (process start-up included); turns/s = judged turns (distinct turn ids on the
+  samples topic) / seconds until the last one appears.
+- throughput (burst, warm): the stages run and have processed 5 warm-up sessions; then every
+  serving event is appended as fast as possible; turns/s as above, from the first append.
 - latency: the events are appended at an offered `--rate` turns/s while the stages run; for every
   turn, next-state -> sample latency = append time of its SampleReady/SampleRejected minus append
   time of its NextStateObserved (the log's record timestamps, 1 ms resolution).
+- CPU s: CPU time of this process (all threads) and of its children (the stage process) over the
+  measured run, a figure that other load on the machine barely changes (for faust it includes the
+  broker and the worker).
 
-`embedded`: SQLite event log, all stages in this process. `faust`: a noida-db Kafka test broker;
-the pure stages (turn_linker, vote_tally, sample_builder) in one faust worker child process, the judge
-effect stage via StreamRunner over the Kafka log in this process. `llm`: votes/s of the LLM judge
-against a real `orl serve` (SmolLM2-135M on CPU): judge stage only, m votes per judgement.
+`embedded`: SQLite event log; the pipeline runs as `orl pipeline --role all` runs it
+(pipeline.main.run_pipeline, in this process): on 2+ cores turn_linker and judge here and
+vote_tally and sample_builder in a stage process; `--one-process` names every stage, so all run
+here. `faust` and `llm` (votes/s of the LLM judge on CPU): see benchmarks/bench_pipeline_runtimes.py.
 Writes only under a temporary directory.
 """
 
@@ -34,7 +41,8 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import sys
+import os
+import resource
 import tempfile
 import time
 from collections.abc import Sequence
@@ -43,9 +51,9 @@ from typing import Any
 
 from connectors.event_log.base import EventLog, OutgoingRecord
 from connectors.event_log.catalog import create_catalog_topics
-from pipeline.main import build_stages, pipeline_config
+from pipeline.main import build_runners, build_stages, run_pipeline
+from pipeline.namespace_io import envelope_keys
 from pipeline.settings import PipelineSettings
-from pipeline.stream_runner import StreamRunner
 from schemas.codec import decode, encode
 from schemas.topics import topic_for_event, topic_name
 from tests.unit.pipeline_streams import Conversation
@@ -143,9 +151,13 @@ class SampleWatch:
         return last_seen
 
     def _see(self, value: bytes, timestamp_ms: int) -> None:
-        event = decode(value)
-        kind, turn_id = event["envelope"]["event_type"], event["envelope"]["turn_id"]
-        if not (turn_id or "").startswith("s"):  # a warm-up session
+        # Read from the header: a full decode of every sample would load the measured process.
+        keys = envelope_keys(value)
+        if keys is None:
+            envelope = decode(value)["envelope"]
+            keys = envelope["event_type"], envelope["session_id"], envelope["turn_id"]
+        kind, _, turn_id = keys
+        if turn_id is None or not turn_id.startswith("s"):  # a warm-up session
             return
         if kind == "NextStateObserved":
             self.next_state_ms.setdefault(turn_id, timestamp_ms)
@@ -160,6 +172,27 @@ class SampleWatch:
         )
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process (every thread) and of its children (the stage process), so far.
+
+    Exited children count through getrusage, live ones through /proc (Linux; elsewhere they count
+    once they exit, start-up included). A figure that other load on the machine barely changes."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime + live_children_cpu_s()
+
+
+def live_children_cpu_s() -> float:
+    total_ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():  # fields[1] is the parent pid; utime, stime follow at 11, 12
+            total_ticks += int(fields[11]) + int(fields[12])
+    return total_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[int], q: float) -> float:
     return float(values[min(len(values) - 1, int(q * len(values)))]) if values else float("nan")
 
@@ -172,14 +205,28 @@ async def run_stages(
     names: Sequence[str] | None = None,
 ) -> list[asyncio.Task[None]]:
     settings = bench_settings(args, "unused://", data_dir)
-    config = pipeline_config(settings)
     stages = [s for s in build_stages(settings) if names is None or s.name in names]
-    runners = [
-        StreamRunner(log, stage, config, NAMESPACE, tick_interval_s=1.0, partitions=args.partitions,
-                     effect_concurrency=args.effect_concurrency)
-        for stage in stages
-    ]  # fmt: skip
+    runners = build_runners(log, settings, stages)  # as `orl pipeline` builds them
     return [asyncio.create_task(runner.run(stop)) for runner in runners]
+
+
+def pipeline_role(args: argparse.Namespace) -> str:
+    """`all` (split over two processes on 2+ cores), or with --one-process every stage named: one process."""
+    if not args.one_process:
+        return "all"
+    settings = bench_settings(args, "unused://", Path("."))
+    return ",".join(stage.name for stage in build_stages(settings))
+
+
+async def start_stages(
+    log: EventLog, args: argparse.Namespace, data_dir: Path, stop: asyncio.Event, names: Sequence[str] | None
+) -> list[asyncio.Task[None]]:
+    """The named stages as runners here (faust: the judge), or (None) the pipeline as `orl pipeline` runs it."""
+    if names is not None:
+        return await run_stages(log, args, data_dir, stop, names)
+    log_url = f"sqlite:///{data_dir / 'log.db'}"
+    settings = dataclasses.replace(bench_settings(args, log_url, data_dir), role=pipeline_role(args))
+    return [asyncio.create_task(run_pipeline(settings, stop))]
 
 
 async def measure(
@@ -189,29 +236,36 @@ async def measure(
     mode: str,
     stage_names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """One throughput (mode "backlog") or latency (mode "rate") run on a fresh namespace of `log`."""
+    """One throughput (mode "backlog" or "burst") or latency (mode "rate") run on a fresh namespace of `log`.
+
+    `stage_names` None: the embedded pipeline, started here; else only those stages are started here
+    (the faust benchmark starts the others, and warms them up, itself)."""
     slots = encoded_stream(args.sessions, args.turns, args.close)
     expected = args.sessions * (args.turns if args.close else args.turns - 1)
     await create_catalog_topics(log, NAMESPACE, args.partitions)
     watch = SampleWatch(log, expected)
     stop = asyncio.Event()
     started = time.monotonic()
-    if mode == "backlog":  # everything in the log first, then the stages start
+    if mode == "backlog":  # everything in the log first, then the stages start (cold start)
         await append_grouped(log, [r for slot in slots for r in slot])
         started = time.monotonic()
-        tasks = await run_stages(log, args, data_dir, stop, stage_names)
-    elif mode == "burst":  # the stages already run (faust): append everything as fast as possible
-        tasks = await run_stages(log, args, data_dir, stop, stage_names)
+        tasks = await start_stages(log, args, data_dir, stop, stage_names)
+    elif mode == "burst":  # the stages already run and are warm: append everything as fast as possible
+        tasks = await start_stages(log, args, data_dir, stop, stage_names)
+        if stage_names is None:
+            await warm_up(log)
         started = time.monotonic()
         await append_grouped(log, [r for slot in slots for r in slot])
     else:
-        tasks = await run_stages(log, args, data_dir, stop, stage_names)
+        tasks = await start_stages(log, args, data_dir, stop, stage_names)
         tasks.append(asyncio.create_task(offer(log, slots, args.rate, args.sessions)))
+    cpu_before_s = cpu_seconds()
     try:
         finished = await watch.until_done(args.timeout_s)
     finally:
         stop.set()
         await asyncio.gather(*tasks)
+    cpu_s = cpu_seconds() - cpu_before_s
     latencies = watch.latencies_ms()
     sampled = len(watch.sample_ms)
     if sampled < expected:
@@ -229,6 +283,7 @@ async def measure(
         "latency_p50_ms": percentile(latencies, 0.5),
         "latency_p99_ms": percentile(latencies, 0.99),
         "latency_max_ms": latencies[-1] if latencies else None,
+        "cpu_s": round(cpu_s, 2),
     }
 
 
@@ -252,7 +307,8 @@ async def embedded(args: argparse.Namespace) -> None:
     from connectors.event_log.sqlite_log import SqliteEventLog
 
     results = []
-    for mode in ("backlog", "rate"):
+    processes = "1 process" if args.one_process or (os.cpu_count() or 1) < 2 else "2 processes"
+    for mode in ("backlog", "burst", "rate"):
         for _ in range(args.repeat):
             with tempfile.TemporaryDirectory() as tmp:
                 log = SqliteEventLog(Path(tmp) / "log.db")
@@ -261,103 +317,10 @@ async def embedded(args: argparse.Namespace) -> None:
                     result = await measure(log, args, Path(tmp), mode)
                 finally:
                     await log.close()
-            result["runtime"] = "embedded (SQLite)"
+            result["runtime"] = f"embedded (SQLite, {processes})"
             print(json.dumps(result), flush=True)
             results.append(result)
     print_table(args, results)
-
-
-async def faust(args: argparse.Namespace) -> None:
-    """Pure stages in a faust worker child process, the judge stage here, all on a noida-db broker."""
-    from connectors.event_log.kafka_log import KafkaEventLog
-    from tests.fixtures.kafka_broker import start_kafka_broker, stop_kafka_broker
-
-    results = []
-    for mode in ("backlog", "rate"):
-        for _ in range(args.repeat):
-            with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
-                broker = start_kafka_broker(Path(tmp) / "kafka")
-                log = KafkaEventLog(broker.bootstrap)
-                worker, stop, judge = None, asyncio.Event(), []
-                try:
-                    await log.start()
-                    await create_catalog_topics(log, NAMESPACE, args.partitions)
-                    worker = start_faust_worker(args, broker.bootstrap, Path(tmp))
-                    # One judge runner for warm-up and run: a restarted member of a Kafka group waits
-                    # out the old member's session before it gets partitions back.
-                    judge = await run_stages(log, args, Path(tmp), stop, ["judge"])
-                    await warm_up(log)
-                    result = await measure(log, args, Path(tmp), "burst" if mode == "backlog" else mode, [])
-                finally:
-                    stop.set()
-                    await asyncio.gather(*judge)
-                    if worker is not None:
-                        stop_process(worker)
-                    await log.close()
-                    stop_kafka_broker(broker)
-                    stop_broker_children(Path(tmp) / "kafka")
-            result["runtime"] = (
-                f"faust ({args.guarantee}, commit {args.commit_interval_s} s) + judge on Kafka"
-            )
-            print(json.dumps(result), flush=True)
-            results.append(result)
-    print_table(args, results)
-
-
-def stop_process(process: Any, grace_s: float = 20.0) -> None:
-    """SIGTERM, then SIGKILL if it has not exited after `grace_s` (a faust worker can take long)."""
-    import subprocess
-
-    process.terminate()
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def stop_broker_children(kafka_dir: Path) -> None:
-    """Stop the noida-db server the launcher started: terminating the launcher leaves it running."""
-    import os
-    import signal
-
-    marker = str(kafka_dir / "data")
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"noida-db" in cmdline[0] and marker.encode() in cmdline:
-            os.kill(int(proc.name), signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while proc.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-
-
-def start_faust_worker(args: argparse.Namespace, bootstrap: str, data_dir: Path) -> Any:
-    import subprocess
-
-    command = [sys.executable, "-m", "benchmarks.bench_pipeline", "faust", "--faust-worker", bootstrap,
-               "--work-dir", str(data_dir), "--partitions", str(args.partitions),
-               "--commit-interval-s", str(args.commit_interval_s), "--guarantee", args.guarantee]  # fmt: skip
-    log_file = (data_dir / "faust-worker.log").open("wb")
-    return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
-
-
-def faust_worker(args: argparse.Namespace) -> None:
-    """The --faust-worker mode: turn_linker, vote_tally and sample_builder as one faust worker."""
-    from pipeline.faust_runtime import run_worker
-
-    settings = bench_settings(args, f"kafka://{args.faust_worker}", args.work_dir)
-    processors = [s for s in build_stages(settings) if s.name != "judge"]
-    run_worker(
-        processors, pipeline_config(settings), NAMESPACE, args.faust_worker,  # type: ignore[arg-type]
-        app_id=f"{NAMESPACE}-pipeline", data_dir=args.work_dir / "faust", processing_guarantee=args.guarantee,
-        partitions=args.partitions, loglevel="warning", session_timeout_s=6.0, rebalance_timeout_s=12.0,
-        commit_interval_s=args.commit_interval_s,
-    )  # fmt: skip
 
 
 async def warm_up(log: EventLog) -> None:
@@ -373,68 +336,22 @@ async def warm_up(log: EventLog) -> None:
                 seen.add(decode(record.value)["envelope"]["turn_id"])
 
 
-async def llm_votes(args: argparse.Namespace) -> None:
-    """votes/s of the LLM judge against a real `orl serve` on CPU (judge stage only)."""
-    from connectors.event_log.sqlite_log import SqliteEventLog
-    from tests.integration.serve_process import API_KEY, serve_process
-
-    with tempfile.TemporaryDirectory() as tmp:
-        data_dir = Path(tmp)
-        env = {"ORL_FOLLOW_CHECKPOINTS": "false", "ORL_MAX_BATCH_SIZE": "8"}
-        (data_dir / "serve").mkdir()
-        with serve_process(data_dir / "serve", extra_env=env, timeout_s=300) as server:
-            settings = dataclasses.replace(
-                bench_settings(args, "unused://", data_dir), judge="llm", judge_votes=args.votes,
-                judge_max_tokens=args.judge_max_tokens, server_url=f"{server.base_url}/v1", api_key=API_KEY,
-                judge_timeout_s=300.0,
-            )  # fmt: skip
-            log = SqliteEventLog(data_dir / "log.db")
-            await log.start()
-            try:
-                await create_catalog_topics(log, NAMESPACE, 1)
-                sessions = max(1, args.judgements // max(1, args.turns - 1))
-                await append_grouped(
-                    log, [r for slot in encoded_stream(sessions, args.turns, False) for r in slot]
-                )
-                config = pipeline_config(settings)
-                turn_linker = next(s for s in build_stages(settings) if s.name == "turn_linker")
-                await StreamRunner(log, turn_linker, config, NAMESPACE).run_until_idle()
-                judge = next(s for s in build_stages(settings) if s.name == "judge")
-                started = time.monotonic()
-                await StreamRunner(
-                    log, judge, config, NAMESPACE, effect_concurrency=args.effect_concurrency
-                ).run_until_idle()
-                wall = time.monotonic() - started - 0.4  # run_until_idle ends with two empty 0.2 s polls
-                votes = [decode(r.value) for r in await _read_all(log, topic_name(NAMESPACE, "judge_votes"))]
-            finally:
-                await log.close()
-    parsed = sum(v["score"] is not None for v in votes)
-    print(json.dumps({"votes": len(votes), "parsed": parsed, "seconds": round(wall, 1),
-                      "votes_per_s": round(len(votes) / wall, 2), "judge_max_tokens": args.judge_max_tokens,
-                      "m": args.votes, "effect_concurrency": args.effect_concurrency}))  # fmt: skip
-
-
-async def _read_all(log: EventLog, topic: str) -> list[Any]:
-    from connectors.event_log.reading import read_to_end
-
-    return await read_to_end(log, topic)
-
-
 def print_table(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
     print(f"\n{args.sessions} sessions x {args.turns} turns{' + SessionClosed' if args.close else ''}, "
           f"judge {args.judge}, method binary, "
           f"{args.partitions} partition(s), offered rate {args.rate} turns/s in latency runs")  # fmt: skip
     print(
-        "| runtime | run | turns | s | turns/s | ready / rejected | next-state -> sample p50 ms | p99 ms | max ms |"
+        "| runtime | run | turns | s | turns/s | ready / rejected | next-state -> sample p50 ms | p99 ms | max ms "
+        "| CPU s |"
     )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        run = {"backlog": "throughput (backlog)", "burst": "throughput (burst)"}.get(
+        run = {"backlog": "throughput (backlog, cold start)", "burst": "throughput (burst, warm)"}.get(
             r["mode"], f"latency (offered {args.rate}/s)"
         )
         print(f"| {r['runtime']} | {run} | {r['turns']} | {r['seconds']} | {r['turns_per_s']} "
               f"| {r['sample_ready']} / {r['sample_rejected']} | {r['latency_p50_ms']:.0f} "
-              f"| {r['latency_p99_ms']:.0f} | {r['latency_max_ms']} |")  # fmt: skip
+              f"| {r['latency_p99_ms']:.0f} | {r['latency_max_ms']} | {r['cpu_s']} |")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -446,6 +363,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement")
     parser.add_argument("--partitions", type=int, default=1, help="partitions of every topic")
     parser.add_argument("--close", action="store_true", help="end every session with SessionClosed")
+    parser.add_argument(
+        "--one-process", action="store_true", help="embedded: every stage in this process (no stage process)"
+    )
     parser.add_argument("--judge", default="user_reply", help="rule judge (entry point name)")
     parser.add_argument("--effect-concurrency", type=int, default=4, help="concurrent judge calls")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="give up on a run after this long")
@@ -461,10 +381,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.runtime == "embedded" and not args.faust_worker:
+        asyncio.run(embedded(args))
+        return
+    from benchmarks.bench_pipeline_runtimes import faust, faust_worker, llm_votes  # they import this module
+
     if args.faust_worker:
         faust_worker(args)
-    elif args.runtime == "embedded":
-        asyncio.run(embedded(args))
     elif args.runtime == "faust":
         asyncio.run(faust(args))
     else:

@@ -2,7 +2,9 @@
 
 A section's `version` is a hash of its fields: it goes into the ids of the events the processor
 emits, so changing a setting that changes outputs gives new ids (a replay with a new config never
-collides with the old one), while the same config reproduces the same ids byte for byte.
+collides with the old one), while the same config reproduces the same ids byte for byte. It is
+computed once per section object, as it is read for every emitted event (a per-object cache, not
+one keyed by value: equal sections such as 600 and 600.0 hash to different versions).
 Reads no topics; read once at start-up by the runtime and passed down.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from schemas.errors import ConfigError
@@ -33,7 +36,7 @@ class LinkerConfig:
     idle_timeout_s: float = 1800.0
     closed_retention_s: float = 3600.0
 
-    @property
+    @cached_property
     def version(self) -> str:
         return content_version(self)
 
@@ -47,7 +50,7 @@ class TallyConfig:
     vote_timeout_s: float = 900.0
     retention_s: float = 3600.0
 
-    @property
+    @cached_property
     def version(self) -> str:
         return content_version(self)
 
@@ -61,7 +64,7 @@ class HintSelectionConfig:
     vote_timeout_s: float = 900.0
     retention_s: float = 3600.0
 
-    @property
+    @cached_property
     def version(self) -> str:
         return content_version(self)
 
@@ -88,7 +91,7 @@ class SampleConfig:
         if self.promotion_reward < 0:
             raise ConfigError("promotion_reward must be >= 0 (it is applied as a penalty)")
 
-    @property
+    @cached_property
     def version(self) -> str:
         return content_version(self)
 

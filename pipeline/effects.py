@@ -2,8 +2,8 @@
 
 An effect stage splits like a pure processor plus I/O: `plan(state, event, config)` is pure and
 returns the new session state and the calls to make; `perform(call)` does the I/O (an HTTP call
-to a judge or to the server's scoring endpoint, or a rule judge in a thread) and returns the
-events to emit. `perform` never raises for a failing judge: it returns failed votes. The stream
+to a judge or to the server's scoring endpoint, or a rule judge: inline while it is fast, else in
+a thread) and returns the events to emit. `perform` never raises for a failing judge: it returns failed votes. The stream
 runner performs a batch's calls concurrently (bounded) and commits their events with the input
 offsets, so a crash before the commit re-plans and re-performs them; the events' deterministic
 ids make any duplicates harmless downstream.
@@ -47,7 +47,7 @@ class EffectStage(Protocol):
         ...
 
     def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> tuple[State | None, list[Emit]]:
-        """Pure: retention of idle session state."""
+        """Pure: retention of idle session state (the same contract as Processor.on_tick)."""
         ...
 
     async def perform(self, call: EffectCall) -> list[Emit]:

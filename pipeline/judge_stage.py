@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,8 +53,12 @@ from pipeline.turn_memory import (
     take_ready_triggers,
 )
 
+logger = logging.getLogger(__name__)
 PRODUCER = "pipeline.judge/1"
 RETENTION_MS = 6 * 3600 * 1000
+RULE_TIMEOUT_S = 30.0
+INLINE_RULE_CPU_S = 0.01
+INLINE_RULE_WALL_S = 0.1
 
 
 @dataclass
@@ -67,6 +73,14 @@ class JudgeStage:
     inputs: tuple[str, ...] = ("requests", "responses", "next_states")
     outputs: tuple[str, ...] = ("judge_votes", "hints")
     _client: httpx.AsyncClient | None = field(default=None, repr=False)
+    # Rule judges run inline until one call is slow (see _rule_vote); the versions are hashed once.
+    _rule_inline: bool = field(default=True, repr=False)
+    _config_versions: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for kind, judge in (("reward", self.reward_judge), ("hint", self.hint_judge)):
+            if judge is not None:
+                self._config_versions[kind] = judge.config_version
 
     def plan(self, state: State | None, event: Event, config: PipelineConfig) -> PlanResult:
         state = state or new_turn_memory()
@@ -77,6 +91,7 @@ class JudgeStage:
             add_trigger(state, turn_id, _next_state_view(event))
         else:
             remember_turn_event(state, event)
+            _forget_unjudged_fields(state, turn_id)
         # A side turn's request is never remembered: its next states wait until retention drops them.
         turn, next_states = take_ready_triggers(state, turn_id)
         calls = []
@@ -95,14 +110,14 @@ class JudgeStage:
         judge = self.reward_judge if call.kind == "reward" else self.hint_judge
         assert judge is not None
         turn, next_state, index = call.payload["turn"], call.payload["next_state"], call.payload["vote_index"]
-        builder = build_reward_judge_messages if call.kind == "reward" else build_hint_judge_messages
-        messages = builder(turn["messages"], turn["response_text"], next_state)
         seed = vote_seed(next_state["turn_id"], index, judge.seed_base)
         started = time.perf_counter()
         if judge.kind == "rule":
             prompt_text = judge_user_message(turn["messages"], turn["response_text"], next_state)
             raw, usage = await self._rule_vote(call.kind, turn, next_state)
         else:
+            builder = build_reward_judge_messages if call.kind == "reward" else build_hint_judge_messages
+            messages = builder(turn["messages"], turn["response_text"], next_state)
             prompt_text = json.dumps(messages, ensure_ascii=False)
             raw, usage = await self._llm_vote(judge, messages, seed)
         latency_ms = (time.perf_counter() - started) * 1000
@@ -148,12 +163,10 @@ class JudgeStage:
         try:
             if kind == "reward":
                 assert self.rule_judge is not None
-                score, explanation = await asyncio.wait_for(asyncio.to_thread(self.rule_judge, *args), 30)
+                score, explanation = await self._call_rule(self.rule_judge, args)
                 return json.dumps({"score": score, "explanation": explanation}), {}
             assert self.hint_extractor is not None
-            score, hint, explanation = await asyncio.wait_for(
-                asyncio.to_thread(self.hint_extractor, *args), 30
-            )
+            score, hint, explanation = await self._call_rule(self.hint_extractor, args)
             return json.dumps({"score": score, "hint": hint, "explanation": explanation}), {}
         except (
             TimeoutError,
@@ -162,6 +175,24 @@ class JudgeStage:
             RuntimeError,
         ) as error:  # a plugin failing is a failed vote
             return _FAILED + f"rule judge raised {type(error).__name__}: {error}", {}
+
+    async def _call_rule(self, rule: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """A rule judge's verdict. Inline while rules are fast (a thread hop costs ~50-100 us, a typical
+        rule a few us); after one slow call (over INLINE_RULE_CPU_S of CPU, or INLINE_RULE_WALL_S of wall
+        time: it waited on something), in a worker thread with a timeout, so a slow plugin cannot stall
+        the event loop and with it every stage of the process. CPU time is the main test because wall
+        time also counts the time the process was not scheduled on a busy machine."""
+        if not self._rule_inline:
+            return await asyncio.wait_for(asyncio.to_thread(rule, *args), RULE_TIMEOUT_S)
+        started_s, started_cpu_s = time.perf_counter(), time.thread_time()
+        result = rule(*args)
+        wall_s, cpu_s = time.perf_counter() - started_s, time.thread_time() - started_cpu_s
+        if cpu_s > INLINE_RULE_CPU_S or wall_s > INLINE_RULE_WALL_S:
+            self._rule_inline = False
+            logger.warning(
+                "rule judge took %.3f s (%.3f s CPU): later calls run in a worker thread", wall_s, cpu_s
+            )
+        return result
 
     def _vote_event(
         self,
@@ -179,7 +210,7 @@ class JudgeStage:
         fields: dict[str, Any] = dict(
             judge_id=judge.judge_id,
             judge_kind=judge.kind,
-            judge_config_version=judge.config_version,
+            judge_config_version=self._config_versions[kind],
             model=judge.model or None,
             model_version=None,
             vote_index=index,
@@ -210,7 +241,7 @@ class JudgeStage:
             session_id=next_state["session_id"],
             turn_id=next_state["turn_id"],
             occurred_at_ms=next_state["occurred_at"],
-            id_parts=(next_state["event_id"], judge.config_version, kind, str(index)),
+            id_parts=(next_state["event_id"], self._config_versions[kind], kind, str(index)),
             **fields,
         )
         return Emit("judge_votes" if kind == "reward" else "hints", event)
@@ -241,6 +272,15 @@ def _parse(kind: str, judge: JudgeConfig, raw: str) -> tuple[int | None, str | N
         score, error = parse_reward_vote(raw)
         return score, None, error
     return parse_hint_vote(raw)
+
+
+def _forget_unjudged_fields(state: State, turn_id: str | None) -> None:
+    """Drop what turn memory keeps for the teacher but no judge reads (token ids, sampling, tools):
+    the judge's state is written to its changelog after every batch that touches it."""
+    turn = state["turns"].get(turn_id) if turn_id is not None else None
+    if turn is not None:
+        for unused in ("response_token_ids", "temperature", "tools"):
+            turn.pop(unused, None)
 
 
 def _next_state_view(event: Event) -> dict[str, Any]:

@@ -1,16 +1,19 @@
 """`orl pipeline`: builds the stages from settings and runs them over the event log.
 
-With `--role all` every stage runs in this process, one StreamRunner (one consumer group) each;
-with a stage name only that stage runs, so stages can be separate processes. Reads and writes the
-topics declared in pipeline/topology.py.
+Each stage is one StreamRunner (one consumer group). With `--role all` every stage runs: on two or
+more cores the downstream ones in a second process (pipeline/stage_process.py), so both cores work.
+With a stage name (or several, comma-separated) only those run, in this process, so stages can be
+placed in separate processes by hand. Reads and writes the topics declared in pipeline/topology.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
+from connectors.event_log.base import EventLog
 from connectors.event_log.factory import open_event_log
 from connectors.metrics import Metrics
 from pipeline.config import HintSelectionConfig, LinkerConfig, PipelineConfig, SampleConfig, TallyConfig
@@ -21,6 +24,8 @@ from pipeline.processor import Processor
 from pipeline.pure_stages import PURE_PROCESSORS
 from pipeline.rule_judges import load_hint_extractor, load_rule_judge
 from pipeline.settings import PipelineSettings
+from pipeline.shared_decodes import SharedDecodes
+from pipeline.stage_process import split_stages, start_stage_process, stop_stage_process, supervise
 from pipeline.stream_runner import StreamRunner
 from pipeline.teacher_stage import TEACHER_KINDS, TeacherStage
 from pipeline.topology import STAGES
@@ -90,35 +95,63 @@ def build_stages(settings: PipelineSettings) -> list[Stage]:
     if settings.role in ("pure", "effect"):
         names = [n for n in names if kinds[n] == settings.role]
     elif settings.role != "all":
-        if settings.role not in by_name:
+        chosen = settings.role.split(",")  # one stage, or several in this one process
+        unknown = [name for name in chosen if name not in by_name]
+        if unknown or not chosen:
             raise ConfigError(
-                f"--role must be all, pure, effect or one of {', '.join(by_name)}; got {settings.role!r}"
+                f"--role must be all, pure, effect or stage names (comma-separated) from "
+                f"{', '.join(by_name)}; got {settings.role!r}"
             )
-        names = [settings.role]
+        names = [name for name in by_name if name in chosen]  # topological order
     return [by_name[name] for name in names]
 
 
-async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
+def build_runners(
+    log: EventLog, settings: PipelineSettings, stages: list[Stage], metrics: Metrics | None = None
+) -> list[StreamRunner]:
+    """One StreamRunner per stage on `log`; they share decodes (a record several stages read is decoded once)."""
     config = pipeline_config(settings)
-    metrics = Metrics()
-    async with open_event_log(settings.effective_log_url()) as log:
-        runners = [
-            StreamRunner(
-                log,
-                stage,
-                config,
-                settings.namespace,
-                metrics=metrics,
-                tick_interval_s=settings.tick_interval_s,
-                partitions=settings.topic_partitions,
-                effect_concurrency=settings.effect_concurrency,
-            )
-            for stage in build_stages(settings)
-        ]
-        logger.info(
-            "pipeline (%s) running stages: %s", settings.method, ", ".join(r.processor.name for r in runners)
+    metrics = metrics or Metrics()
+    decodes = SharedDecodes()
+    return [
+        StreamRunner(
+            log,
+            stage,
+            config,
+            settings.namespace,
+            metrics=metrics,
+            tick_interval_s=settings.tick_interval_s,
+            partitions=settings.topic_partitions,
+            effect_concurrency=settings.effect_concurrency,
+            decodes=decodes,
         )
-        await asyncio.gather(*(runner.run(stop) for runner in runners))
+        for stage in stages
+    ]
+
+
+async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
+    """Run the stages of `settings.role` until `stop`; with `--role all` on 2+ cores, the downstream
+    stages run in a child process (pipeline/stage_process.py), so the pipeline uses two cores."""
+    stages = build_stages(settings)
+    here, there = split_stages([s.name for s in stages], settings.role, os.cpu_count())
+    child = await start_stage_process(settings, there) if there else None
+    try:
+        async with open_event_log(settings.effective_log_url()) as log:
+            runners = build_runners(log, settings, [s for s in stages if s.name in here])
+            logger.info("pipeline (%s) running stages: %s", settings.method, ", ".join(here))
+            try:
+                async with asyncio.TaskGroup() as tasks:  # one failing stage stops the others
+                    for runner in runners:
+                        tasks.create_task(runner.run(stop))
+                    if child is not None:
+                        tasks.create_task(supervise(child, stop))
+            except BaseExceptionGroup as group:  # one failure: raise it as is (the CLI names OrlErrors)
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
+    finally:
+        if child is not None:
+            await stop_stage_process(child)
 
 
 def run(settings: PipelineSettings) -> int:

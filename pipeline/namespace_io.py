@@ -152,6 +152,25 @@ def envelope_head(value: bytes) -> EnvelopeHead | None:
     return EnvelopeHead(strings[0], strings[1], occurred_at, (start, pos + length))
 
 
+def envelope_keys(value: bytes) -> tuple[str, str | None, str | None] | None:
+    """(event_type, session_id, turn_id) of an event written with its current schema, without decoding
+    the body (else None). session_id and turn_id follow the namespace, each a union of null and string."""
+    head = envelope_head(value)
+    if head is None:
+        return None
+    session_id, pos = _read_optional_string(value, head.namespace_span[1])
+    turn_id, _ = _read_optional_string(value, pos)
+    return head.event_type, session_id, turn_id
+
+
+def _read_optional_string(value: bytes, pos: int) -> tuple[str | None, int]:
+    branch, pos = _read_long(value, pos)
+    if branch == 0:
+        return None, pos
+    length, pos = _read_long(value, pos)
+    return value[pos : pos + length].decode(), pos + length
+
+
 @cache
 def _current_headers() -> dict[str, bytes]:
     registry = default_registry()

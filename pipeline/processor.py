@@ -6,6 +6,12 @@
 - `process(state, event, config)` handles one event of one of `inputs`; `on_tick(state, now_ms,
   config)` does time-based work (idle timeouts, waiting limits). `now_ms` is the runtime's notion of
   time: the wall clock when live, the stream's watermark (latest occurred_at read) in a replay.
+- `on_tick` that has nothing to do returns the very `state` object it was given, unmodified; one that
+  changes the state emits something or returns another object (or None). Runtimes tick every stored
+  session, so they tell a changed state from an unchanged one by that, not by serialising each state
+  twice per tick.
+- Processors never modify their input events: a runtime may hand one decoded event to several
+  processors (pipeline/shared_decodes.py).
 - Outputs are `Emit(topic, event)`; the record key is the event's session_id. Output ids are
   deterministic (inputs' ids + config version); a redelivered input is recognised by the bounded
   seen-id list in the state and emits nothing.
@@ -50,5 +56,8 @@ class Processor(Protocol):
         ...
 
     def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
-        """Time-based work for one stored session; called periodically by the runtime."""
+        """Time-based work for one stored session; called periodically by the runtime.
+
+        Returns `state` itself, unmodified, when there is nothing to do (see the module docstring).
+        """
         ...

@@ -24,7 +24,6 @@ Reads: the source topics. Writes: every catalog topic of the target namespace, `
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
@@ -49,7 +48,7 @@ from pipeline.namespace_io import (
 )
 from pipeline.processor import Processor
 from pipeline.stream_runner import StreamRunner
-from schemas.codec import decode, encode
+from schemas.codec import decode, encode, event_type_of
 from schemas.errors import ConfigError
 from schemas.events import make_event
 from schemas.topics import topic_name
@@ -271,7 +270,7 @@ async def run_stages(
             if teacher_copy is not None:
                 await teacher_copy()
             continue
-        runner = StreamRunner(log, _tick_on_copy(stage), config, plan.target, partitions=plan.partitions)
+        runner = StreamRunner(log, stage, config, plan.target, partitions=plan.partitions)
         if isinstance(stage, EffectStage):
             await runner.run_until_idle(idle_polls=1)
         else:
@@ -292,34 +291,11 @@ async def drain(runner: StreamRunner, batch_records: int = PURE_BATCH_RECORDS) -
     return handled
 
 
-class _TickOnCopy:
-    """A pure processor whose on_tick gets a copy of the state.
-
-    StreamRunner.tick persists a state only when `new_state != old state`, but the processors
-    update their state in place, so a tick that finalizes a session would otherwise not reach the
-    changelog and a re-run would emit the same events again.
-    """
-
-    def __init__(self, processor: Processor) -> None:
-        self._processor = processor
-        self.name, self.inputs, self.outputs = processor.name, processor.inputs, processor.outputs
-
-    def process(self, state: Any, event: Event, config: PipelineConfig) -> Any:
-        return self._processor.process(state, event, config)
-
-    def on_tick(self, state: Any, now_ms: int, config: PipelineConfig) -> Any:
-        return self._processor.on_tick(copy.deepcopy(state), now_ms, config)
-
-
-def _tick_on_copy(stage: Stage) -> Stage:
-    return stage if isinstance(stage, EffectStage) else _TickOnCopy(stage)
-
-
 async def count_samples(log: EventLog, namespace: str) -> tuple[int, int]:
     ready = rejected = 0
     async for records in read_batches(log, topic_name(namespace, "samples")):
         for record in records:
-            if decode(record.value)["envelope"]["event_type"] == "SampleReady":
+            if event_type_of(record.value) == "SampleReady":  # the header says it: no decode
                 ready += 1
             else:
                 rejected += 1

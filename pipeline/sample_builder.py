@@ -83,6 +83,7 @@ class SampleBuilder:
         if now_ms < deadline_ms:
             return state, []
         logger.info("session %s: settle timeout, finalizing with what is known", state["session_id"])
+        state = dict(state)  # a new object: finalizing may change the state without emitting anything
         return state, finalize(state, deadline_ms, config)
 
 

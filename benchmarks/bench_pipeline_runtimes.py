@@ -1,0 +1,175 @@
+"""The faust and LLM-judge measurements of `python -m benchmarks.bench_pipeline` (see its docstring).
+
+`faust`: the pure stages in a faust worker child process (`--faust-worker` mode of bench_pipeline),
+the judge as a StreamRunner on the Kafka log here, on a noida-db test broker. `llm`: votes/s of the
+LLM judge against a real `orl serve` (SmolLM2-135M on CPU). Writes only under a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_pipeline import (
+    NAMESPACE,
+    append_grouped,
+    bench_settings,
+    encoded_stream,
+    measure,
+    print_table,
+    run_stages,
+    warm_up,
+)
+from connectors.event_log.base import EventLog
+from connectors.event_log.catalog import create_catalog_topics
+from pipeline.main import build_stages, pipeline_config
+from pipeline.stream_runner import StreamRunner
+from schemas.codec import decode
+from schemas.topics import topic_name
+
+
+async def faust(args: argparse.Namespace) -> None:
+    """Pure stages in a faust worker child process, the judge stage here, all on a noida-db broker."""
+    from connectors.event_log.kafka_log import KafkaEventLog
+    from tests.fixtures.kafka_broker import start_kafka_broker, stop_kafka_broker
+
+    results = []
+    for mode in ("backlog", "rate"):
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+                broker = start_kafka_broker(Path(tmp) / "kafka")
+                log = KafkaEventLog(broker.bootstrap)
+                worker, stop, judge = None, asyncio.Event(), []
+                try:
+                    await log.start()
+                    await create_catalog_topics(log, NAMESPACE, args.partitions)
+                    worker = start_faust_worker(args, broker.bootstrap, Path(tmp))
+                    # One judge runner for warm-up and run: a restarted member of a Kafka group waits
+                    # out the old member's session before it gets partitions back.
+                    judge = await run_stages(log, args, Path(tmp), stop, ["judge"])
+                    await warm_up(log)
+                    result = await measure(log, args, Path(tmp), "burst" if mode == "backlog" else mode, [])
+                finally:
+                    stop.set()
+                    await asyncio.gather(*judge)
+                    if worker is not None:
+                        stop_process(worker)
+                    await log.close()
+                    stop_kafka_broker(broker)
+                    stop_broker_children(Path(tmp) / "kafka")
+            result["runtime"] = (
+                f"faust ({args.guarantee}, commit {args.commit_interval_s} s) + judge on Kafka"
+            )
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    print_table(args, results)
+
+
+def stop_process(process: Any, grace_s: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `grace_s` (a faust worker can take long)."""
+    import subprocess
+
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def stop_broker_children(kafka_dir: Path) -> None:
+    """Stop the noida-db server the launcher started: terminating the launcher leaves it running."""
+    import os
+    import signal
+
+    marker = str(kafka_dir / "data")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"noida-db" in cmdline[0] and marker.encode() in cmdline:
+            os.kill(int(proc.name), signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while proc.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+def start_faust_worker(args: argparse.Namespace, bootstrap: str, data_dir: Path) -> Any:
+    import subprocess
+
+    command = [sys.executable, "-m", "benchmarks.bench_pipeline", "faust", "--faust-worker", bootstrap,
+               "--work-dir", str(data_dir), "--partitions", str(args.partitions),
+               "--commit-interval-s", str(args.commit_interval_s), "--guarantee", args.guarantee]  # fmt: skip
+    log_file = (data_dir / "faust-worker.log").open("wb")
+    return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def faust_worker(args: argparse.Namespace) -> None:
+    """The --faust-worker mode: turn_linker, vote_tally and sample_builder as one faust worker."""
+    from pipeline.faust_runtime import run_worker
+
+    settings = bench_settings(args, f"kafka://{args.faust_worker}", args.work_dir)
+    processors = [s for s in build_stages(settings) if s.name != "judge"]
+    run_worker(
+        processors, pipeline_config(settings), NAMESPACE, args.faust_worker,  # type: ignore[arg-type]
+        app_id=f"{NAMESPACE}-pipeline", data_dir=args.work_dir / "faust", processing_guarantee=args.guarantee,
+        partitions=args.partitions, loglevel="warning", session_timeout_s=6.0, rebalance_timeout_s=12.0,
+        commit_interval_s=args.commit_interval_s,
+    )  # fmt: skip
+
+
+async def llm_votes(args: argparse.Namespace) -> None:
+    """votes/s of the LLM judge against a real `orl serve` on CPU (judge stage only)."""
+    from connectors.event_log.sqlite_log import SqliteEventLog
+    from tests.integration.serve_process import API_KEY, serve_process
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp)
+        env = {"ORL_FOLLOW_CHECKPOINTS": "false", "ORL_MAX_BATCH_SIZE": "8"}
+        (data_dir / "serve").mkdir()
+        with serve_process(data_dir / "serve", extra_env=env, timeout_s=300) as server:
+            settings = dataclasses.replace(
+                bench_settings(args, "unused://", data_dir), judge="llm", judge_votes=args.votes,
+                judge_max_tokens=args.judge_max_tokens, server_url=f"{server.base_url}/v1", api_key=API_KEY,
+                judge_timeout_s=300.0,
+            )  # fmt: skip
+            log = SqliteEventLog(data_dir / "log.db")
+            await log.start()
+            try:
+                await create_catalog_topics(log, NAMESPACE, 1)
+                sessions = max(1, args.judgements // max(1, args.turns - 1))
+                await append_grouped(
+                    log, [r for slot in encoded_stream(sessions, args.turns, False) for r in slot]
+                )
+                config = pipeline_config(settings)
+                turn_linker = next(s for s in build_stages(settings) if s.name == "turn_linker")
+                await StreamRunner(log, turn_linker, config, NAMESPACE).run_until_idle()
+                judge = next(s for s in build_stages(settings) if s.name == "judge")
+                started = time.monotonic()
+                await StreamRunner(
+                    log, judge, config, NAMESPACE, effect_concurrency=args.effect_concurrency
+                ).run_until_idle()
+                wall = time.monotonic() - started - 0.4  # run_until_idle ends with two empty 0.2 s polls
+                votes = [decode(r.value) for r in await _read_all(log, topic_name(NAMESPACE, "judge_votes"))]
+            finally:
+                await log.close()
+    parsed = sum(v["score"] is not None for v in votes)
+    print(json.dumps({"votes": len(votes), "parsed": parsed, "seconds": round(wall, 1),
+                      "votes_per_s": round(len(votes) / wall, 2), "judge_max_tokens": args.judge_max_tokens,
+                      "m": args.votes, "effect_concurrency": args.effect_concurrency}))  # fmt: skip
+
+
+async def _read_all(log: EventLog, topic: str) -> list[Any]:
+    from connectors.event_log.reading import read_to_end
+
+    return await read_to_end(log, topic)

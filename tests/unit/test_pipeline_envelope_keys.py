@@ -1,0 +1,37 @@
+"""Reading an event's type, session and turn from its bytes, without decoding the body."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.namespace_io import envelope_keys
+from schemas.codec import encode
+from schemas.registry import default_registry
+from tests.unit.event_examples import EXAMPLES
+
+ENVELOPE_LAYOUT = [
+    ("event_id", "string"),
+    ("event_type", "string"),
+    ("schema_version", "int"),
+    ("occurred_at", "long"),
+    ("producer", "string"),
+    ("namespace", "string"),
+    ("session_id", ["null", "string"]),
+    ("turn_id", ["null", "string"]),
+]
+
+
+@pytest.mark.parametrize("event_type", sorted(default_registry().event_types))
+def test_every_current_schema_starts_with_the_envelope_layout_the_reader_assumes(event_type: str) -> None:
+    envelope = default_registry().current(event_type).schema["fields"][0]
+    fields = envelope["type"]["fields"]
+    layout = [(f["name"], f["type"]["type"] if isinstance(f["type"], dict) else f["type"]) for f in fields]
+    assert envelope["name"] == "envelope" and layout[: len(ENVELOPE_LAYOUT)] == ENVELOPE_LAYOUT
+
+
+@pytest.mark.parametrize("event_type", sorted(EXAMPLES))
+def test_the_keys_read_from_the_bytes_equal_the_decoded_ones(event_type: str) -> None:
+    event = EXAMPLES[event_type]()
+    for session_id, turn_id in (("s-1", "t-1"), (None, None), ("s-2", None)):
+        event["envelope"].update(session_id=session_id, turn_id=turn_id)
+        assert envelope_keys(encode(event)) == (event_type, session_id, turn_id)
