@@ -6,7 +6,7 @@ were reported durable before it kills the process. With --wait-for-go it prints 
 is open and waits for a line on stdin, so that several writers start at the same moment.
 `join` joins GROUP on TOPIC, prints "joined", then idles (heartbeating) until it is killed.
 
-    python -m tests.contract.sqlite_log_process write DB TOPIC WRITER BATCHES BATCH_SIZE [--wait-for-go]
+    python -m tests.contract.sqlite_log_process write DB TOPIC WRITER BATCHES BATCH_SIZE [--wait-for-go] [--pause-s S]
     python -m tests.contract.sqlite_log_process join DB TOPIC GROUP SESSION_TIMEOUT_S
 """
 
@@ -47,6 +47,7 @@ async def write(args: argparse.Namespace) -> None:
             ]
             positions = await log.append_batch(args.topic, records)
             print("appended", args.writer, batch, positions[0].offset, positions[-1].offset, flush=True)
+            await asyncio.sleep(args.pause_s)  # other work between appends: lets the other writer in
 
 
 async def join(args: argparse.Namespace) -> None:
@@ -70,6 +71,7 @@ def parse_args() -> argparse.Namespace:
     writer.add_argument("batches", type=int)
     writer.add_argument("batch_size", type=int)
     writer.add_argument("--wait-for-go", action="store_true")
+    writer.add_argument("--pause-s", type=float, default=0.0, help="sleep after each append")
     member = commands.add_parser("join")
     for name in ("db", "topic", "group"):
         member.add_argument(name)

@@ -101,8 +101,10 @@ async def test_two_processes_append_concurrently(tmp_path: Path) -> None:
     async with SqliteEventLog(db) as log:
         await log.create_topics([TopicSpec(topic, 1)])
         with (
-            start_writer(db, topic, "a", BATCHES, 5, "--wait-for-go") as writer_a,
-            start_writer(db, topic, "b", BATCHES, 5, "--wait-for-go") as writer_b,
+            # A writer that appends back to back can starve the other in SQLite's busy handler
+            # (it sleeps while the lock is re-taken); a short pause between appends lets both in.
+            start_writer(db, topic, "a", BATCHES, 5, "--wait-for-go", "--pause-s", 0.002) as writer_a,
+            start_writer(db, topic, "b", BATCHES, 5, "--wait-for-go", "--pause-s", 0.002) as writer_b,
         ):
             writers = [writer_a, writer_b]
             assert [writer.stdout.readline() for writer in writers if writer.stdout] == ["ready\n", "ready\n"]
