@@ -136,7 +136,7 @@ async def record(log: EventLog, sessions: int, turns: int, votes: int) -> float:
         await writer.write(batch)
     plan = ReplayPlan(SOURCE, "reuse", "bench", "bench", flush=False)
     stages = [PURE_PROCESSORS["vote_tally"], PURE_PROCESSORS["sample_builder"]]
-    await run_stages(log, stages, config(votes), plan, None, None)
+    await run_stages(log, stages, config(votes), plan, None)
     return time.perf_counter() - started
 
 

@@ -18,6 +18,7 @@ from connectors.event_log.factory import open_event_log
 from connectors.metrics import Metrics
 from pipeline.config import HintSelectionConfig, LinkerConfig, PipelineConfig, SampleConfig, TallyConfig
 from pipeline.effects import EffectStage
+from pipeline.gc_tuning import tuned_for_streams
 from pipeline.judge_stage import JudgeStage
 from pipeline.judging import JudgeConfig
 from pipeline.processor import Processor
@@ -136,22 +137,32 @@ async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
     here, there = split_stages([s.name for s in stages], settings.role, os.cpu_count())
     child = await start_stage_process(settings, there) if there else None
     try:
-        async with open_event_log(settings.effective_log_url()) as log:
-            runners = build_runners(log, settings, [s for s in stages if s.name in here])
-            logger.info("pipeline (%s) running stages: %s", settings.method, ", ".join(here))
-            try:
-                async with asyncio.TaskGroup() as tasks:  # one failing stage stops the others
-                    for runner in runners:
-                        tasks.create_task(runner.run(stop))
-                    if child is not None:
-                        tasks.create_task(supervise(child, stop))
-            except BaseExceptionGroup as group:  # one failure: raise it as is (the CLI names OrlErrors)
-                if len(group.exceptions) == 1:
-                    raise group.exceptions[0] from None
-                raise
+        with tuned_for_streams():
+            await _run_here(settings, [s for s in stages if s.name in here], child, stop)
     finally:
         if child is not None:
             await stop_stage_process(child)
+
+
+async def _run_here(
+    settings: PipelineSettings,
+    stages: list[Processor | EffectStage],
+    child: asyncio.subprocess.Process | None,
+    stop: asyncio.Event,
+) -> None:
+    async with open_event_log(settings.effective_log_url()) as log:
+        runners = build_runners(log, settings, stages)
+        logger.info("pipeline (%s) running stages: %s", settings.method, ", ".join(s.name for s in stages))
+        try:
+            async with asyncio.TaskGroup() as tasks:  # one failing stage stops the others
+                for runner in runners:
+                    tasks.create_task(runner.run(stop))
+                if child is not None:
+                    tasks.create_task(supervise(child, stop))
+        except BaseExceptionGroup as group:  # one failure: raise it as is (the CLI names OrlErrors)
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
 
 
 def run(settings: PipelineSettings) -> int:

@@ -163,6 +163,36 @@ def envelope_keys(value: bytes) -> tuple[str, str | None, str | None] | None:
     return head.event_type, session_id, turn_id
 
 
+VOTE_TYPES = ("JudgeVoteCast", "HintVoteCast")
+
+
+def vote_fields(value: bytes) -> tuple[str, str, str, int] | None:
+    """(event_type, judge_kind, judge_config_version, vote_index) of a JudgeVoteCast or HintVoteCast
+    written with its current schema, without decoding the rest (else None).
+
+    Both schemas follow the envelope with judge_id, judge_kind, judge_config_version, model,
+    model_version (unions of null and string) and vote_index; tests/unit/test_namespace_io.py
+    checks that against a full decode, so a reordered schema fails there, not here.
+    """
+    head = envelope_head(value)
+    if head is None or head.event_type not in VOTE_TYPES:
+        return None
+    _, pos = _read_optional_string(value, head.namespace_span[1])  # session_id
+    _, pos = _read_optional_string(value, pos)  # turn_id
+    _, pos = _read_string(value, pos)  # judge_id
+    judge_kind, pos = _read_string(value, pos)
+    config_version, pos = _read_string(value, pos)
+    _, pos = _read_optional_string(value, pos)  # model
+    _, pos = _read_optional_string(value, pos)  # model_version
+    vote_index, _ = _read_long(value, pos)
+    return head.event_type, judge_kind, config_version, vote_index
+
+
+def _read_string(value: bytes, pos: int) -> tuple[str, int]:
+    length, pos = _read_long(value, pos)
+    return value[pos : pos + length].decode(), pos + length
+
+
 def _read_optional_string(value: bytes, pos: int) -> tuple[str | None, int]:
     branch, pos = _read_long(value, pos)
     if branch == 0:
@@ -194,6 +224,7 @@ class NamespaceWriter:
         self.present: set[str] = set()
         self.written = 0
         self.skipped = 0
+        self._topics: dict[str, str] = {}
 
     async def prepare(self, topics: Iterable[str] = TOPICS) -> None:
         names = [topic_name(self.namespace, topic) for topic in topics]
@@ -201,38 +232,42 @@ class NamespaceWriter:
         self.present = await event_ids_on(self.log, names)
 
     async def write(self, events: Iterable[Event]) -> int:
-        """Append the events not yet present (grouped per topic, order kept); returns how many."""
-        by_topic: dict[str, list[OutgoingRecord]] = {}
-        for event in events:
-            envelope = event["envelope"]
-            if envelope["event_id"] in self.present:
-                self.skipped += 1
-                continue
-            self.present.add(envelope["event_id"])
-            session = envelope.get("session_id")
-            topic = topic_name(self.namespace, topic_for_event(envelope["event_type"]))
-            record = OutgoingRecord(value=encode(event), key=session.encode() if session else None)
-            by_topic.setdefault(topic, []).append(record)
-        count = 0
-        for topic, records in by_topic.items():
-            await self.log.append_batch(topic, records)
-            count += len(records)
-        self.written += count
-        return count
+        """Append the events not yet present (order kept per topic); returns how many."""
+        return await self.write_batch((), events)
 
     async def write_raw(self, items: Iterable[tuple[EnvelopeHead, bytes | None, bytes]]) -> int:
         """Append already encoded events (head, key, value) not yet present, order kept per topic."""
-        by_topic: dict[str, list[OutgoingRecord]] = {}
+        return await self.write_batch(items, ())
+
+    async def write_batch(
+        self, items: Iterable[tuple[EnvelopeHead, bytes | None, bytes]], events: Iterable[Event]
+    ) -> int:
+        """Encoded items, then events, those not yet present, in ONE append (one transaction, one fsync
+        on the embedded log); returns how many were appended."""
+        outputs: list[tuple[str, OutgoingRecord]] = []
         for head, key, value in items:
-            if head.event_id in self.present:
-                self.skipped += 1
-                continue
-            self.present.add(head.event_id)
-            topic = topic_name(self.namespace, topic_for_event(head.event_type))
-            by_topic.setdefault(topic, []).append(OutgoingRecord(value=value, key=key))
-        count = 0
-        for topic, records in by_topic.items():
-            await self.log.append_batch(topic, records)
-            count += len(records)
-        self.written += count
-        return count
+            if self._is_new(head.event_id):
+                outputs.append((self._topic(head.event_type), OutgoingRecord(value=value, key=key)))
+        for event in events:
+            envelope = event["envelope"]
+            if self._is_new(envelope["event_id"]):
+                session = envelope.get("session_id")
+                record = OutgoingRecord(value=encode(event), key=session.encode() if session else None)
+                outputs.append((self._topic(envelope["event_type"]), record))
+        if outputs:
+            await self.log.append_and_commit(outputs, f"{self.namespace}.writer", {})
+        self.written += len(outputs)
+        return len(outputs)
+
+    def _is_new(self, event_id: str) -> bool:
+        if event_id in self.present:
+            self.skipped += 1
+            return False
+        self.present.add(event_id)
+        return True
+
+    def _topic(self, event_type: str) -> str:
+        topic = self._topics.get(event_type)
+        if topic is None:
+            topic = self._topics[event_type] = topic_name(self.namespace, topic_for_event(event_type))
+        return topic

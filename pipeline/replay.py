@@ -9,13 +9,17 @@ Modes:
   (vote_tally, hint_selector, sample_builder). Recorded teacher scores are re-attached to the
   replayed HintSelected (the id a teacher stage would give them there). Same inputs + same pure
   logic = the same samples: their payloads equal the original's except the ids derived in the new
-  namespace (reward, hint, teacher lineage ids and the envelope).
+  namespace (reward, hint, teacher lineage ids and the envelope). The pure stages run in memory
+  (pipeline/memory_runner.py) in the same pass as the copy, each event decoded once; the votes are
+  first skimmed for m, the number of llm votes that makes a judgement.
 - `rejudge`: requests, responses, next states and session ends are copied; the judge stage runs
   with the judge configured in the settings (new votes, its config version), then the pure stages
-  and (for opd / combined) the teacher stage. The source namespace is only read.
+  and (for opd / combined) the teacher stage, each a StreamRunner over the target's topics. The
+  source namespace is only read.
 
 Re-running the same replay (same source, mode and settings; recorded in `<target>.replay`) adds
-nothing: copies skip event ids already present, and each stage resumes from its committed offsets.
+nothing: copies and outputs skip event ids already present (output ids are deterministic), and
+each StreamRunner stage resumes from its committed offsets.
 A different replay into a non-empty namespace is refused. With `flush` (default) time is then
 advanced past every timeout, as the live pipeline's ticks would have done (decisions taken on a
 timeout carry their deadline as time, so the outputs do not depend on when the flush runs).
@@ -24,11 +28,12 @@ Reads: the source topics. Writes: every catalog topic of the target namespace, `
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from connectors.event_log.base import EventLog, OutgoingRecord, TopicSpec
@@ -37,21 +42,26 @@ from connectors.object_store.base import ObjectStore
 from pipeline.archive import ArchiveError, archived_records, load_index
 from pipeline.config import PipelineConfig
 from pipeline.effects import EffectStage
+from pipeline.gc_tuning import tuned_for_streams
+from pipeline.memory_runner import MemoryRunner
 from pipeline.namespace_io import (
+    VOTE_TYPES,
+    EnvelopeHead,
     NamespaceWriter,
     catalog_topics,
     envelope_head,
     in_namespace,
     read_batches,
     record_count,
+    vote_fields,
     with_namespace,
 )
-from pipeline.processor import Processor
+from pipeline.processor import Emit, Processor
 from pipeline.stream_runner import StreamRunner
 from schemas.codec import decode, encode, event_type_of
 from schemas.errors import ConfigError
 from schemas.events import make_event
-from schemas.topics import topic_name
+from schemas.topics import topic_for_event, topic_name
 
 logger = logging.getLogger(__name__)
 Event = dict[str, Any]
@@ -60,6 +70,18 @@ VOTE_MODES = ("reuse", "rejudge")
 REUSE_TOPICS = ("requests", "responses", "next_states", "sessions", "judge_votes", "hints", "teacher_scores")
 REJUDGE_TOPICS = ("requests", "responses", "next_states", "sessions")
 REUSE_STAGES = ("vote_tally", "hint_selector", "teacher", "sample_builder")
+# A reuse replay in memory reads the votes first and the responses last: each turn's reward, hint
+# and teacher scores are decided before its response is read, so the turn is settled then and
+# sample_builder does not hold every response of the history at once.
+IN_MEMORY_ORDER = (
+    "judge_votes",
+    "hints",
+    "teacher_scores",
+    "sessions",
+    "next_states",
+    "requests",
+    "responses",
+)
 REJUDGE_STAGES = ("judge", "vote_tally", "hint_selector", "teacher", "sample_builder")
 Progress = Callable[[int], None]
 PURE_BATCH_RECORDS = 20_000
@@ -118,32 +140,58 @@ async def claim_namespace(log: EventLog, plan: ReplayPlan, source_namespace: str
     await log.append(topic, OutgoingRecord(value=json.dumps(body, sort_keys=True).encode()))
 
 
-async def log_source(log: EventLog, namespace: str, topics: Sequence[str]) -> AsyncIterator[list[RawRecord]]:
-    for topic in topics:
-        async for records in read_batches(log, topic_name(namespace, topic)):
-            yield [(r.key, r.value) for r in records]
+@dataclass(frozen=True)
+class ReplaySource:
+    """Recorded events to replay, read topic by topic in batches of (key, encoded event); readable
+    more than once (a reuse replay first counts the votes, then replays everything)."""
+
+    topics: tuple[str, ...]
+    read_topics: Callable[[Sequence[str]], AsyncIterator[list[RawRecord]]]
+
+    def batches(self, topics: Sequence[str] | None = None) -> AsyncIterator[list[RawRecord]]:
+        """The batches of `topics` (default: all of the source's, in its order) that the source has."""
+        return self.read_topics([t for t in (topics or self.topics) if t in self.topics])
 
 
-async def event_source(events: list[Event]) -> AsyncIterator[list[RawRecord]]:
-    """Events built in memory (an import), encoded as they will be stored."""
-    for first in range(0, len(events), 5000):
-        batch = events[first : first + 5000]
-        yield [((e["envelope"].get("session_id") or "").encode() or None, encode(e)) for e in batch]
+def log_source(log: EventLog, namespace: str, topics: Sequence[str]) -> ReplaySource:
+    async def read(chosen: Sequence[str]) -> AsyncIterator[list[RawRecord]]:
+        for topic in chosen:
+            async for records in read_batches(log, topic_name(namespace, topic)):
+                yield [(r.key, r.value) for r in records]
+
+    return ReplaySource(tuple(topics), read)
 
 
-async def archive_source(
-    store: ObjectStore, namespace: str, topics: Sequence[str]
-) -> AsyncIterator[list[RawRecord]]:
-    found = False
-    for topic in topics:
-        index = load_index(store, namespace, topic_name(namespace, topic))
-        if index is None:
-            continue
-        found = True
-        async for records in archived_records(store, index):
-            yield [(r.key, r.value) for r in records]
-    if not found:
+def event_source(events: list[Event]) -> ReplaySource:
+    """Events built in memory (an import), encoded once, as they will be stored."""
+    by_topic: dict[str, list[RawRecord]] = {}
+    for event in events:
+        key = (event["envelope"].get("session_id") or "").encode() or None
+        by_topic.setdefault(topic_for_event(event["envelope"]["event_type"]), []).append((key, encode(event)))
+
+    async def read(chosen: Sequence[str]) -> AsyncIterator[list[RawRecord]]:
+        for topic in chosen:
+            records = by_topic[topic]
+            for first in range(0, len(records), 5000):
+                yield records[first : first + 5000]
+
+    return ReplaySource(tuple(by_topic), read)
+
+
+def archive_source(store: ObjectStore, namespace: str, topics: Sequence[str]) -> ReplaySource:
+    indexes = {topic: load_index(store, namespace, topic_name(namespace, topic)) for topic in topics}
+    if not any(indexes.values()):
         raise ArchiveError(f"no archive for namespace {namespace!r} in the object store")
+
+    async def read(chosen: Sequence[str]) -> AsyncIterator[list[RawRecord]]:
+        for topic in chosen:
+            index = indexes[topic]
+            if index is None:
+                continue
+            async for records in archived_records(store, index):
+                yield [(r.key, r.value) for r in records]
+
+    return ReplaySource(tuple(topics), read)
 
 
 async def source_size(log: EventLog, store: ObjectStore | None, namespace: str, topics: Sequence[str]) -> int:
@@ -158,46 +206,68 @@ async def source_size(log: EventLog, store: ObjectStore | None, namespace: str, 
     return total
 
 
+@dataclass(frozen=True)
+class RecordedVotes:
+    """What the recorded votes say about the live judge: m per vote type, and its config versions."""
+
+    counts: dict[str, int]  # "JudgeVoteCast" / "HintVoteCast" -> llm votes per judgement
+    versions: frozenset[str]
+
+
+async def recorded_votes(source: ReplaySource) -> RecordedVotes:
+    """m is the largest llm vote_index + 1, read from the votes' leading fields (no full decode)."""
+    counts: dict[str, int] = {}
+    versions: set[str] = set()
+    async for batch in source.batches(("judge_votes", "hints")):
+        for _, value in batch:
+            fields = vote_fields(value)
+            if fields is None:
+                if event_type_of(value) not in VOTE_TYPES:
+                    continue  # a hint decision on the hints topic
+                event = decode(value)  # an older writer schema
+                fields = (
+                    event["envelope"]["event_type"], event["judge_kind"], event["judge_config_version"],
+                    int(event["vote_index"]),
+                )  # fmt: skip
+            event_type, judge_kind, version, vote_index = fields
+            versions.add(version)
+            if judge_kind == "llm":
+                counts[event_type] = max(counts.get(event_type, 1), vote_index + 1)
+    return RecordedVotes(counts, frozenset(versions))
+
+
 @dataclass
 class Copier:
     """Copies source events into the target, holding back what replay re-derives or re-attaches."""
 
     writer: NamespaceWriter
-    votes: str
     progress: Progress
-    teacher_scores: list[Event]
-    vote_counts: dict[str, int]
-    vote_versions: set[str]
+    teacher_scores: list[Event] = field(default_factory=list)
     watermark_ms: int = 0
 
-    async def copy(self, batches: AsyncIterator[list[RawRecord]]) -> None:
-        """Only `envelope.namespace` changes: the bytes are spliced, not decoded and re-encoded."""
+    def splice(self, batch: list[RawRecord]) -> list[tuple[EnvelopeHead, bytes | None, bytes]]:
+        """The batch in the target namespace, minus HintSelected / HintRejected (re-derived) and
+        TeacherScored (kept in `teacher_scores`, re-attached later). Only `envelope.namespace`
+        changes: the bytes are spliced, not decoded and re-encoded."""
         target = self.writer.namespace
-        async for batch in batches:
-            keep = []
-            for key, value in batch:
+        kept = []
+        for key, value in batch:
+            head = envelope_head(value)
+            if head is None:  # an older writer schema: decode (upcast) and re-encode
+                value = encode(decode(value))
                 head = envelope_head(value)
-                if head is None:  # an older writer schema: decode (upcast) and re-encode
-                    event = in_namespace(decode(value), target)
-                    value, head = encode(event), envelope_head(encode(event))
-                    assert head is not None
-                self.watermark_ms = max(self.watermark_ms, head.occurred_at)
-                if head.event_type in ("JudgeVoteCast", "HintVoteCast"):
-                    self._count_vote(decode(value))
-                elif head.event_type == "TeacherScored":
-                    self.teacher_scores.append(decode(value))
-                    continue
-                elif head.event_type in ("HintSelected", "HintRejected"):
-                    continue
-                keep.append((head, key, with_namespace(value, head, target)))
-            await self.writer.write_raw(keep)
-            self.progress(len(batch))
+                assert head is not None
+            self.watermark_ms = max(self.watermark_ms, head.occurred_at)
+            if head.event_type == "TeacherScored":
+                self.teacher_scores.append(in_namespace(decode(value), target))
+            elif head.event_type not in ("HintSelected", "HintRejected"):
+                kept.append((head, key, with_namespace(value, head, target)))
+        return kept
 
-    def _count_vote(self, event: Event) -> None:
-        self.vote_versions.add(event["judge_config_version"])
-        if event["judge_kind"] == "llm":
-            kind = event["envelope"]["event_type"]
-            self.vote_counts[kind] = max(self.vote_counts.get(kind, 1), int(event["vote_index"]) + 1)
+    async def copy(self, source: ReplaySource) -> None:
+        async for batch in source.batches():
+            await self.writer.write_raw(self.splice(batch))
+            self.progress(len(batch))
 
 
 def reuse_config(config: PipelineConfig, vote_counts: dict[str, int]) -> PipelineConfig:
@@ -225,14 +295,9 @@ def flush_time_ms(watermark_ms: int, config: PipelineConfig) -> int:
     return watermark_ms + int(longest_s * 1000) + 1
 
 
-async def attach_teacher_scores(writer: NamespaceWriter, log: EventLog, scores: list[Event]) -> int:
-    """Recorded TeacherScored re-attached to the replayed HintSelected of the same turn."""
-    selected: dict[str, str] = {}
-    async for records in read_batches(log, topic_name(writer.namespace, "hints")):
-        for record in records:
-            event = decode(record.value)
-            if event["envelope"]["event_type"] == "HintSelected":
-                selected.setdefault(event["envelope"]["turn_id"], event["envelope"]["event_id"])
+def teacher_events(scores: list[Event], selected: dict[str, str]) -> list[Event]:
+    """Recorded TeacherScored re-attached to the replayed HintSelected of the same turn (turn id ->
+    the first HintSelected id); a score whose turn has no selected hint in the replay is dropped."""
     events = []
     for score in scores:
         envelope = score["envelope"]
@@ -244,7 +309,7 @@ async def attach_teacher_scores(writer: NamespaceWriter, log: EventLog, scores: 
         events.append(
             make_event(
                 "TeacherScored",
-                namespace=writer.namespace,
+                namespace=envelope["namespace"],
                 producer=envelope["producer"],
                 occurred_at_ms=envelope["occurred_at"],
                 id_parts=(hint_id, payload["teacher_kind"]),  # as pipeline/teacher_stage.py names it
@@ -253,23 +318,82 @@ async def attach_teacher_scores(writer: NamespaceWriter, log: EventLog, scores: 
                 **payload,
             )
         )
-    return await writer.write(events)
+    return events
+
+
+async def replay_in_memory(
+    copier: Copier,
+    source: ReplaySource,
+    stages: Sequence[Processor | None],
+    config: PipelineConfig,
+    flush: bool,
+) -> None:
+    """A replay whose stages are all pure: one pass over the source, each event decoded once.
+
+    Each batch is copied and fed to the stages in memory (pipeline/memory_runner.py), topics in
+    IN_MEMORY_ORDER; what they emit is written with the batch, skipping ids already there. A
+    recorded teacher score is re-attached as soon as its turn's hint is selected; the rest wait
+    for the None placeholder in `stages` (after hint_selector's flush tick, before
+    sample_builder's). With `flush`, each stage's timeouts then fire at the flush time, in order.
+    Memory grows with the history (about 5 KB per turn: the sessions' states and the ids already
+    written).
+    """
+    writer = copier.writer
+    runner = MemoryRunner([stage for stage in stages if stage is not None], config)
+    selected: dict[str, str] = {}  # turn id -> its first HintSelected in the replay
+    waiting: list[Event] = []  # teacher scores whose hint is not selected yet (it may be at the flush)
+
+    def outputs(emits: list[Emit]) -> list[Event]:
+        for emit in emits:
+            envelope = emit.event["envelope"]
+            if envelope["event_type"] == "HintSelected":
+                selected.setdefault(envelope["turn_id"], envelope["event_id"])
+        return [emit.event for emit in emits]
+
+    def attach(scores: list[Event]) -> list[Event]:
+        """The TeacherScored of the scores whose hint is selected, and what they lead to."""
+        teacher = teacher_events(scores, selected)
+        return teacher + outputs([emit for event in teacher for emit in runner.feed("teacher_scores", event)])
+
+    # A batch is written while the next one is read and processed: SQLite's work (and its fsync)
+    # runs on the log's thread, so it overlaps the decoding on this one.
+    writing: asyncio.Task[int] | None = None
+    try:
+        async for batch in source.batches(IN_MEMORY_ORDER):
+            kept = copier.splice(batch)
+            emits = []
+            for head, _, value in kept:
+                emits += runner.feed(topic_for_event(head.event_type), decode(value))
+            scores, copier.teacher_scores = copier.teacher_scores, []
+            waiting += [score for score in scores if score["envelope"]["turn_id"] not in selected]
+            events = outputs(emits) + attach(
+                [score for score in scores if score["envelope"]["turn_id"] in selected]
+            )
+            if writing is not None:
+                await writing
+            writing = asyncio.create_task(writer.write_batch(kept, events))
+            copier.progress(len(batch))
+    finally:
+        if writing is not None:
+            await writing
+    flush_ms = flush_time_ms(copier.watermark_ms, config)
+    for stage in stages:
+        if stage is None:
+            await writer.write(attach(waiting))
+        elif flush:
+            await writer.write(outputs(runner.tick(stage, flush_ms)))
 
 
 async def run_stages(
     log: EventLog,
-    stages: Sequence[Stage | None],
+    stages: Sequence[Stage],
     config: PipelineConfig,
     plan: ReplayPlan,
     flush_ms: int | None,
-    teacher_copy: Callable[[], Any] | None,
 ) -> None:
-    """Each stage in topological order over everything the previous ones wrote, then its flush tick."""
+    """Each stage in topological order over everything the previous ones wrote, then its flush tick
+    (the replays with an effect stage: the judge of a rejudge, or a teacher that scores anew)."""
     for stage in stages:
-        if stage is None:
-            if teacher_copy is not None:
-                await teacher_copy()
-            continue
         runner = StreamRunner(log, stage, config, plan.target, partitions=plan.partitions)
         if isinstance(stage, EffectStage):
             await runner.run_until_idle(idle_polls=1)
@@ -315,30 +439,33 @@ def select_stages(stages: Sequence[Stage], votes: str, copy_teacher: bool = True
 async def replay(
     log: EventLog,
     plan: ReplayPlan,
-    batches: AsyncIterator[list[RawRecord]],
+    source: ReplaySource,
     stages: Sequence[Stage],
     config: PipelineConfig,
     progress: Progress = lambda n: None,
     source_namespace: str | None = None,
 ) -> ReplayReport:
-    """Copy the source into `plan.target`, then run the replay's stages there."""
+    """Copy the source into `plan.target` and run the replay's stages there: in memory when they
+    are all pure (reuse), else through the log with StreamRunner (a judge or teacher makes calls)."""
     if plan.votes not in VOTE_MODES:
         raise ConfigError(f"--votes must be reuse or rejudge, not {plan.votes!r}")
     await claim_namespace(log, plan, source_namespace)
     writer = NamespaceWriter(log, plan.target, plan.partitions)
     await writer.prepare()
-    copier = Copier(writer, plan.votes, progress, [], {}, set())
-    await copier.copy(batches)
+    copier = Copier(writer, progress)
+    votes = await recorded_votes(source) if plan.votes == "reuse" else RecordedVotes({}, frozenset())
     if plan.votes == "reuse":
-        config = reuse_config(config, copier.vote_counts)
-    flush_ms = flush_time_ms(copier.watermark_ms, config) if plan.flush else None
+        config = reuse_config(config, votes.counts)
     chosen = select_stages(stages, plan.votes, plan.copy_teacher)
-
-    async def teacher_copy() -> None:
-        await attach_teacher_scores(writer, log, copier.teacher_scores)
-
-    await run_stages(log, chosen, config, plan, flush_ms, teacher_copy if plan.votes == "reuse" else None)
+    pure = [stage for stage in chosen if not isinstance(stage, EffectStage)]
+    with tuned_for_streams():
+        if len(pure) == len(chosen):
+            await replay_in_memory(copier, source, pure, config, plan.flush)
+        else:
+            await copier.copy(source)
+            flush_ms = flush_time_ms(copier.watermark_ms, config) if plan.flush else None
+            await run_stages(log, [stage for stage in chosen if stage is not None], config, plan, flush_ms)
     ready, rejected = await count_samples(log, plan.target)
     return ReplayReport(
-        plan.target, writer.written, writer.skipped, ready, rejected, tuple(sorted(copier.vote_versions))
+        plan.target, writer.written, writer.skipped, ready, rejected, tuple(sorted(votes.versions))
     )

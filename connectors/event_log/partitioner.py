@@ -53,6 +53,8 @@ class Partitioner:
     def partition(self, topic: str, key: bytes | None, partitions: int) -> int:
         if partitions < 1:
             raise EventLogError(f"topic {topic!r} has {partitions} partitions; cannot pick one")
+        if partitions == 1:
+            return 0  # no hash to compute (the embedded log's default)
         if key is not None:
             return partition_for_key(key, partitions)
         counter = self._round_robin.setdefault(topic, itertools.count())

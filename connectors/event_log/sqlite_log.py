@@ -296,11 +296,9 @@ class SqliteEventLog(EventLog):
         return self._partition_counts[topic]
 
     async def _place(self, outputs: Sequence[tuple[str, OutgoingRecord]]) -> list[PartitionedRecord]:
-        placed = []
-        for topic, record in outputs:
-            partitions = await self.partitions_for(topic)
-            placed.append((topic, self._partitioner.partition(topic, record.key, partitions), record))
-        return placed
+        counts = {topic: await self.partitions_for(topic) for topic in {topic for topic, _ in outputs}}
+        partition = self._partitioner.partition
+        return [(topic, partition(topic, record.key, counts[topic]), record) for topic, record in outputs]
 
     async def append(self, topic: str, record: OutgoingRecord) -> RecordPosition:
         return (await self.append_batch(topic, [record]))[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.namespace_io import envelope_keys
+from pipeline.namespace_io import VOTE_TYPES, envelope_keys, vote_fields
 from schemas.codec import encode
 from schemas.registry import default_registry
 from tests.unit.event_examples import EXAMPLES
@@ -35,3 +35,16 @@ def test_the_keys_read_from_the_bytes_equal_the_decoded_ones(event_type: str) ->
     for session_id, turn_id in (("s-1", "t-1"), (None, None), ("s-2", None)):
         event["envelope"].update(session_id=session_id, turn_id=turn_id)
         assert envelope_keys(encode(event)) == (event_type, session_id, turn_id)
+
+
+@pytest.mark.parametrize("event_type", VOTE_TYPES)
+def test_vote_fields_read_from_the_bytes_equal_the_decoded_ones(event_type: str) -> None:
+    event = EXAMPLES[event_type]()
+    for model, vote_index, kind in ((None, 0, "llm"), ("judge-model", 7, "rule"), ("m", 300, "llm")):
+        event.update(model=model, model_version=model and "v2", vote_index=vote_index, judge_kind=kind)
+        expected = (event_type, kind, event["judge_config_version"], vote_index)
+        assert vote_fields(encode(event)) == expected
+
+
+def test_vote_fields_of_another_event_type_are_none() -> None:
+    assert vote_fields(encode(EXAMPLES["RequestReceived"]())) is None
