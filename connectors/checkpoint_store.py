@@ -338,8 +338,8 @@ def _read_manifest(
         raw = store.get(manifest_key)
     except ObjectNotFound as exc:
         raise CheckpointRejected(manifest_key, "no manifest at this key (checkpoint incomplete?)") from exc
-    except ObjectStoreError as exc:
-        raise CheckpointRejected(manifest_key, f"cannot read manifest: {exc}") from exc
+    # Any other ObjectStoreError (the store unreachable) is not a verdict on the checkpoint: it
+    # propagates, and the caller retries instead of refusing the checkpoint for good.
     actual = hashlib.sha256(raw).hexdigest()
     if expected_sha256 is not None and actual != expected_sha256:
         raise CheckpointRejected(
@@ -353,7 +353,8 @@ def download_and_verify(
 ) -> Manifest:
     """Check the manifest (hash if given), download every listed file into `dest_dir`, verify each.
 
-    Raises CheckpointRejected naming the reason; the files this call wrote are then removed. Objects
+    Raises CheckpointRejected naming the reason; the files this call wrote are then removed. A store
+    that cannot be read raises its ObjectStoreError instead (a reason to retry, not to refuse). Objects
     in the version folder that the manifest does not list are ignored (and logged). On success
     `dest_dir` holds the checkpoint's files plus `manifest.json`.
     """

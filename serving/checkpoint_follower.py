@@ -70,8 +70,28 @@ class CheckpointFollower:
                 )
             )
 
-    async def follow(self, log: EventLog, namespace: str) -> None:
-        """Apply every newer CheckpointPublished of our run, forever."""
+    async def follow(self, log: EventLog, namespace: str, max_backoff_s: float = 10.0) -> None:
+        """Apply every newer CheckpointPublished of our run, forever.
+
+        Any failure (the log or the object store unreachable, a backend error) is logged, counted in
+        `checkpoint_follow_errors` and retried with backoff; a retry first activates the newest
+        complete checkpoint in the store, so one whose download failed halfway, or one published
+        while the log was unreachable, is not missed. The server keeps serving meanwhile.
+        A checkpoint that fails verification is not an error here: activate() refuses it for good.
+        """
+        backoff, retrying = 0.5, False
+        while True:
+            try:
+                if retrying and self.pinned is None:
+                    await self.activate_latest()  # what was published while this was failing
+                await self._follow_once(log, namespace)
+            except Exception:  # noqa: BLE001 - whatever broke, following must resume
+                self.metrics.count("checkpoint_follow_errors")
+                logger.exception("following checkpoints failed; retrying in %.1f s", backoff)
+                await asyncio.sleep(backoff)
+                backoff, retrying = min(backoff * 2, max_backoff_s), True
+
+    async def _follow_once(self, log: EventLog, namespace: str) -> None:
         topic = topic_name(namespace, "checkpoints")
         async with log.consumer(
             f"{namespace}.serve.{self.server_id}", [topic], auto_offset_reset="latest"

@@ -1,0 +1,135 @@
+"""The checkpoint follower survives an unreachable log and object store, and misses no checkpoint.
+
+Real SQLite log, real files in a local object store, real checkpoints published with the trainer's
+`publish_checkpoint` and announced with its CheckpointPublished events; only the outages are made
+up: the log refuses the first consumer, and the store refuses its first reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.echo_backend import EchoBackend
+from connectors.checkpoint_store import latest_checkpoint, publish_checkpoint
+from connectors.event_log.base import Consumer, TopicPartition, TopicSpec
+from connectors.event_log.sqlite_log import SqliteEventLog, SqliteStore
+from connectors.metrics import Metrics
+from connectors.object_store.base import ObjectStoreError
+from connectors.object_store.local_store import LocalObjectStore
+from schemas.codec import decode
+from serving.capture import EventRecorder
+from serving.checkpoint_follower import CheckpointFollower
+from serving.policy.base import CheckpointKind
+from serving.spool import EventSpool
+from trainer.resume import append_step_events
+
+NAMESPACE, RUN, SERVER = "ns", "run", "srv"
+TOPIC = f"{NAMESPACE}.checkpoints"
+
+
+class SwappingBackend(EchoBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: list[int] = []
+
+    @property
+    def policy_version(self) -> int:
+        return self.loaded[-1] if self.loaded else 0
+
+    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
+        assert (path / "adapter.bin").read_bytes() == f"weights v{version}".encode()
+        self.loaded.append(version)
+
+
+class UnreachableStoreFirst(LocalObjectStore):
+    """Every read fails while `failures` lasts, as an S3 endpoint that is down would."""
+
+    def __init__(self, root: Path, failures: int) -> None:
+        super().__init__(root)
+        self.failures = failures
+
+    def get(self, key: str) -> bytes:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ObjectStoreError(f"cannot reach the object store to read {key!r} (test outage)")
+        return super().get(key)
+
+
+class UnreachableLogFirst(SqliteEventLog):
+    """The first consumer cannot be created, as a Kafka broker that is down would refuse it."""
+
+    refused = 0
+
+    def consumer(self, group_id: str, topics: list[str], *, auto_offset_reset: str = "earliest") -> Consumer:  # type: ignore[override]
+        if self.refused == 0:
+            self.refused += 1
+            raise ObjectStoreError("event log unreachable (test outage)")
+        return super().consumer(group_id, topics, auto_offset_reset=auto_offset_reset)
+
+
+def publish(root: Path, tmp: Path, version: int) -> None:
+    weights = tmp / f"v{version}"
+    weights.mkdir()
+    (weights / "adapter.bin").write_bytes(f"weights v{version}".encode())
+    publish_checkpoint(
+        LocalObjectStore(root), RUN, version, weights, parent_version=version - 1 or None, kind="lora",
+        base_model="base", consumed_offsets=[], sample_ids=[], metrics={},
+    )  # fmt: skip
+
+
+async def announce(log: SqliteEventLog, root: Path, version: int) -> None:
+    manifest = latest_checkpoint(LocalObjectStore(root), RUN)
+    assert manifest is not None and manifest.version == version
+    await append_step_events(log, manifest, NAMESPACE, f"file://{manifest.manifest_key}")
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_outages_of_log_and_store_are_retried_and_no_checkpoint_is_missed(tmp_path: Path) -> None:
+    root = tmp_path / "objects"
+
+    async def scenario() -> None:
+        log = UnreachableLogFirst(tmp_path / "log.db")
+        await log.start()
+        await log.create_topics([TopicSpec(TOPIC, 1), TopicSpec(f"{NAMESPACE}.train_steps", 1)])
+        backend = SwappingBackend()
+        spool = EventSpool(tmp_path / "spool.db")
+        recorder = EventRecorder(spool, NAMESPACE, clock_ms=lambda: int(time.time() * 1000))
+        metrics = Metrics()
+        store = UnreachableStoreFirst(root, failures=2)
+        follower = CheckpointFollower(backend, store, recorder, metrics, RUN, SERVER, tmp_path / "served")
+        publish(root, tmp_path, 1)  # published while the log is down: found in the store on retry
+        following = asyncio.create_task(follower.follow(log, NAMESPACE, max_backoff_s=0.2))
+        try:
+            await until(lambda: backend.loaded == [1])
+            group, partition = f"{NAMESPACE}.serve.{SERVER}", TopicPartition(TOPIC, 0)
+
+            async def committed() -> int | None:
+                return await log.call(SqliteStore.committed, group, partition)
+
+            deadline = time.monotonic() + 20
+            while await committed() is None:  # the follower's consumer is now reading the topic
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            publish(root, tmp_path, 2)
+            await announce(log, root, 2)
+            await until(lambda: backend.loaded == [1, 2])
+        finally:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+            await log.close()
+        errors = metrics.registry.get_sample_value("orl_checkpoint_follow_errors_total")
+        assert errors is not None and errors >= 3  # the log once, the store twice
+        outcomes = [decode(e.value)["envelope"]["event_type"] for e in spool.oldest(100)]
+        assert outcomes == ["PolicyActivated", "PolicyActivated"]  # an outage is never a rejection
+        spool.close()
+
+    asyncio.run(scenario())
