@@ -12,11 +12,14 @@ class PipelineSettings(ConnectionSettings):
     role: str = setting(
         "all",
         "ORL_PIPELINE_ROLE",
-        "Stage to run (turn_linker, judge, vote_tally, hint_selector, "
-        "teacher, sample_builder) or 'all' in one process.",
+        "Stages to run: one of turn_linker, judge, vote_tally, hint_selector, teacher, "
+        "sample_builder, a comma-separated list of them, or 'all' (on 2+ cores, vote_tally, hint_selector "
+        "and sample_builder then run in a child process).",
     )
     runtime: str = setting(
-        "embedded", "ORL_PIPELINE_RUNTIME", "embedded (any log, one process per role) | faust."
+        "embedded",
+        "ORL_PIPELINE_RUNTIME",
+        "embedded (StreamRunner over any log) | faust (the pure stages as faust agents on Kafka).",
     )
     method: str = setting("combined", "ORL_METHOD", "Training signal: binary | opd | combined.")
     server_url: str = setting(
