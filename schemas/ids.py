@@ -11,6 +11,8 @@ import hashlib
 import json
 
 ID_HEX_CHARS = 24
+# One encoder for every id: json.dumps with options builds a new one per call (a third of the cost).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def deterministic_id(kind: str, *parts: object) -> str:
@@ -18,7 +20,7 @@ def deterministic_id(kind: str, *parts: object) -> str:
     if not kind:
         raise ValueError("deterministic_id needs a non-empty kind")
     try:
-        canonical = json.dumps([kind, list(parts)], sort_keys=True, separators=(",", ":"), allow_nan=False)
+        canonical = _CANONICAL.encode([kind, list(parts)])
     except (TypeError, ValueError) as exc:
         raise ValueError(f"deterministic_id({kind!r}, ...): parts must be finite JSON values: {exc}") from exc
     digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
