@@ -18,6 +18,7 @@ Reads and writes no topics.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,24 +37,46 @@ class Decision:
 WAIT: Decision | None = None
 
 
-def response_problem(response: dict[str, Any]) -> str | None:
-    """Why a response cannot become an exact training sample, or None."""
-    if not response["response_token_ids"]:
+# A response record keeps its token arrays as one JSON text (`arrays_json`, see
+# sample_inputs.response_record): the state is written after every batch that touches it, and one
+# string costs far less to write than hundreds of numbers. They are parsed when a sample is built.
+TOKEN_ARRAYS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
+
+
+def response_arrays(response: dict[str, Any]) -> dict[str, list[Any]]:
+    """The token arrays of a response record (inline in a state stored before `arrays_json`)."""
+    if "arrays_json" in response:
+        return dict(zip(TOKEN_ARRAYS, json.loads(response["arrays_json"]), strict=True))
+    return {name: response[name] for name in TOKEN_ARRAYS}
+
+
+def arrays_problem(token_ids: list[int], logprobs: list[float], temperature: float) -> str | None:
+    """Why sampled tokens cannot become an exact training sample, or None."""
+    if not token_ids:
         return "empty_response"
-    if len(response["response_logprobs"]) != len(response["response_token_ids"]):
+    if len(logprobs) != len(token_ids):
         return "logprobs_misaligned"
-    if response["temperature"] <= 0:
+    if temperature <= 0:
         return "greedy_sampling"
     return None
+
+
+def response_problem(response: dict[str, Any]) -> str | None:
+    """Why a response cannot become an exact training sample, or None (decided when recorded)."""
+    if "problem" in response:
+        return response["problem"]  # type: ignore[no-any-return]
+    arrays = response_arrays(response)
+    return arrays_problem(arrays["response_token_ids"], arrays["response_logprobs"], response["temperature"])
 
 
 def teacher_problem(turn: TurnRecord) -> str | None:
     teacher, response, hint = turn["teacher"], turn["response"], turn["hint"]
     if teacher["hint_event_id"] != hint["event_id"]:
         return "teacher_for_another_hint"
-    if teacher["response_token_ids"] != response["response_token_ids"]:
+    token_ids = response_arrays(response)["response_token_ids"]
+    if teacher["response_token_ids"] != token_ids:
         return "teacher_tokens_differ"
-    if len(teacher["teacher_logprobs"]) != len(response["response_token_ids"]):
+    if len(teacher["teacher_logprobs"]) != len(token_ids):
         return "teacher_misaligned"
     return None
 
@@ -129,12 +152,13 @@ def sample_payload(
 ) -> dict[str, Any]:
     """The SampleReady fields (besides the envelope) of a turn."""
     response = turn["response"]
+    arrays = response_arrays(response)
     teacher = turn["teacher"] if decision.use_teacher else None
     return {
         "method": method,
-        "prompt_token_ids": response["prompt_token_ids"],
-        "response_token_ids": response["response_token_ids"],
-        "old_logprobs": response["response_logprobs"],
+        "prompt_token_ids": arrays["prompt_token_ids"],
+        "response_token_ids": arrays["response_token_ids"],
+        "old_logprobs": arrays["response_logprobs"],
         "temperature": response["temperature"],
         "reward": decision.reward,
         "teacher_logprobs": teacher["teacher_logprobs"] if teacher else None,

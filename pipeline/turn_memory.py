@@ -33,7 +33,9 @@ def remember_turn_event(state: State, event: Event) -> None:
         return
     turn = state["turns"].setdefault(turn_id, {})
     if kind == "RequestReceived":
-        turn["messages"] = json.loads(event["messages_json"])
+        # Kept as the recorded JSON text: the state is serialised after every batch that touches it,
+        # and one string is far cheaper to write than the parsed messages (parsed in complete_turn).
+        turn["messages_json"] = event["messages_json"]
         turn["tools"] = json.loads(event["tools_json"]) if event.get("tools_json") else None
         turn["request_event_id"] = event_id_of(event)
     else:
@@ -63,13 +65,18 @@ def take_ready_triggers(
 
 
 def complete_turn(state: State | None, turn_id: str | None) -> dict[str, Any] | None:
-    """A copy of the remembered turn if both its main request and its response were seen."""
+    """A copy of the remembered turn, its messages parsed, if both its main request and its response
+    were seen."""
     if state is None or turn_id is None:
         return None
     turn = state["turns"].get(turn_id)
-    if turn is None or "messages" not in turn or "response_text" not in turn:
+    if turn is None or "response_text" not in turn:
         return None
-    return dict(turn)
+    if "messages_json" in turn:
+        complete = dict(turn)
+        complete["messages"] = json.loads(complete.pop("messages_json"))
+        return complete
+    return dict(turn) if "messages" in turn else None  # a state stored before messages_json
 
 
 def forget_if_idle(state: State, now_ms: int, retention_ms: int) -> State | None:
