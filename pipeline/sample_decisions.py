@@ -18,7 +18,9 @@ Reads and writes no topics.
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,17 +39,31 @@ class Decision:
 WAIT: Decision | None = None
 
 
-# A response record keeps its token arrays as one JSON text (`arrays_json`, see
-# sample_inputs.response_record): the state is written after every batch that touches it, and one
-# string costs far less to write than hundreds of numbers. They are parsed when a sample is built.
+# A response record keeps its token arrays packed (sample_inputs.response_record): the state is
+# written after every batch that touches it, and two strings cost far less to write than hundreds
+# of numbers (JSON spends ~0.35 us on each float). The ids are JSON text, the logprobs the base64 of
+# little-endian doubles (exact for any float). They are unpacked when a sample is built.
 TOKEN_ARRAYS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
 
 
+def pack_token_arrays(
+    prompt_ids: list[int], response_ids: list[int], logprobs: list[float]
+) -> dict[str, str]:
+    packed = struct.pack(f"<{len(logprobs)}d", *logprobs)
+    return {
+        "token_ids_json": json.dumps([prompt_ids, response_ids], separators=(",", ":")),
+        "logprobs_f64": base64.b64encode(packed).decode("ascii"),
+    }
+
+
 def response_arrays(response: dict[str, Any]) -> dict[str, list[Any]]:
-    """The token arrays of a response record (inline in a state stored before `arrays_json`)."""
-    if "arrays_json" in response:
-        return dict(zip(TOKEN_ARRAYS, json.loads(response["arrays_json"]), strict=True))
-    return {name: response[name] for name in TOKEN_ARRAYS}
+    """The token arrays of a response record (inline in a state stored before they were packed)."""
+    if "token_ids_json" not in response:
+        return {name: response[name] for name in TOKEN_ARRAYS}
+    prompt_ids, response_ids = json.loads(response["token_ids_json"])
+    raw = base64.b64decode(response["logprobs_f64"])
+    logprobs = list(struct.unpack(f"<{len(raw) // 8}d", raw))
+    return {"prompt_token_ids": prompt_ids, "response_token_ids": response_ids, "response_logprobs": logprobs}
 
 
 def arrays_problem(token_ids: list[int], logprobs: list[float], temperature: float) -> str | None:

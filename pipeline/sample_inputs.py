@@ -9,13 +9,12 @@ Reads and writes no topics itself.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from pipeline.event_building import Event, State, event_id_of, occurred_at_of, turn_id_of
-from pipeline.sample_decisions import TOKEN_ARRAYS, TurnRecord, arrays_problem
+from pipeline.sample_decisions import TOKEN_ARRAYS, TurnRecord, arrays_problem, pack_token_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -52,14 +51,14 @@ def record_request(state: State, event: Event) -> str | None:
 
 
 def response_record(event: Event) -> dict[str, Any]:
-    """The exact sampled ids, their logprobs (as JSON text: sample_decisions.TOKEN_ARRAYS), the
+    """The exact sampled ids and their logprobs (packed: sample_decisions.pack_token_arrays), the
     temperature they were sampled at, and whether they can make an exact sample at all."""
     arrays = [list(event[name]) for name in TOKEN_ARRAYS]
     temperature = float(event["sampling"]["temperature"])
     return {
         "event_id": event_id_of(event),
         "occurred_at_ms": occurred_at_of(event),
-        "arrays_json": json.dumps(arrays, separators=(",", ":")),
+        **pack_token_arrays(*arrays),
         "problem": arrays_problem(arrays[1], arrays[2], temperature),
         "temperature": temperature,
         "policy_version": int(event["policy_version"]),
