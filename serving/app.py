@@ -23,10 +23,10 @@ from starlette.routing import Route
 from connectors.metrics import Metrics
 from serving.capture import EventRecorder
 from serving.ingest import ingest_routes
-from serving.openai_api import ChatRequest, bad_request, parse_chat_request
+from serving.openai_api import ChatRequest, bad_request, parse_chat_request, parse_score_request
 from serving.policy.base import Generation, PolicyBackend, PolicyError, SamplingParams
 from serving.policy.chat_template import ChatTemplate
-from serving.request_guards import guard, json_object, read_body
+from serving.request_guards import guard, read_body
 from serving.session_tracker import SessionTracker, TurnAssignment
 from serving.settings import ServeSettings
 from serving.tool_calls import forced_call, forced_call_prefix, parse_reply
@@ -143,28 +143,25 @@ class _ApiHandlers:
         return JSONResponse(body, headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id})
 
     async def score(self, request: Request) -> Response:
-        body = json_object(await read_body(request, self.settings.max_body_bytes))
-        messages = body.get("messages")
-        response_ids = body.get("response_token_ids")
-        if not isinstance(messages, list) or not messages:
-            raise bad_request("'messages' must be a non-empty array", param="messages")
-        if not isinstance(response_ids, list) or not all(isinstance(i, int) for i in response_ids):
-            raise bad_request("'response_token_ids' must be an array of integers", param="response_token_ids")
-        temperature = float(body.get("temperature", 1.0))
-        prompt_ids = self.state.template.render(messages, body.get("tools"))
-        if len(prompt_ids) + len(response_ids) > self.state.backend.context_window:
+        raw = await read_body(request, self.settings.max_body_bytes)
+        req = parse_score_request(raw, vocab_size=len(self.state.template.tokenizer))
+        try:
+            prompt_ids = self.state.template.render(req.messages, req.tools)
+        except PolicyError as error:
+            raise bad_request(str(error), param="messages") from error
+        if len(prompt_ids) + len(req.response_token_ids) > self.state.backend.context_window:
             raise bad_request(
                 "prompt plus response exceed the context window", code="context_length_exceeded"
             )
         version = self.state.backend.policy_version
         logprobs = await self.state.backend.score(
-            prompt_ids, response_ids, temperature, use_base=bool(body.get("use_base", False))
+            prompt_ids, req.response_token_ids, req.temperature, use_base=req.use_base
         )
         return JSONResponse(
             {
                 "prompt_token_ids": prompt_ids,
                 "logprobs": logprobs,
-                "policy_version": 0 if body.get("use_base") else version,
+                "policy_version": 0 if req.use_base else version,
             }
         )
 

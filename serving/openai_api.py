@@ -93,6 +93,42 @@ def parse_chat_request(raw: bytes, *, max_tokens_limit: int) -> ChatRequest:
     )
 
 
+@dataclass(frozen=True)
+class ScoreRequest:
+    """POST /v1/orl/score: logprobs of `response_token_ids` after the rendered `messages`."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    response_token_ids: list[int]
+    temperature: float
+    use_base: bool
+
+
+def parse_score_request(raw: bytes, *, vocab_size: int) -> ScoreRequest:
+    body = _json_object(raw)
+    ids = body.get("response_token_ids")
+    if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):
+        raise bad_request(
+            "'response_token_ids' must be a non-empty array of integers", param="response_token_ids"
+        )
+    outside = [i for i in ids if not 0 <= i < vocab_size]
+    if outside:
+        raise bad_request(
+            f"'response_token_ids' has ids outside the vocabulary [0, {vocab_size}): {outside[:5]}",
+            param="response_token_ids",
+        )
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    if temperature == 0:
+        raise bad_request("'temperature' must be above 0 to score logprobs", param="temperature")
+    return ScoreRequest(
+        messages=_messages(body.get("messages")),
+        tools=_tools(body.get("tools")),
+        response_token_ids=ids,
+        temperature=temperature,
+        use_base=_bool(body, "use_base", False),
+    )
+
+
 def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
