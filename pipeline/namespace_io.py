@@ -15,6 +15,7 @@ from functools import cache
 from typing import Any
 
 from connectors.event_log.base import ConsumedRecord, EventLog, EventLogError, OutgoingRecord, TopicSpec
+from connectors.event_log.reading import reached
 from pipeline.topology import STAGES
 from schemas.codec import HEADER_LEN, MARKER, decode, encode, event_type_of
 from schemas.registry import default_registry
@@ -61,15 +62,15 @@ async def read_batches(
     if all(begin[p] >= ends[p] for p in ends):
         return
     async with log.consumer(f"reader-{uuid.uuid4().hex}", [topic]) as consumer:
-        for tp in sorted(await consumer.assignment()):
+        topic_partitions = sorted(await consumer.assignment())
+        for tp in topic_partitions:
             await consumer.seek(tp, begin[tp.partition])
-        positions = dict(begin)
-        while any(positions[p] < ends[p] for p in ends):
-            out = []
-            for record in await consumer.poll(max_records=batch, timeout_s=1.0):
-                if record.offset < ends[record.partition]:
-                    positions[record.partition] = record.offset + 1
-                    out.append(record)
+        while not await reached(consumer, topic_partitions, ends):
+            out = [
+                record
+                for record in await consumer.poll(max_records=batch, timeout_s=1.0)
+                if record.offset < ends[record.partition]
+            ]
             if out:
                 yield out
 

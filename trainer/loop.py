@@ -239,7 +239,7 @@ def count_step(metrics: Metrics, version: int, batch: Batch, step: StepResult) -
 
 async def drained(log_: EventLog, stream: SampleStream, topic: str) -> bool:
     ends = await log_.end_offsets(topic)
-    return stream.read_up_to({TopicPartition(topic, p): end for p, end in ends.items()})
+    return await stream.read_up_to({TopicPartition(topic, p): end for p, end in ends.items()})
 
 
 async def create_trainer_topics(log_: EventLog, namespace: str, partitions: int) -> None:

@@ -35,6 +35,7 @@ from connectors.checkpoint_store import (
     version_prefix,
 )
 from connectors.event_log.base import EventLog, OutgoingRecord, TopicPartition
+from connectors.event_log.reading import reached
 from connectors.object_store.base import ObjectStore
 from schemas.codec import decode, encode
 from schemas.errors import ConfigError, EventDecodeError
@@ -216,10 +217,9 @@ async def _event_ids(log_: EventLog, topic: str) -> set[str]:
         return ids
     async with log_.consumer(f"trainer-scan-{uuid.uuid4().hex}", [topic]) as consumer:
         await consumer.seek_to_beginning()
-        positions = dict.fromkeys(ends, 0)
-        while any(positions[p] < ends[p] for p in ends):
+        topic_partitions = sorted(await consumer.assignment())
+        while not await reached(consumer, topic_partitions, ends):
             for record in await consumer.poll(max_records=5000, timeout_s=1.0):
-                positions[record.partition] = record.offset + 1
                 try:
                     ids.add(str(decode(record.value)["envelope"]["event_id"]))
                 except EventDecodeError:

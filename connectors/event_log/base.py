@@ -80,6 +80,11 @@ class Consumer(abc.ABC):
         """Records after the current positions, in offset order per partition; [] after timeout_s."""
 
     @abc.abstractmethod
+    async def position(self, tp: TopicPartition) -> int:
+        """The next offset this member reads from an assigned partition. On Kafka it moves past
+        transaction markers too, so a reader knows it reached an end offset no record has."""
+
+    @abc.abstractmethod
     async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Commit the given next-offsets, or (None) the current position of every assigned partition."""
 

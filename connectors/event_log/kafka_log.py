@@ -308,6 +308,10 @@ class KafkaConsumer(Consumer):
             for r in records
         ]
 
+    async def position(self, tp: TopicPartition) -> int:
+        with kafka_errors(self._address, f"read the position of {tp}"):
+            return int(await self._started().position(self._owned([tp])[0]))
+
     async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
         consumer = self._started()
         with kafka_errors(self._address, f"commit offsets of group {self._group_id!r}"):

@@ -411,6 +411,9 @@ class SqliteConsumer(Consumer):
             self._positions[record.topic_partition] = record.offset + 1
         return records
 
+    async def position(self, tp: TopicPartition) -> int:
+        return self._positions[self._owned([tp])[0]]
+
     async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
         to_commit = self._positions if offsets is None else offsets
         await self._log.call(SqliteStore.append, [], [(self._group_id, tp, o) for tp, o in to_commit.items()])

@@ -24,6 +24,7 @@ from connectors.event_log.base import (
 )
 from connectors.event_log.kafka_log import KafkaEventLog
 from connectors.event_log.partitioner import partition_for_key
+from connectors.event_log.reading import read_to_end
 from connectors.event_log.sqlite_log import SqliteEventLog
 
 pytestmark = pytest.mark.timeout(60)
@@ -240,3 +241,23 @@ async def test_unknown_topic_is_refused(event_log: EventLog) -> None:
         await event_log.append(missing, OutgoingRecord(b"v"))
     with pytest.raises(EventLogError, match=missing):  # and the attempts did not create it
         await event_log.partitions_for(missing)
+
+
+async def test_a_reader_reaches_the_end_of_a_topic_written_in_transactions(event_log: EventLog) -> None:
+    """On Kafka a committed transaction ends in a marker that takes an offset but is no record: the
+    end offset is one past the last record, and only the consumer's position says it was reached."""
+    topic = await new_topic(event_log)
+    tp = TopicPartition(topic, 0)
+    for batch in range(3):
+        outputs = [(topic, OutgoingRecord(f"b{batch}-{i}".encode(), key=b"k")) for i in range(2)]
+        await event_log.append_and_commit(outputs, new_name("writer"), {})
+    end = (await event_log.end_offsets(topic))[0]
+    records = await asyncio.wait_for(read_to_end(event_log, topic), timeout=30)
+    assert [r.value for r in records] == [f"b{b}-{i}".encode() for b in range(3) for i in range(2)]
+    async with event_log.consumer(new_name("reader"), [topic]) as consumer:
+        assert await consumer.position(tp) == 0
+        await poll_until(consumer, 6)
+        deadline = time.monotonic() + 20
+        while await consumer.position(tp) < end:  # past the last marker once it is fetched
+            assert time.monotonic() < deadline, f"position {await consumer.position(tp)}, end {end}"
+            assert await consumer.poll(timeout_s=0.3) == []
