@@ -383,3 +383,63 @@ def download_and_verify(
         dest_dir,
     )
     return manifest
+
+
+def read_manifest(store: ObjectStore, manifest_key: str) -> Manifest:
+    """The manifest stored at `manifest_key` (CheckpointRejected if it is missing or malformed)."""
+    return _read_manifest(store, manifest_key, None)[0]
+
+
+def checkpoint_ancestors(store: ObjectStore, manifest_key: str) -> list[dict[str, Any]]:
+    """Where the run of this checkpoint started, and where that run started, back to the base model.
+
+    Each step is the `init_from` that `orl train --init-from` records in every manifest of a run
+    (run_id, version, manifest_key, manifest_sha256); the last item is {"base_model": ...}.
+    """
+    chain: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    key = manifest_key
+    while key not in seen:
+        seen.add(key)
+        manifest = read_manifest(store, key)
+        start = manifest.metrics.get("init_from")
+        if not start:
+            chain.append({"base_model": manifest.base_model})
+            break
+        chain.append(dict(start))
+        key = str(start["manifest_key"])
+    return chain
+
+
+def checkpoint_descendants(store: ObjectStore, manifest_keys: Iterable[str]) -> list[dict[str, Any]]:
+    """The checkpoints of every run that started from one of `manifest_keys`, directly or through
+    other runs started that way: [{run_id, version, manifest_key, via}], `via` naming the checkpoint
+    the run started from. Reads one manifest per run in the store (they all record the same start)."""
+    versions_by_run: dict[str, list[int]] = {}
+    for key in store.list(f"{_ROOT}/"):
+        run_id, _, rest = key[len(_ROOT) + 1 :].partition("/")
+        folder, _, name = rest.partition("/")
+        if _VERSION_RE.match(folder) and name == MANIFEST_NAME:
+            versions_by_run.setdefault(run_id, []).append(int(folder))
+    started_from: dict[str, dict[str, Any]] = {}
+    for run_id, versions in versions_by_run.items():
+        start = read_manifest(store, version_prefix(run_id, min(versions)) + MANIFEST_NAME).metrics.get(
+            "init_from"
+        )
+        if start:
+            started_from[run_id] = dict(start)
+    found: list[dict[str, Any]] = []
+    frontier, visited = set(manifest_keys), set()
+    while frontier:
+        reached = set()
+        for run_id, start in sorted(started_from.items()):
+            if run_id in visited or start["manifest_key"] not in frontier:
+                continue
+            visited.add(run_id)
+            via = f"{start['run_id']}/{start['version']}"
+            for version in sorted(versions_by_run[run_id]):
+                key = version_prefix(run_id, version) + MANIFEST_NAME
+                found.append({"run_id": run_id, "version": version, "manifest_key": key, "via": via})
+                reached.add(key)
+        frontier = reached
+    return found

@@ -216,10 +216,11 @@ class AuditSettings(ConnectionSettings):
 async def _audit(settings: AuditSettings) -> dict[str, Any]:
     index = AuditIndex(index_path(settings.data_dir, settings.namespace), settings.namespace)
     try:
+        store = _store(settings)
         async with open_event_log(settings.effective_log_url()) as log:
             if settings.session:
-                return await audit_session(log, index, settings.session)
-            return await audit_id(log, index, settings.id)
+                return await audit_session(log, index, settings.session, store)
+            return await audit_id(log, index, settings.id, store)
     finally:
         index.close()
 

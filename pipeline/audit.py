@@ -8,7 +8,10 @@ rejected, the training steps that consumed them, the checkpoints those steps pub
 first responses served by those versions. `audit_session` lists the checkpoints a session
 influenced. Lookups go through the audit index (pipeline/audit_index.py); bodies are read from the
 log by position, so the cost does not grow with history.
-Reads: the catalog topics of one namespace (by position) and the audit index.
+With the object store, checkpoints also show their lineage across runs (`orl train --init-from`,
+recorded in every manifest): a checkpoint's `started_from` chain back to the base model, and for a
+session the checkpoints of runs started from one it influenced (`derived_checkpoints`).
+Reads: the catalog topics of one namespace (by position), the audit index, checkpoint manifests.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import json
 import uuid
 from typing import Any
 
+from connectors.checkpoint_store import checkpoint_ancestors, checkpoint_descendants
 from connectors.event_log.base import Consumer, EventLog, TopicPartition
+from connectors.object_store.base import ObjectStore
 from pipeline.audit_index import AuditIndex
 from pipeline.namespace_io import catalog_topics, partition_count
 from schemas.codec import decode
@@ -183,7 +188,9 @@ async def _served(index: AuditIndex, fetch: EventFetcher, version: int) -> dict[
     }
 
 
-async def _version_chain(index: AuditIndex, fetch: EventFetcher, event: Event) -> dict[str, Any]:
+async def _version_chain(
+    index: AuditIndex, fetch: EventFetcher, event: Event, store: ObjectStore | None
+) -> dict[str, Any]:
     """For a train step or checkpoint: the samples behind it (with their turns) and what it served."""
     kind = event["envelope"]["event_type"]
     version = int(event["policy_version"] if kind == "TrainStepCompleted" else event["version"])
@@ -194,21 +201,34 @@ async def _version_chain(index: AuditIndex, fetch: EventFetcher, event: Event) -
         for sample_id in step["sample_ids"]:
             turn = index.turn_of(sample_id)
             samples.append({"sample_id": sample_id, "turn_id": turn, "indexed": turn is not None})
-    return {
+    chain = {
         "id_kind": kind,
         "event": _event_view(event),
         "train_steps": [await _step_view(index, fetch, s) for s in steps],
         "samples": samples,
     }
+    if store is not None and kind == "CheckpointPublished":
+        chain["started_from"] = _lineage(checkpoint_ancestors, store, event["manifest_key"])
+    return chain
 
 
-async def audit_id(log: EventLog, index: AuditIndex, any_id: str) -> dict[str, Any]:
+def _lineage(lookup: Any, store: ObjectStore, argument: Any) -> Any:
+    """A lineage lookup, or what kept it from being made (the chain does not need the store)."""
+    try:
+        return lookup(store, argument)
+    except OrlError as error:
+        return f"unavailable: {error}"
+
+
+async def audit_id(
+    log: EventLog, index: AuditIndex, any_id: str, store: ObjectStore | None = None
+) -> dict[str, Any]:
     """The chain behind an id; NotFound if the namespace has no such event or turn."""
     await index.catch_up(log)
     kind = index.event_type(any_id)
     async with EventFetcher(log, index.namespace) as fetch:
         if kind in ("TrainStepCompleted", "CheckpointPublished", "PolicyActivated"):
-            return await _version_chain(index, fetch, await fetch.get(index, any_id))
+            return await _version_chain(index, fetch, await fetch.get(index, any_id), store)
         turn_id = index.turn_of(any_id) if kind else (any_id if index.is_turn(any_id) else None)
         if turn_id is None:
             if kind is None:
@@ -218,8 +238,10 @@ async def audit_id(log: EventLog, index: AuditIndex, any_id: str) -> dict[str, A
         return {"id_kind": kind or "turn", "id": any_id, **chain}
 
 
-async def audit_session(log: EventLog, index: AuditIndex, session_id: str) -> dict[str, Any]:
-    """The checkpoints a session's samples went into."""
+async def audit_session(
+    log: EventLog, index: AuditIndex, session_id: str, store: ObjectStore | None = None
+) -> dict[str, Any]:
+    """The checkpoints a session's samples went into (and, with the store, those derived from them)."""
     await index.catch_up(log)
     samples = index.session_samples(session_id)
     if (
@@ -244,11 +266,16 @@ async def audit_session(log: EventLog, index: AuditIndex, session_id: str) -> di
                     if checkpoint["run_id"] == key[0]:
                         entry["checkpoint_uri"] = checkpoint["uri"]
                         entry["checkpoint_event_id"] = cid
-    return {
+                        entry["manifest_key"] = checkpoint["manifest_key"]
+    chain: dict[str, Any] = {
         "session_id": session_id,
         "samples_ready": len(samples),
         "checkpoints": [influenced[k] for k in sorted(influenced)],
     }
+    keys = [c["manifest_key"] for c in chain["checkpoints"] if "manifest_key" in c]
+    if store is not None and keys:
+        chain["derived_checkpoints"] = _lineage(checkpoint_descendants, store, keys)
+    return chain
 
 
 def render_chain(chain: dict[str, Any]) -> str:
@@ -265,11 +292,22 @@ def render_chain(chain: dict[str, Any]) -> str:
                    f"{c.get('checkpoint_uri', '(no checkpoint published)')}")  # fmt: skip
         if not chain["checkpoints"]:
             add(1, "no checkpoint trained on this session yet")
+        derived = chain.get("derived_checkpoints")
+        for d in derived if isinstance(derived, list) else []:
+            add(1, f"run {d['run_id']} v{d['version']} (started from {d['via']}) {d['manifest_key']}")
+        if isinstance(derived, str):
+            add(1, f"derived checkpoints {derived}")
         return "\n".join(lines)
     if "turn_id" not in chain:
         add(0, f"{chain['id_kind']} {chain['event']['event_id']}")
         for name, value in chain["event"].items():
             add(1, f"{name}: {value}")
+        started = chain.get("started_from")
+        for origin in started if isinstance(started, list) else []:
+            where = origin.get("base_model") or f"run {origin['run_id']} v{origin['version']}"
+            add(1, f"started from {where}")
+        if isinstance(started, str):
+            add(1, f"started from: {started}")
         for step in chain.get("train_steps", []):
             _render_step(add, step, 1)
         for sample in chain.get("samples", []):
