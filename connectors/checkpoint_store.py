@@ -415,15 +415,15 @@ def checkpoint_descendants(store: ObjectStore, manifest_keys: Iterable[str]) -> 
     """The checkpoints of every run that started from one of `manifest_keys`, directly or through
     other runs started that way: [{run_id, version, manifest_key, via}], `via` naming the checkpoint
     the run started from. Reads one manifest per run in the store (they all record the same start)."""
+    runs = sorted({key[len(_ROOT) + 1 :].partition("/")[0] for key in store.list(f"{_ROOT}/")} - {""})
     versions_by_run: dict[str, list[int]] = {}
-    for key in store.list(f"{_ROOT}/"):
-        run_id, _, rest = key[len(_ROOT) + 1 :].partition("/")
-        folder, _, name = rest.partition("/")
-        if _VERSION_RE.match(folder) and name == MANIFEST_NAME:
-            versions_by_run.setdefault(run_id, []).append(int(folder))
     started_from: dict[str, dict[str, Any]] = {}
-    for run_id, versions in versions_by_run.items():
-        start = read_manifest(store, version_prefix(run_id, min(versions)) + MANIFEST_NAME).metrics.get(
+    for run_id in runs:
+        versions = sorted(v for v, has_manifest in _versions(store, run_id).items() if has_manifest)
+        if not versions:
+            continue
+        versions_by_run[run_id] = versions
+        start = read_manifest(store, version_prefix(run_id, versions[0]) + MANIFEST_NAME).metrics.get(
             "init_from"
         )
         if start:
@@ -437,7 +437,7 @@ def checkpoint_descendants(store: ObjectStore, manifest_keys: Iterable[str]) -> 
                 continue
             visited.add(run_id)
             via = f"{start['run_id']}/{start['version']}"
-            for version in sorted(versions_by_run[run_id]):
+            for version in versions_by_run[run_id]:
                 key = version_prefix(run_id, version) + MANIFEST_NAME
                 found.append({"run_id": run_id, "version": version, "manifest_key": key, "via": via})
                 reached.add(key)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from connectors.checkpoint_store import checkpoint_ancestors, checkpoint_descendants
@@ -212,7 +213,9 @@ async def _version_chain(
     return chain
 
 
-def _lineage(lookup: Any, store: ObjectStore, argument: Any) -> Any:
+def _lineage(
+    lookup: Callable[[ObjectStore, Any], list[dict[str, Any]]], store: ObjectStore, argument: Any
+) -> list[dict[str, Any]] | str:
     """A lineage lookup, or what kept it from being made (the chain does not need the store)."""
     try:
         return lookup(store, argument)

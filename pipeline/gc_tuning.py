@@ -19,14 +19,10 @@ from collections.abc import Iterator
 STREAM_THRESHOLD = (100_000, 10, 10)
 
 
-def tune_for_streams() -> None:
-    """For a whole process that processes streams (`orl pipeline`, its stage process)."""
-    gc.set_threshold(*STREAM_THRESHOLD)
-
-
 @contextlib.contextmanager
 def tuned_for_streams() -> Iterator[None]:
-    """The same for one call (a replay), restoring the caller's thresholds afterwards."""
+    """The stream threshold for the duration of a call (`orl pipeline`, a replay), restoring the
+    caller's thresholds afterwards."""
     before = gc.get_threshold()
     gc.set_threshold(*STREAM_THRESHOLD)
     try:

@@ -159,9 +159,16 @@ def envelope_keys(value: bytes) -> tuple[str, str | None, str | None] | None:
     head = envelope_head(value)
     if head is None:
         return None
-    session_id, pos = _read_optional_string(value, head.namespace_span[1])
-    turn_id, _ = _read_optional_string(value, pos)
+    session_id, turn_id, _ = _envelope_tail(value, head)
     return head.event_type, session_id, turn_id
+
+
+def _envelope_tail(value: bytes, head: EnvelopeHead) -> tuple[str | None, str | None, int]:
+    """(session_id, turn_id, the position where the event's own fields start): the envelope's last
+    fields, which follow the namespace, each a union of null and string."""
+    session_id, pos = _read_optional_string(value, head.namespace_span[1])
+    turn_id, pos = _read_optional_string(value, pos)
+    return session_id, turn_id, pos
 
 
 VOTE_TYPES = ("JudgeVoteCast", "HintVoteCast")
@@ -172,14 +179,14 @@ def vote_fields(value: bytes) -> tuple[str, str, str, int] | None:
     written with its current schema, without decoding the rest (else None).
 
     Both schemas follow the envelope with judge_id, judge_kind, judge_config_version, model,
-    model_version (unions of null and string) and vote_index; tests/unit/test_namespace_io.py
-    checks that against a full decode, so a reordered schema fails there, not here.
+    model_version (unions of null and string) and vote_index;
+    tests/unit/test_pipeline_envelope_keys.py checks that against a full decode, so a reordered
+    schema fails there, not here.
     """
     head = envelope_head(value)
     if head is None or head.event_type not in VOTE_TYPES:
         return None
-    _, pos = _read_optional_string(value, head.namespace_span[1])  # session_id
-    _, pos = _read_optional_string(value, pos)  # turn_id
+    _, _, pos = _envelope_tail(value, head)
     _, pos = _read_string(value, pos)  # judge_id
     judge_kind, pos = _read_string(value, pos)
     config_version, pos = _read_string(value, pos)

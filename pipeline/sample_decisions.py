@@ -80,7 +80,8 @@ def arrays_problem(token_ids: list[int], logprobs: list[float], temperature: flo
 def response_problem(response: dict[str, Any]) -> str | None:
     """Why a response cannot become an exact training sample, or None (decided when recorded)."""
     if "problem" in response:
-        return response["problem"]  # type: ignore[no-any-return]
+        problem: str | None = response["problem"]
+        return problem
     arrays = response_arrays(response)
     return arrays_problem(arrays["response_token_ids"], arrays["response_logprobs"], response["temperature"])
 
