@@ -24,27 +24,35 @@ or SIGINT (`faust -A` needs a module-level app; this keeps settings out of the e
 Every source topic must exist with the app's partition count before a worker starts
 (`create_pipeline_topics`): a mismatch with a Table's changelog crashes the agent. The app's
 consumer (`PipelineTransport`) works around faust-streaming 0.15.3 defects that rebalances between
-workers hit (tests/integration/test_faust_multiworker.py).
+workers hit (tests/integration/test_faust_multiworker.py). One of them loses records: faust can
+drop records it fetched while a rebalance seeks the partitions and then commit past them. The
+consumer tells the agents every offset it fetches; an agent that sees a gap holding fetched
+offsets it never handled reads those records from the broker and handles them first
+(`InputProgress`, `SkippedRecordReader`).
 
-Reads: the processors' input topics, their tick topics and changelogs. Writes: their output
-topics, `<input>.dlq`, their changelogs and tick topics.
+Reads: the processors' input topics (also directly, for skipped records), their tick topics and
+changelogs. Writes: their output topics, `<input>.dlq`, their changelogs and tick topics.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import IllegalOperation, TopicAlreadyExistsError
+from faust.transport.consumer import RecordMap
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import EventT, StreamT, TopicT
+from faust.types import TP, EventT, StreamT, TopicT
+from faust.types.tuples import ack_lock
 from mode import CrashingSupervisor
 
 from connectors.event_log.partitioner import partition_for_key
@@ -89,12 +97,135 @@ def tick_topic(app_id: str, processor: Processor) -> str:
     return f"{app_id}-{processor.name}-ticks"
 
 
+@dataclasses.dataclass(frozen=True)
+class SourceRecord:
+    """One input record, as the stream delivered it or as SkippedRecordReader read it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int
+
+
+class InputProgress:
+    """Which records of one partition an agent handled, and which its consumer fetched (pure bookkeeping).
+
+    faust-streaming 0.15.3 can drop records it fetched while a rebalance seeks partitions, and its
+    commit then passes them (it tolerates one missing record at the committed offset, and checks
+    nothing in a partition without a committed offset). A dropped record was fetched and never
+    handled; a transaction marker takes an offset but is never fetched. The consumer numbers its
+    fetches (rounds) and hands records to an agent's stream in fetch order, so a fetched record
+    that is not handled was skipped once the agent handles a later record of its partition, or
+    any record from a later fetch round. `last` is the offset last handled in `generation`.
+    """
+
+    def __init__(self) -> None:
+        self.generation: int | None = None
+        self.last = -1
+        self.fetched: dict[int, tuple[int, int]] = {}  # offset -> (generation, round), until handled
+
+    def note_fetched(self, offsets: Sequence[int], generation: int, fetch_round: int) -> None:
+        for offset in offsets:
+            self.fetched[offset] = (generation, fetch_round)
+
+    def begin(self, generation: int) -> None:
+        """A new consumer generation starts over: faust delivers nothing fetched before it and seeks anew."""
+        if generation != self.generation:
+            self.generation, self.last = generation, -1
+            self.fetched = {o: seen for o, seen in self.fetched.items() if seen[0] == generation}
+
+    def is_redelivery(self, offset: int) -> bool:
+        if offset <= self.last:
+            self.fetched.pop(offset, None)
+            return True
+        return False
+
+    def fetch_round(self, offset: int) -> int | None:
+        seen = self.fetched.get(offset)
+        return None if seen is None else seen[1]
+
+    def skipped_before(self, offset: int) -> list[int]:
+        """Offsets before `offset` fetched and never handled: skipped (forgotten here, the caller handles them)."""
+        if offset == self.last + 1:
+            return []
+        return self._take(lambda o, _: o < offset)
+
+    def skipped_in_rounds_before(self, fetch_round: int) -> list[int]:
+        """Offsets fetched in a round before `fetch_round` and never handled: skipped (forgotten here)."""
+        return self._take(lambda _, seen: seen[1] < fetch_round)
+
+    def handled(self, offset: int) -> None:
+        self.last = max(self.last, offset)
+        self.fetched.pop(offset, None)
+
+    def _take(self, chosen: Callable[[int, tuple[int, int]], bool]) -> list[int]:
+        taken = sorted(o for o, seen in self.fetched.items() if chosen(o, seen))
+        for offset in taken:
+            del self.fetched[offset]
+        return [o for o in taken if o > self.last]
+
+
+class SkippedRecordReader:
+    """Reads a range of one partition straight from the broker (read_committed), for records a stream skipped.
+
+    One consumer without a group, started on first use and shared by a worker's agents.
+    """
+
+    def __init__(self, broker_url: str, timeout_s: float = 60.0) -> None:
+        self.bootstrap = broker_url.replace(";", ",")
+        self.timeout_s = timeout_s
+        self._consumer: AIOKafkaConsumer | None = None
+        self._lock = asyncio.Lock()
+
+    async def read(self, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
+        """The records of `topic`[`partition`] with offsets in [start, end), in offset order."""
+        async with self._lock:
+            consumer = await self._started()
+            tp = TopicPartition(topic, partition)
+            consumer.assign([tp])
+            consumer.seek(tp, start)
+            records: list[SourceRecord] = []
+            deadline = time.monotonic() + self.timeout_s
+            while await consumer.position(tp) < end:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"reading {topic}[{partition}] offsets {start}..{end - 1} took over {self.timeout_s} s"
+                    )
+                batch = await consumer.getmany(tp, timeout_ms=500)
+                records += [
+                    SourceRecord(r.topic, r.partition, r.offset, r.key, r.value or b"", r.timestamp)
+                    for r in batch.get(tp, [])
+                    if start <= r.offset < end
+                ]
+            return records
+
+    async def _started(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                isolation_level="read_committed",
+                auto_offset_reset="earliest",
+            )
+            await consumer.start()
+            self._consumer = consumer
+        return self._consumer
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+
 class ProcessorAgent:
     """Binds one pure processor to a faust agent, its Table, its tick topic and its tick timer."""
 
     def __init__(
         self,
-        app: faust.App,
+        app: PipelineApp,
         processor: Processor,
         config: PipelineConfig,
         namespace: str,
@@ -103,8 +234,10 @@ class ProcessorAgent:
         tick_interval_s: float,
         clock_ms: Callable[[], int],
         metrics: Metrics,
+        skipped_records: SkippedRecordReader,
     ) -> None:
         self.app, self.processor, self.config, self.namespace = app, processor, config, namespace
+        self.skipped_records = skipped_records
         self.partitions, self.clock_ms, self.metrics = partitions, clock_ms, metrics
         self.acknowledge_outputs = app.conf.processing_guarantee.value == "at_least_once"
         # str keys and bytes values travel raw: the changelog holds session ids and the JSON state bytes
@@ -113,6 +246,8 @@ class ProcessorAgent:
         self.inputs = tuple(topic_name(namespace, topic) for topic in processor.inputs)
         self._topics: dict[str, TopicT] = {}
         self._owned: list[int] = []
+        self.progress: dict[tuple[str, int], InputProgress] = {}  # per (topic, partition) of inputs and ticks
+        app.fetch_listeners.append(self.note_fetched)
         source = app.topic(*self.inputs, self.tick_topic, partitions=partitions, **RAW)
         # CrashingSupervisor: an unexpected error stops the worker loudly instead of restarting the
         # agent past the failing record; a restart is safe because state and offsets agree.
@@ -122,25 +257,84 @@ class ProcessorAgent:
     async def consume(self, stream: StreamT) -> None:
         event: EventT
         async for event in stream.events():
-            if event.message.topic == self.tick_topic:
-                await self.tick(event.message.partition, int(event.value))
+            message = event.message
+            if message.topic == self.tick_topic:
+                await self.handle_skipped_before_tick(message.partition, message.offset)
+                await self.tick(message.partition, int(event.value))
             else:
-                await self.handle(event)
+                record = SourceRecord(
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    message.key,
+                    message.value or b"",
+                    round(message.timestamp * 1000),  # faust gives seconds
+                )
+                await self.handle_in_order(record)
 
-    async def handle(self, event: EventT) -> None:
-        message = event.message
-        try:
-            decoded = decode(message.value or b"")
-        except EventDecodeError as error:
-            await self.dead_letter(message, str(error))
+    def note_fetched(self, topic: str, partition: int, offsets: Sequence[int], fetch_round: int) -> None:
+        """The consumer fetched `offsets` of `topic`[`partition`] (PipelineConsumer calls it on every fetch)."""
+        if topic in self.inputs or topic == self.tick_topic:
+            progress = self.progress.setdefault((topic, partition), InputProgress())
+            progress.note_fetched(offsets, self.app.consumer_generation_id, fetch_round)
+
+    def progress_of(self, topic: str, partition: int) -> InputProgress:
+        progress = self.progress.setdefault((topic, partition), InputProgress())
+        progress.begin(self.app.consumer_generation_id)
+        return progress
+
+    async def handle_in_order(self, record: SourceRecord) -> None:
+        """Handle `record` after the records before it that the stream skipped; a redelivery not again."""
+        progress = self.progress_of(record.topic, record.partition)
+        if progress.is_redelivery(record.offset):
+            self.metrics.count("records_redelivered", processor=self.processor.name)
             return
-        key = (message.key or b"").decode() or str(decoded["envelope"].get("session_id") or "")
-        stored = self.table.get(key)
-        state = None if stored is None else json.loads(stored)
-        new_state, emits = self.processor.process(state, decoded, self.config)
-        await self.send_emits(emits)
-        self.store(key, new_state)
-        self.metrics.count("records_processed", processor=self.processor.name)
+        await self.handle_skipped(record.topic, record.partition, progress.skipped_before(record.offset))
+        await self.handle(record)
+        progress.handled(record.offset)
+
+    async def handle_skipped_before_tick(self, partition: int, offset: int) -> None:
+        """Records of `partition` fetched before this tick and never handled were skipped: handle them."""
+        ticks = self.progress_of(self.tick_topic, partition)
+        fetch_round = ticks.fetch_round(offset)
+        ticks.handled(offset)
+        if fetch_round is None:
+            return
+        for topic in self.inputs:
+            skipped = self.progress_of(topic, partition).skipped_in_rounds_before(fetch_round)
+            await self.handle_skipped(topic, partition, skipped)
+
+    async def handle_skipped(self, topic: str, partition: int, offsets: Sequence[int]) -> None:
+        """Read the skipped `offsets` from the broker, handle them in order and acknowledge them to faust."""
+        if not offsets:
+            return
+        wanted = set(offsets)
+        records = await self.skipped_records.read(topic, partition, offsets[0], offsets[-1] + 1)
+        records = [record for record in records if record.offset in wanted]
+        logger.warning(
+            "%s: the stream skipped %d record(s) of %s[%d] (offsets %d..%d); handling them now",
+            self.processor.name, len(records), topic, partition, offsets[0], offsets[-1],
+        )  # fmt: skip
+        self.metrics.count("records_recovered", len(records), processor=self.processor.name)
+        progress = self.progress_of(topic, partition)
+        for record in records:
+            await self.handle(record)
+            progress.handled(record.offset)
+        cast(PipelineConsumer, self.app.consumer).acknowledge(topic, partition, offsets)
+
+    async def handle(self, record: SourceRecord) -> None:
+        try:
+            decoded = decode(record.value)
+        except EventDecodeError as error:
+            await self.dead_letter(record, str(error))
+        else:
+            key = (record.key or b"").decode() or str(decoded["envelope"].get("session_id") or "")
+            stored = self.table.get(key)
+            state = None if stored is None else json.loads(stored)
+            new_state, emits = self.processor.process(state, decoded, self.config)
+            await self.send_emits(emits)
+            self.store(key, new_state)
+            self.metrics.count("records_processed", processor=self.processor.name)
 
     async def tick(self, partition: int, now_ms: int) -> None:
         """on_tick for every session of `partition` (the tick record's partition, owned by this worker)."""
@@ -173,21 +367,19 @@ class ProcessorAgent:
             )
             self.metrics.count("events_emitted", topic=emit.topic, processor=self.processor.name)
 
-    async def dead_letter(self, message: Any, error: str) -> None:
-        self.metrics.count("dead_lettered", topic=message.topic, processor=self.processor.name)
-        logger.warning(
-            "dead-lettering %s[%d]@%d: %s", message.topic, message.partition, message.offset, error
-        )
+    async def dead_letter(self, record: SourceRecord, error: str) -> None:
+        self.metrics.count("dead_lettered", topic=record.topic, processor=self.processor.name)
+        logger.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
         event = dead_letter_event(
             self.namespace,
-            message.topic,
-            message.partition,
-            message.offset,
-            message.value,
+            record.topic,
+            record.partition,
+            record.offset,
+            record.value,
             error,
-            round(message.timestamp * 1000),
-        )  # faust gives seconds
-        await self.send(dlq_topic(message.topic), message.key, encode(event))
+            record.timestamp_ms,
+        )
+        await self.send(dlq_topic(record.topic), record.key, encode(event))
 
     async def send(self, topic: str, key: bytes | None, value: bytes) -> None:
         channel = self._topics.get(topic)
@@ -224,7 +416,43 @@ class PipelineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return await self._ensure_consumer().end_offsets(partitions)
 
 
+class PipelineApp(faust.App):
+    """faust.App with the agents to tell about every fetch (ProcessorAgent.note_fetched)."""
+
+    def __init__(self, id: str, **options: Any) -> None:
+        super().__init__(id, **options)
+        self.fetch_listeners: list[Callable[[str, int, Sequence[int], int], None]] = []
+
+
 class PipelineConsumer(faust_aiokafka.Consumer):
+    fetch_round = 0
+
+    async def _wait_next_records(self, timeout: float) -> tuple[RecordMap | None, set[TP] | None]:
+        """faust's fetch, then every fetched offset to the agents (with this fetch's number), before any is delivered."""
+        records, active_partitions = await super()._wait_next_records(timeout)
+        if records:
+            self.fetch_round += 1
+            listeners = cast(PipelineApp, self.app).fetch_listeners
+            for tp, batch in records.items():
+                offsets = [record.offset for record in batch]
+                for listener in listeners:
+                    listener(tp.topic, tp.partition, offsets, self.fetch_round)
+        return records, active_partitions
+
+    def acknowledge(self, topic: str, partition: int, offsets: Sequence[int]) -> None:
+        """Mark records an agent handled outside faust's stream as acknowledged, as `Consumer.ack` does.
+
+        Without this, faust's commit of the partition would stop at the first of them for good.
+        """
+        tp = TopicPartition(topic, partition)  # what faust's messages carry, and what aiokafka commits
+        with ack_lock:
+            committed = self._committed_offset[tp]
+            for offset in offsets:
+                if (committed is None or offset >= committed) and offset not in self._acked_index[tp]:
+                    self._acked_index[tp].add(offset)
+                    self._acked[tp].append(offset)
+                    self._n_acked += 1
+
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return PipelineConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -280,7 +508,7 @@ def build_faust_app(
     if processing_guarantee not in GUARANTEES:
         raise ConfigError(f"processing_guarantee must be one of {GUARANTEES}, not {processing_guarantee!r}")
     chosen = [processors] if not isinstance(processors, Sequence) else list(processors)
-    app = faust.App(
+    app = PipelineApp(
         app_id,
         broker=broker_urls(broker_url),
         datadir=str(data_dir),
@@ -304,10 +532,17 @@ def build_faust_app(
     )
     app.transport = PipelineTransport(app.conf.broker_consumer, app)
     shared_metrics = metrics or Metrics()
+    skipped_records = SkippedRecordReader(broker_url)
+
+    async def close_reader(sender: Any, /, *_: Any, signal: Any, **__: Any) -> None:
+        await skipped_records.close()
+
+    app.on_before_shutdown.connect(close_reader, weak=False)
+
     for processor in chosen:
         ProcessorAgent(
             app, processor, config, namespace, partitions=partitions, tick_interval_s=tick_interval_s,
-            clock_ms=clock_ms, metrics=shared_metrics,
+            clock_ms=clock_ms, metrics=shared_metrics, skipped_records=skipped_records,
         )  # fmt: skip
     return app
 
