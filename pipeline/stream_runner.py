@@ -67,7 +67,11 @@ class StreamRunner:
     effect_concurrency: int = 4
     states: dict[str, Any] = field(default_factory=dict)
     # Under a backlog, large batches write each touched state once per batch, not once per 500 records.
+    # With many sessions interleaved a batch touches almost one session per record, so the poll size
+    # grows (next_poll_size) up to max_poll_records_cap while full batches keep doing that.
     max_poll_records: int = 2000
+    max_poll_records_cap: int = 16000
+    _poll_size: int = 0
     # None: a private cache, so the decode path is the same whether or not decodes are shared
     decodes: SharedDecodes | None = None
     _last_tick_s: float = 0.0
@@ -77,6 +81,7 @@ class StreamRunner:
             self._effect = self.processor
         else:
             self._pure = self.processor
+        self._poll_size = self.max_poll_records
         if self.decodes is None:
             self.decodes = SharedDecodes()
         self.decodes.subscribe(self._full(t) for t in self.processor.inputs)
@@ -107,7 +112,7 @@ class StreamRunner:
         consumer = self.log.consumer(self.group_id, [self._full(t) for t in self.processor.inputs])
         async with consumer:
             while not stop.is_set():
-                records = await consumer.poll(max_records=self.max_poll_records, timeout_s=0.2)
+                records = await consumer.poll(max_records=self._poll_size, timeout_s=0.2)
                 if records:
                     await self.handle(records)
                 await self.maybe_tick()
@@ -120,7 +125,7 @@ class StreamRunner:
             self.group_id, [self._full(t) for t in self.processor.inputs]
         ) as consumer:
             while idle < idle_polls:
-                records = await consumer.poll(max_records=self.max_poll_records, timeout_s=0.2)
+                records = await consumer.poll(max_records=self._poll_size, timeout_s=0.2)
                 idle = 0 if records else idle + 1
                 if records:
                     await self.handle(records)
@@ -157,6 +162,9 @@ class StreamRunner:
         }
         await self.log.append_and_commit(outputs, self.group_id, offsets)
         self.metrics.count("records_processed", len(records), processor=self.processor.name)
+        self._poll_size = next_poll_size(
+            self._poll_size, len(records), len(dirty), self.max_poll_records, self.max_poll_records_cap
+        )
 
     def _step(self, state: Any, event: dict[str, Any]) -> tuple[Any, list[Emit], list[EffectCall]]:
         """One event through the stage: (new state, emits, calls to perform)."""
@@ -258,6 +266,21 @@ class StreamRunner:
             record.timestamp_ms,
         )
         return dlq_topic(record.topic), OutgoingRecord(value=encode(event), key=record.key)
+
+
+def next_poll_size(size: int, records: int, states_written: int, floor: int, cap: int) -> int:
+    """The next poll's size after a batch of `records` (asked: `size`) that wrote `states_written` states.
+
+    Doubled (up to `cap`) after a full batch that wrote a state for more than a quarter of its
+    records: many sessions are interleaved, and a larger batch writes each of them once for more
+    records. Halved (down to `floor`) after a batch that was less than half full (no backlog: keep
+    batches, and so latency, small) or that wrote states for less than a tenth of its records.
+    """
+    if records >= size and states_written * 4 > records:
+        return min(size * 2, cap)
+    if records * 2 < size or states_written * 10 < records:
+        return max(size // 2, floor)
+    return size
 
 
 async def read_changelog(log: EventLog, topic: str, group_id: str) -> dict[str, Any]:
