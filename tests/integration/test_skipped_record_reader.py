@@ -1,10 +1,9 @@
 """SkippedRecordReader on the Kafka test broker: the records of an offset range, never markers or aborted ones.
 
-A faust agent calls it when its stream delivers a record past the next offset of its ledger
-(pipeline.faust_runtime.ProcessorAgent.handle_in_order), so it must return exactly the committed
-records of the range: the gap may hold records the stream skipped, transaction markers (no record)
-or records of aborted transactions (never handled). Writes the topic `sr.records` on the session's
-test broker.
+A faust agent calls it for records its consumer fetched and its stream never delivered
+(pipeline.faust_runtime.InputProgress), so it must return exactly the committed records of the
+range: the range may also hold transaction markers (no record) or records of aborted
+transactions (never handled). Writes the topic `sr.records` on the session's test broker.
 """
 
 from __future__ import annotations
