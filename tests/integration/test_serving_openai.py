@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +43,18 @@ async def _wait(server: ServeProcess, topic: str, predicate, timeout_s: float) -
         if found or asyncio.get_running_loop().time() > deadline:
             return found
         await asyncio.sleep(0.2)
+
+
+def wait_until_spooled_events_are_logged(server: ServeProcess, timeout_s: float = 10.0) -> None:
+    """Until the server's spool is empty: events of earlier requests are then all on the log."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metrics = httpx.get(f"{server.base_url}/metrics").text
+        depth = next(line for line in metrics.splitlines() if line.startswith("orl_spool_depth "))
+        if float(depth.split()[1]) == 0:
+            return
+        assert time.monotonic() < deadline, f"the spool still holds events after {timeout_s} s: {depth}"
+        time.sleep(0.1)
 
 
 def test_non_streaming_completion_is_recorded_with_exact_tokens(server: ServeProcess) -> None:
@@ -164,6 +177,7 @@ def test_three_turns_without_session_headers_are_linked(server: ServeProcess) ->
     ],
 )
 def test_bad_input_gets_an_openai_shaped_4xx(server: ServeProcess, body: bytes, status: int) -> None:
+    wait_until_spooled_events_are_logged(server)  # earlier tests' responses may still be on their way
     before = len(events(server, "responses"))
     response = httpx.post(
         f"{server.base_url}/v1/chat/completions",
