@@ -52,7 +52,6 @@ from aiokafka.errors import IllegalOperation, TopicAlreadyExistsError
 from faust.transport.consumer import RecordMap
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT, StreamT, TopicT
-from faust.types.tuples import ack_lock
 from mode import CrashingSupervisor
 
 from connectors.event_log.partitioner import partition_for_key
@@ -445,13 +444,12 @@ class PipelineConsumer(faust_aiokafka.Consumer):
         Without this, faust's commit of the partition would stop at the first of them for good.
         """
         tp = TopicPartition(topic, partition)  # what faust's messages carry, and what aiokafka commits
-        with ack_lock:
-            committed = self._committed_offset[tp]
-            for offset in offsets:
-                if (committed is None or offset >= committed) and offset not in self._acked_index[tp]:
-                    self._acked_index[tp].add(offset)
-                    self._acked[tp].append(offset)
-                    self._n_acked += 1
+        committed = self._committed_offset[tp]
+        for offset in offsets:  # on the event loop's thread, as faust's own acks from the agents
+            if (committed is None or offset >= committed) and offset not in self._acked_index[tp]:
+                self._acked_index[tp].add(offset)
+                self._acked[tp].append(offset)
+                self._n_acked += 1
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return PipelineConsumerThread(self, loop=self.loop, beacon=self.beacon)
