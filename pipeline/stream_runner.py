@@ -30,7 +30,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.event_log.base import ConsumedRecord, EventLog, OutgoingRecord, TopicPartition, TopicSpec
+from connectors.event_log.base import (
+    ConsumedRecord,
+    Consumer,
+    EventLog,
+    OutgoingRecord,
+    TopicPartition,
+    TopicSpec,
+)
 from connectors.event_log.reading import read_to_end
 from connectors.metrics import Metrics
 from pipeline.config import PipelineConfig
@@ -115,7 +122,25 @@ class StreamRunner:
                 records = await consumer.poll(max_records=self._poll_size, timeout_s=0.2)
                 if records:
                     await self.handle(records)
-                await self.maybe_tick()
+                if self._watermark_ms is not None or await self.caught_up(consumer):
+                    await self.maybe_tick()
+
+    async def caught_up(self, consumer: Consumer) -> bool:
+        """Whether the consumer owns partitions and has read all of them (no backlog).
+
+        Until the first event is read, ticks would use the wall clock, and restored sessions whose
+        last events are old would look idle although a backlog may still hold their next events
+        (after a restart, a killed process's partitions stay with it for the session timeout). So
+        the first tick waits for the first event or for the end of the input.
+        """
+        assignment = await consumer.assignment()
+        if not assignment:
+            return False
+        ends = {topic: await self.log.end_offsets(topic) for topic in {tp.topic for tp in assignment}}
+        for tp in assignment:
+            if await consumer.position(tp) < ends[tp.topic].get(tp.partition, 0):
+                return False
+        return True
 
     async def run_until_idle(self, idle_polls: int = 2) -> int:
         """Process everything available now, then return how many records were handled (tests, replay)."""
