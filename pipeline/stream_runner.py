@@ -38,7 +38,7 @@ from connectors.event_log.base import (
     TopicPartition,
     TopicSpec,
 )
-from connectors.event_log.reading import read_to_end
+from connectors.event_log.reading import reached, read_to_end
 from connectors.metrics import Metrics
 from pipeline.config import PipelineConfig
 from pipeline.dead_letters import dead_letter_event
@@ -122,8 +122,7 @@ class StreamRunner:
                 records = await consumer.poll(max_records=self._poll_size, timeout_s=0.2)
                 if records:
                     await self.handle(records)
-                if self._watermark_ms is not None or await self.caught_up(consumer):
-                    await self.maybe_tick()
+                await self.maybe_tick(consumer)
 
     async def caught_up(self, consumer: Consumer) -> bool:
         """Whether the consumer owns partitions and has read all of them (no backlog).
@@ -136,9 +135,9 @@ class StreamRunner:
         assignment = await consumer.assignment()
         if not assignment:
             return False
-        ends = {topic: await self.log.end_offsets(topic) for topic in {tp.topic for tp in assignment}}
-        for tp in assignment:
-            if await consumer.position(tp) < ends[tp.topic].get(tp.partition, 0):
+        for topic in {tp.topic for tp in assignment}:
+            owned = sorted(tp for tp in assignment if tp.topic == topic)
+            if not await reached(consumer, owned, await self.log.end_offsets(topic)):
                 return False
         return True
 
@@ -213,9 +212,12 @@ class StreamRunner:
         self.metrics.count("effect_calls", len(calls), processor=stage.name)
         return [emit for emits in results for emit in emits]
 
-    async def maybe_tick(self) -> None:
+    async def maybe_tick(self, consumer: Consumer) -> None:
+        """A tick once per `tick_interval_s`; none before the first event is read unless caught up."""
         now_s = time.monotonic()
         if now_s - self._last_tick_s < self.tick_interval_s:
+            return
+        if self._watermark_ms is None and not await self.caught_up(consumer):
             return
         self._last_tick_s = now_s
         await self.tick(self.event_time_ms())
