@@ -36,6 +36,7 @@ from pipeline.config import PipelineConfig, SampleConfig, TallyConfig
 from pipeline.namespace_io import NamespaceWriter, read_events
 from pipeline.pure_stages import PURE_PROCESSORS
 from pipeline.replay import REUSE_TOPICS, ReplayPlan, log_source, replay, run_stages
+from pipeline.replay_workers import workers_for
 from schemas.events import make_event
 
 SOURCE = "bench"
@@ -154,7 +155,10 @@ async def bench(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
         started = time.perf_counter()
         plan = ReplayPlan("replayed", "reuse", f"log:{SOURCE}", "bench")
         stages = [PURE_PROCESSORS["vote_tally"], PURE_PROCESSORS["sample_builder"]]
-        report = await replay(log, plan, log_source(log, SOURCE, REUSE_TOPICS), stages, config(args.votes))
+        source = log_source(log, SOURCE, REUSE_TOPICS)
+        workers = workers_for(args.workers)
+        results["workers"] = workers
+        report = await replay(log, plan, source, stages, config(args.votes), workers=workers)
         results["replay_s"] = time.perf_counter() - started
         results["replay_turns_per_s"] = turns / results["replay_s"]
         results["replayed_samples"] = report.samples_ready + report.samples_rejected
@@ -185,15 +189,16 @@ def main() -> None:
     parser.add_argument("--turns-per-session", type=int, default=4)
     parser.add_argument("--votes", type=int, default=3, help="recorded judge votes per turn")
     parser.add_argument("--lookups", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=0, help="replay worker processes (0: one per core)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
         results = asyncio.run(bench(args, Path(tmp)))
     print(f"machine: {platform.machine()} {platform.processor() or ''} python {platform.python_version()}")
-    print("| turns | votes/turn | record s | replay s | replay turns/s | samples (source = replay) "
+    print("| turns | votes/turn | workers | record s | replay s | replay turns/s | samples (source = replay) "
           "| index build s | audit median s | audit max s |")  # fmt: skip
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     r = results
-    print(f"| {r['turns']:,} | {r['votes_per_turn']} | {r['record_s']:.1f} | {r['replay_s']:.1f} | "
+    print(f"| {r['turns']:,} | {r['votes_per_turn']} | {r['workers']} | {r['record_s']:.1f} | {r['replay_s']:.1f} | "
           f"{r['replay_turns_per_s']:,.0f} | {r['source_samples']:,} = {r['replayed_samples']:,} | "
           f"{r['index_build_s']:.1f} | {r['audit_median_s']:.3f} | {r['audit_max_s']:.3f} |")  # fmt: skip
 

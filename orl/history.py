@@ -46,6 +46,7 @@ from pipeline.replay import (
     replay,
     source_size,
 )
+from pipeline.replay_workers import workers_for
 from pipeline.settings import PipelineSettings
 from schemas.errors import ConfigError
 from trainer.settings import parse_init_from
@@ -86,6 +87,12 @@ class ReplaySettings(PipelineSettings):
         1.0, "ORL_IMPORT_TEMPERATURE", "Temperature recorded for imported responses."
     )
     flush: bool = setting(True, "ORL_REPLAY_FLUSH", "Advance time past every timeout after the input.")
+    workers: int = setting(
+        0,
+        "ORL_REPLAY_WORKERS",
+        "Worker processes of a reuse replay, each with a share of the sessions (0: one per CPU core; "
+        "1: none, all in this process).",
+    )
     progress: bool = setting(True, "ORL_PROGRESS", "Show a progress bar.")
     train_steps: int = setting(
         0, "ORL_REPLAY_TRAIN_STEPS", "Then run `orl train` for this many steps (0: print it)."
@@ -121,6 +128,8 @@ def _source_label(settings: ReplaySettings) -> str:
 
 
 def _check(settings: ReplaySettings) -> None:
+    if settings.workers < 0:
+        raise ConfigError(f"--workers must be 0 (one per CPU core) or more, not {settings.workers}")
     if not settings.target_namespace:
         raise ConfigError("--target-namespace is required: a replay writes into a new namespace")
     if settings.source not in SOURCES:
@@ -171,7 +180,10 @@ async def _replay(settings: ReplaySettings) -> int:
             )
             source_ns = settings.namespace if settings.source == "log" else None
         with tqdm(total=total, unit="event", desc="replay", disable=not settings.progress) as bar:
-            report = await replay(log, plan, batches, stages, pipeline_config(target), bar.update, source_ns)
+            report = await replay(
+                log, plan, batches, stages, pipeline_config(target), bar.update, source_ns,
+                workers=workers_for(settings.workers),
+            )  # fmt: skip
     print(
         f"replayed into {report.target!r}: {report.copied} events copied ({report.skipped} already there), "
         f"{report.samples_ready} samples ready, {report.samples_rejected} rejected"

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from connectors.event_log.base import ConsumedRecord, EventLog, EventLogError, OutgoingRecord, TopicSpec
 from connectors.event_log.reading import reached
@@ -215,6 +215,23 @@ def _current_headers() -> dict[str, bytes]:
     return {name: MARKER + registry.current(name).fingerprint for name in registry.event_types}
 
 
+class EncodedEvent(NamedTuple):
+    """An event as it is appended: its id and type (for dedup and the topic), record key and bytes."""
+
+    event_id: str
+    event_type: str
+    key: bytes | None
+    value: bytes
+
+
+def encoded(event: Event) -> EncodedEvent:
+    """The event encoded, keyed by its session as every orl producer keys its records."""
+    envelope = event["envelope"]
+    session = envelope.get("session_id")
+    key = session.encode() if session else None
+    return EncodedEvent(envelope["event_id"], envelope["event_type"], key, encode(event))
+
+
 def with_namespace(value: bytes, head: EnvelopeHead, namespace: str) -> bytes:
     """The same encoded event with only `envelope.namespace` replaced."""
     encoded = namespace.encode()
@@ -241,27 +258,16 @@ class NamespaceWriter:
 
     async def write(self, events: Iterable[Event]) -> int:
         """Append the events not yet present (order kept per topic); returns how many."""
-        return await self.write_batch((), events)
+        return await self.write_batch([encoded(event) for event in events])
 
-    async def write_raw(self, items: Iterable[tuple[EnvelopeHead, bytes | None, bytes]]) -> int:
-        """Append already encoded events (head, key, value) not yet present, order kept per topic."""
-        return await self.write_batch(items, ())
-
-    async def write_batch(
-        self, items: Iterable[tuple[EnvelopeHead, bytes | None, bytes]], events: Iterable[Event]
-    ) -> int:
-        """Encoded items, then events, those not yet present, in ONE append (one transaction, one fsync
-        on the embedded log); returns how many were appended."""
-        outputs: list[tuple[str, OutgoingRecord]] = []
-        for head, key, value in items:
-            if self._is_new(head.event_id):
-                outputs.append((self._topic(head.event_type), OutgoingRecord(value=value, key=key)))
-        for event in events:
-            envelope = event["envelope"]
-            if self._is_new(envelope["event_id"]):
-                session = envelope.get("session_id")
-                record = OutgoingRecord(value=encode(event), key=session.encode() if session else None)
-                outputs.append((self._topic(envelope["event_type"]), record))
+    async def write_batch(self, items: Iterable[EncodedEvent]) -> int:
+        """The encoded events not yet present, in ONE append (one transaction, one fsync on the
+        embedded log), order kept per topic; returns how many were appended."""
+        outputs = [
+            (self._topic(item.event_type), OutgoingRecord(value=item.value, key=item.key))
+            for item in items
+            if self._is_new(item.event_id)
+        ]
         if outputs:
             await self.log.append_and_commit(outputs, f"{self.namespace}.writer", {})
         self.written += len(outputs)

@@ -9,9 +9,10 @@ Modes:
   (vote_tally, hint_selector, sample_builder). Recorded teacher scores are re-attached to the
   replayed HintSelected (the id a teacher stage would give them there). Same inputs + same pure
   logic = the same samples: their payloads equal the original's except the ids derived in the new
-  namespace (reward, hint, teacher lineage ids and the envelope). The pure stages run in memory
-  (pipeline/memory_runner.py) in the same pass as the copy, each event decoded once; the votes are
-  first skimmed for m, the number of llm votes that makes a judgement.
+  namespace (reward, hint, teacher lineage ids and the envelope). The pure stages run in memory in
+  the same pass as the copy, each event decoded once, the sessions dealt between shards that run
+  in worker processes (pipeline/replay_shard.py, replay_workers.py); the votes are first skimmed
+  for m, the number of llm votes that makes a judgement.
 - `rejudge`: requests, responses, next states and session ends are copied; the judge stage runs
   with the judge configured in the settings (new votes, its config version), then the pure stages
   and (for opd / combined) the teacher stage, each a StreamRunner over the target's topics. The
@@ -32,9 +33,10 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from connectors.event_log.base import EventLog, OutgoingRecord, TopicSpec
 from connectors.event_log.reading import read_to_end
@@ -43,24 +45,20 @@ from pipeline.archive import ArchiveError, archived_records, load_index
 from pipeline.config import PipelineConfig
 from pipeline.effects import EffectStage
 from pipeline.gc_tuning import tuned_for_streams
-from pipeline.memory_runner import MemoryRunner
-from pipeline.namespace_io import (
-    VOTE_TYPES,
-    EnvelopeHead,
-    NamespaceWriter,
-    catalog_topics,
-    envelope_head,
-    in_namespace,
-    read_batches,
-    record_count,
-    vote_fields,
-    with_namespace,
+from pipeline.namespace_io import EncodedEvent, NamespaceWriter, catalog_topics, read_batches, record_count
+from pipeline.processor import Processor
+from pipeline.replay_shard import (
+    RawRecord,
+    RecordedVotes,
+    ReplayShard,
+    Splicer,
+    reuse_config,
+    split_by_shard,
 )
-from pipeline.processor import Emit, Processor
+from pipeline.replay_workers import LocalShard, Shard, shard_pool
 from pipeline.stream_runner import StreamRunner
-from schemas.codec import decode, encode, event_type_of
+from schemas.codec import encode, event_type_of
 from schemas.errors import ConfigError
-from schemas.events import make_event
 from schemas.topics import topic_for_event, topic_name
 
 logger = logging.getLogger(__name__)
@@ -85,7 +83,7 @@ IN_MEMORY_ORDER = (
 REJUDGE_STAGES = ("judge", "vote_tally", "hint_selector", "teacher", "sample_builder")
 Progress = Callable[[int], None]
 PURE_BATCH_RECORDS = 20_000
-RawRecord = tuple[bytes | None, bytes]  # (key, encoded event) as on the log
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -206,83 +204,98 @@ async def source_size(log: EventLog, store: ObjectStore | None, namespace: str, 
     return total
 
 
-@dataclass(frozen=True)
-class RecordedVotes:
-    """What the recorded votes say about the live judge: m per vote type, and its config versions."""
-
-    counts: dict[str, int]  # "JudgeVoteCast" / "HintVoteCast" -> llm votes per judgement
-    versions: frozenset[str]
-
-
-async def recorded_votes(source: ReplaySource) -> RecordedVotes:
-    """m is the largest llm vote_index + 1, read from the votes' leading fields (no full decode)."""
-    counts: dict[str, int] = {}
-    versions: set[str] = set()
-    async for batch in source.batches(("judge_votes", "hints")):
-        for _, value in batch:
-            fields = vote_fields(value)
-            if fields is None:
-                if event_type_of(value) not in VOTE_TYPES:
-                    continue  # a hint decision on the hints topic
-                event = decode(value)  # an older writer schema
-                fields = (
-                    event["envelope"]["event_type"], event["judge_kind"], event["judge_config_version"],
-                    int(event["vote_index"]),
-                )  # fmt: skip
-            event_type, judge_kind, version, vote_index = fields
-            versions.add(version)
-            if judge_kind == "llm":
-                counts[event_type] = max(counts.get(event_type, 1), vote_index + 1)
-    return RecordedVotes(counts, frozenset(versions))
+async def copy(writer: NamespaceWriter, source: ReplaySource, progress: Progress) -> int:
+    """The source spliced into the writer's namespace (a replay whose stages then run over the log);
+    returns the watermark (the latest occurred_at copied)."""
+    splicer = Splicer(writer.namespace)
+    async for batch in source.batches():
+        await writer.write_batch(splicer.splice(batch))
+        progress(len(batch))
+    return splicer.watermark_ms
 
 
-@dataclass
-class Copier:
-    """Copies source events into the target, holding back what replay re-derives or re-attaches."""
-
-    writer: NamespaceWriter
-    progress: Progress
-    teacher_scores: list[Event] = field(default_factory=list)
-    watermark_ms: int = 0
-
-    def splice(self, batch: list[RawRecord]) -> list[tuple[EnvelopeHead, bytes | None, bytes]]:
-        """The batch in the target namespace, minus HintSelected / HintRejected (re-derived) and
-        TeacherScored (kept in `teacher_scores`, re-attached later). Only `envelope.namespace`
-        changes: the bytes are spliced, not decoded and re-encoded."""
-        target = self.writer.namespace
-        kept = []
-        for key, value in batch:
-            head = envelope_head(value)
-            if head is None:  # an older writer schema: decode (upcast) and re-encode
-                value = encode(decode(value))
-                head = envelope_head(value)
-                assert head is not None
-            self.watermark_ms = max(self.watermark_ms, head.occurred_at)
-            if head.event_type == "TeacherScored":
-                self.teacher_scores.append(in_namespace(decode(value), target))
-            elif head.event_type not in ("HintSelected", "HintRejected"):
-                kept.append((head, key, with_namespace(value, head, target)))
-        return kept
-
-    async def copy(self, source: ReplaySource) -> None:
-        async for batch in source.batches():
-            await self.writer.write_raw(self.splice(batch))
-            self.progress(len(batch))
+async def in_order(
+    calls: AsyncIterator[tuple[asyncio.Future[T], int]], depth: int = 2
+) -> AsyncIterator[tuple[T, int]]:
+    """The results of submitted calls, in order, keeping up to `depth` calls in flight (each with the
+    number of source records it stands for); calls still in flight when this stops are cancelled."""
+    waiting: deque[tuple[asyncio.Future[T], int]] = deque()
+    try:
+        async for call in calls:
+            waiting.append(call)
+            if len(waiting) >= depth:
+                result, size = waiting.popleft()
+                yield await result, size
+        while waiting:
+            result, size = waiting.popleft()
+            yield await result, size
+    finally:
+        for result, _ in waiting:
+            result.cancel()
 
 
-def reuse_config(config: PipelineConfig, vote_counts: dict[str, int]) -> PipelineConfig:
-    """The recorded votes decide how many make a judgement (m is not a setting of a reuse replay)."""
-    return replace(
-        config,
-        tally=replace(
-            config.tally,
-            votes_per_judgement=vote_counts.get("JudgeVoteCast", config.tally.votes_per_judgement),
-        ),
-        hints=replace(
-            config.hints,
-            votes_per_judgement=vote_counts.get("HintVoteCast", config.hints.votes_per_judgement),
-        ),
-    )
+def on_every(
+    shards: Sequence[Shard], method: str, args: Sequence[tuple[Any, ...]]
+) -> asyncio.Future[list[Any]]:
+    """`method` submitted to each shard with its arguments; awaits to their results, in shard order."""
+    return asyncio.gather(*(shard.submit(method, *a) for shard, a in zip(shards, args, strict=True)))
+
+
+async def count_recorded_votes(source: ReplaySource, shards: Sequence[Shard]) -> RecordedVotes:
+    """The votes skimmed for m and the judge config versions, each batch split between the shards."""
+
+    async def calls() -> AsyncIterator[tuple[asyncio.Future[list[RecordedVotes]], int]]:
+        async for batch in source.batches(("judge_votes", "hints")):
+            step = -(-len(batch) // len(shards))
+            parts = [([value for _, value in batch[i * step : (i + 1) * step]],) for i in range(len(shards))]
+            yield on_every(shards, "count_votes", parts), len(batch)
+
+    return RecordedVotes.merge([part async for parts, _ in in_order(calls()) for part in parts])
+
+
+async def replay_in_memory(
+    writer: NamespaceWriter,
+    source: ReplaySource,
+    stages: Sequence[Processor | None],
+    config: PipelineConfig,
+    flush: bool,
+    workers: int,
+    progress: Progress,
+) -> RecordedVotes:
+    """A replay whose stages are all pure: one pass over the source, each event decoded once, the
+    sessions dealt between `workers` shards (pipeline/replay_shard.py) by record key.
+
+    The votes are first skimmed for m. Then each batch, topics in IN_MEMORY_ORDER, is split between
+    the shards, and what they return (the copy and the stages' outputs) is written in one append,
+    skipping ids already there, while the next batches are read and computed. With `flush`, each
+    stage's timeouts then fire at one flush time for all shards.
+    """
+    async with shard_pool(workers, stages, config, writer.namespace) as shards:
+        votes = await count_recorded_votes(source, shards)
+        await on_every(shards, "start", [(votes.counts,)] * len(shards))
+
+        async def calls() -> AsyncIterator[tuple[asyncio.Future[list[list[EncodedEvent]]], int]]:
+            async for batch in source.batches(IN_MEMORY_ORDER):
+                parts = [(part,) for part in split_by_shard(batch, len(shards))]
+                yield on_every(shards, "feed", parts), len(batch)
+
+        # A batch is written while the next ones are read and computed: SQLite's work (and its
+        # fsync) runs on the log's thread, the shards' in their processes.
+        writing: asyncio.Task[int] | None = None
+        try:
+            async for parts, size in in_order(calls()):
+                if writing is not None:
+                    await writing
+                writing = asyncio.create_task(writer.write_batch([item for part in parts for item in part]))
+                progress(size)
+        finally:
+            if writing is not None:
+                await writing
+        watermark = max(await on_every(shards, "watermark", [()] * len(shards)))
+        flush_ms = flush_time_ms(watermark, config) if flush else None
+        finals = await on_every(shards, "finish", [(flush_ms,)] * len(shards))
+        await writer.write_batch([item for part in finals for item in part])
+    return votes
 
 
 def flush_time_ms(watermark_ms: int, config: PipelineConfig) -> int:
@@ -293,95 +306,6 @@ def flush_time_ms(watermark_ms: int, config: PipelineConfig) -> int:
         config.linker.idle_timeout_s,
     )
     return watermark_ms + int(longest_s * 1000) + 1
-
-
-def teacher_events(scores: list[Event], selected: dict[str, str]) -> list[Event]:
-    """Recorded TeacherScored re-attached to the replayed HintSelected of the same turn (turn id ->
-    the first HintSelected id); a score whose turn has no selected hint in the replay is dropped."""
-    events = []
-    for score in scores:
-        envelope = score["envelope"]
-        hint_id = selected.get(envelope["turn_id"])
-        if hint_id is None:
-            continue
-        payload = {k: v for k, v in score.items() if k != "envelope"}
-        payload["hint_event_id"] = hint_id
-        events.append(
-            make_event(
-                "TeacherScored",
-                namespace=envelope["namespace"],
-                producer=envelope["producer"],
-                occurred_at_ms=envelope["occurred_at"],
-                id_parts=(hint_id, payload["teacher_kind"]),  # as pipeline/teacher_stage.py names it
-                session_id=envelope["session_id"],
-                turn_id=envelope["turn_id"],
-                **payload,
-            )
-        )
-    return events
-
-
-async def replay_in_memory(
-    copier: Copier,
-    source: ReplaySource,
-    stages: Sequence[Processor | None],
-    config: PipelineConfig,
-    flush: bool,
-) -> None:
-    """A replay whose stages are all pure: one pass over the source, each event decoded once.
-
-    Each batch is copied and fed to the stages in memory (pipeline/memory_runner.py), topics in
-    IN_MEMORY_ORDER; what they emit is written with the batch, skipping ids already there. A
-    recorded teacher score is re-attached as soon as its turn's hint is selected; the rest wait
-    for the None placeholder in `stages` (after hint_selector's flush tick, before
-    sample_builder's). With `flush`, each stage's timeouts then fire at the flush time, in order.
-    Memory grows with the history (about 5 KB per turn: the sessions' states and the ids already
-    written).
-    """
-    writer = copier.writer
-    runner = MemoryRunner([stage for stage in stages if stage is not None], config)
-    selected: dict[str, str] = {}  # turn id -> its first HintSelected in the replay
-    waiting: list[Event] = []  # teacher scores whose hint is not selected yet (it may be at the flush)
-
-    def outputs(emits: list[Emit]) -> list[Event]:
-        for emit in emits:
-            envelope = emit.event["envelope"]
-            if envelope["event_type"] == "HintSelected":
-                selected.setdefault(envelope["turn_id"], envelope["event_id"])
-        return [emit.event for emit in emits]
-
-    def attach(scores: list[Event]) -> list[Event]:
-        """The TeacherScored of the scores whose hint is selected, and what they lead to."""
-        teacher = teacher_events(scores, selected)
-        return teacher + outputs([emit for event in teacher for emit in runner.feed("teacher_scores", event)])
-
-    # A batch is written while the next one is read and processed: SQLite's work (and its fsync)
-    # runs on the log's thread, so it overlaps the decoding on this one.
-    writing: asyncio.Task[int] | None = None
-    try:
-        async for batch in source.batches(IN_MEMORY_ORDER):
-            kept = copier.splice(batch)
-            emits = []
-            for head, _, value in kept:
-                emits += runner.feed(topic_for_event(head.event_type), decode(value))
-            scores, copier.teacher_scores = copier.teacher_scores, []
-            waiting += [score for score in scores if score["envelope"]["turn_id"] not in selected]
-            events = outputs(emits) + attach(
-                [score for score in scores if score["envelope"]["turn_id"] in selected]
-            )
-            if writing is not None:
-                await writing
-            writing = asyncio.create_task(writer.write_batch(kept, events))
-            copier.progress(len(batch))
-    finally:
-        if writing is not None:
-            await writing
-    flush_ms = flush_time_ms(copier.watermark_ms, config)
-    for stage in stages:
-        if stage is None:
-            await writer.write(attach(waiting))
-        elif flush:
-            await writer.write(outputs(runner.tick(stage, flush_ms)))
 
 
 async def run_stages(
@@ -444,26 +368,29 @@ async def replay(
     config: PipelineConfig,
     progress: Progress = lambda n: None,
     source_namespace: str | None = None,
+    workers: int = 1,
 ) -> ReplayReport:
     """Copy the source into `plan.target` and run the replay's stages there: in memory when they
-    are all pure (reuse), else through the log with StreamRunner (a judge or teacher makes calls)."""
+    are all pure (reuse; in `workers` processes when more than 1), else through the log with
+    StreamRunner (a judge or teacher makes calls)."""
     if plan.votes not in VOTE_MODES:
         raise ConfigError(f"--votes must be reuse or rejudge, not {plan.votes!r}")
     await claim_namespace(log, plan, source_namespace)
     writer = NamespaceWriter(log, plan.target, plan.partitions)
     await writer.prepare()
-    copier = Copier(writer, progress)
-    votes = await recorded_votes(source) if plan.votes == "reuse" else RecordedVotes({}, frozenset())
-    if plan.votes == "reuse":
-        config = reuse_config(config, votes.counts)
     chosen = select_stages(stages, plan.votes, plan.copy_teacher)
     pure = [stage for stage in chosen if not isinstance(stage, EffectStage)]
     with tuned_for_streams():
         if len(pure) == len(chosen):
-            await replay_in_memory(copier, source, pure, config, plan.flush)
+            votes = await replay_in_memory(writer, source, pure, config, plan.flush, workers, progress)
         else:
-            await copier.copy(source)
-            flush_ms = flush_time_ms(copier.watermark_ms, config) if plan.flush else None
+            votes = RecordedVotes({}, frozenset())
+            if plan.votes == "reuse":
+                counter = LocalShard(ReplayShard([], config, plan.target))
+                votes = await count_recorded_votes(source, [counter])
+                config = reuse_config(config, votes.counts)
+            watermark = await copy(writer, source, progress)
+            flush_ms = flush_time_ms(watermark, config) if plan.flush else None
             await run_stages(log, [stage for stage in chosen if stage is not None], config, plan, flush_ms)
     ready, rejected = await count_samples(log, plan.target)
     return ReplayReport(

@@ -104,7 +104,9 @@ def comparable(sample: Event) -> bytes:
     return encode({**sample, "envelope": envelope, "lineage": lineage})
 
 
-async def run_replay(log: EventLog, settings: PipelineSettings, target: str, votes: str) -> Any:
+async def run_replay(
+    log: EventLog, settings: PipelineSettings, target: str, votes: str, workers: int = 1
+) -> Any:
     plan = ReplayPlan(target=target, votes=votes, source=f"log:{SOURCE}", settings_version="v1")
     target_settings = recorded_settings(settings.data_dir, namespace=target)
     if votes == "rejudge":
@@ -118,6 +120,7 @@ async def run_replay(log: EventLog, settings: PipelineSettings, target: str, vot
         stages,
         pipeline_config(target_settings),
         source_namespace=SOURCE,
+        workers=workers,
     )
 
 
@@ -126,14 +129,17 @@ def log_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'log.db'}"
 
 
-def test_reuse_reproduces_every_sample_and_a_rerun_adds_nothing(tmp_path: Path, log_url: str) -> None:
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "two-workers"])
+def test_reuse_reproduces_every_sample_and_a_rerun_adds_nothing(
+    tmp_path: Path, log_url: str, workers: int
+) -> None:
     async def scenario() -> None:
         async with open_event_log(log_url) as log:
             settings = recorded_settings(tmp_path)
-            await record(log, settings)
+            await record(log, settings, sessions=4)
             original = await events_of(log, SOURCE, "samples")
-            assert sum(s["envelope"]["event_type"] == "SampleReady" for s in original) >= 3
-            report = await run_replay(log, settings, "again", "reuse")
+            assert sum(s["envelope"]["event_type"] == "SampleReady" for s in original) >= 4
+            report = await run_replay(log, settings, "again", "reuse", workers)
             replayed = await events_of(log, "again", "samples")
             assert len(replayed) == len(original) == report.samples_ready + report.samples_rejected
             old, new = by_turn(original), by_turn(replayed)
@@ -146,7 +152,7 @@ def test_reuse_reproduces_every_sample_and_a_rerun_adds_nothing(tmp_path: Path, 
                 t: len(await events_of(log, "again", t))
                 for t in ("requests", "judge_votes", "samples", "rewards")
             }
-            rerun = await run_replay(log, settings, "again", "reuse")
+            rerun = await run_replay(log, settings, "again", "reuse", workers)
             assert rerun.copied == 0
             assert {t: len(await events_of(log, "again", t)) for t in counts} == counts
 
