@@ -39,8 +39,11 @@ RawRecord = tuple[bytes | None, bytes]  # (key, encoded event) as on the log
 
 
 def shard_of(key: bytes | None, shards: int) -> int:
-    """The shard of a record key (records without a key all go to shard 0)."""
-    return zlib.crc32(key) % shards if key else 0
+    """The shard of a record key (records without a key all go to shard 0). CRC-32's low bits barely
+    change between keys such as "s0" and "s3", so it is mixed first (Fibonacci hashing)."""
+    if not key:
+        return 0
+    return (((zlib.crc32(key) * 2654435761) & 0xFFFFFFFF) >> 16) % shards
 
 
 def split_by_shard(batch: Sequence[RawRecord], shards: int) -> list[list[RawRecord]]:

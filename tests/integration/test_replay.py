@@ -19,6 +19,7 @@ from connectors.event_log.factory import open_event_log
 from pipeline.main import build_stages, pipeline_config
 from pipeline.namespace_io import NamespaceWriter, read_events
 from pipeline.replay import REJUDGE_TOPICS, REUSE_TOPICS, ReplayPlan, log_source, replay
+from pipeline.replay_shard import shard_of
 from pipeline.settings import PipelineSettings
 from pipeline.stream_runner import StreamRunner
 from schemas.codec import encode
@@ -133,6 +134,9 @@ def log_url(tmp_path: Path) -> str:
 def test_reuse_reproduces_every_sample_and_a_rerun_adds_nothing(
     tmp_path: Path, log_url: str, workers: int
 ) -> None:
+    # The 4 recorded sessions (s0..s3) are dealt to both workers, not all to one.
+    assert {shard_of(f"s{n}".encode(), workers) for n in range(4)} == set(range(workers))
+
     async def scenario() -> None:
         async with open_event_log(log_url) as log:
             settings = recorded_settings(tmp_path)
