@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple
 
 from connectors.event_log.base import ConsumedRecord, EventLog, EventLogError, OutgoingRecord, TopicSpec
 from connectors.event_log.reading import reached
 from pipeline.topology import STAGES
-from schemas.codec import HEADER_LEN, MARKER, decode, encode, event_type_of
+from schemas.codec import HEADER_LEN, MARKER, decode, encode
 from schemas.registry import default_registry
 from schemas.topics import TOPICS, dlq_topic, topic_for_event, topic_name
 
@@ -100,6 +99,9 @@ def in_namespace(event: Event, namespace: str) -> Event:
 
 def _read_long(data: bytes, pos: int) -> tuple[int, int]:
     """An Avro (zigzag varint) int/long at `pos`; returns (value, next position)."""
+    byte = data[pos]
+    if byte < 0x80:  # one byte: most lengths
+        return (byte >> 1) ^ -(byte & 1), pos + 1
     shift = result = 0
     while True:
         byte = data[pos]
@@ -120,8 +122,7 @@ def _write_long(value: int) -> bytes:
     return bytes(out)
 
 
-@dataclass(frozen=True)
-class EnvelopeHead:
+class EnvelopeHead(NamedTuple):
     """The leading envelope fields of an encoded event, read without decoding the body."""
 
     event_id: str
@@ -131,26 +132,24 @@ class EnvelopeHead:
 
 
 def envelope_head(value: bytes) -> EnvelopeHead | None:
-    """The envelope head of an event written with its current schema (else None: decode it instead).
+    """The envelope head of an event written with its current schema (else None: decode it instead,
+    which also says what is wrong with bytes that are no event).
 
     Every current schema starts with the envelope, whose first fields are event_id, event_type,
     schema_version, occurred_at, producer, namespace: an older writer schema is not trusted to.
     """
-    event_type = event_type_of(value)
-    if value[:HEADER_LEN] != _current_headers().get(event_type):
+    event_type = _current_types().get(value[:HEADER_LEN])
+    if event_type is None:
         return None
-    strings: list[str] = []
-    pos = HEADER_LEN
-    for _ in range(2):  # event_id, event_type
-        length, pos = _read_long(value, pos)
-        strings.append(value[pos : pos + length].decode())
-        pos += length
-    _, pos = _read_long(value, pos)  # schema_version
+    length, pos = _read_long(value, HEADER_LEN)
+    event_id = value[pos : pos + length].decode()
+    length, pos = _read_long(value, pos + length)  # event_type: the header already says it
+    _, pos = _read_long(value, pos + length)  # schema_version
     occurred_at, pos = _read_long(value, pos)
     length, pos = _read_long(value, pos)  # producer
     start = pos + length
     length, pos = _read_long(value, start)
-    return EnvelopeHead(strings[0], strings[1], occurred_at, (start, pos + length))
+    return EnvelopeHead(event_id, event_type, occurred_at, (start, pos + length))
 
 
 def envelope_keys(value: bytes) -> tuple[str, str | None, str | None] | None:
@@ -210,9 +209,10 @@ def _read_optional_string(value: bytes, pos: int) -> tuple[str | None, int]:
 
 
 @cache
-def _current_headers() -> dict[str, bytes]:
+def _current_types() -> dict[bytes, str]:
+    """Event type by the header (marker + fingerprint) of its current schema."""
     registry = default_registry()
-    return {name: MARKER + registry.current(name).fingerprint for name in registry.event_types}
+    return {MARKER + registry.current(name).fingerprint: name for name in registry.event_types}
 
 
 class EncodedEvent(NamedTuple):

@@ -73,6 +73,9 @@ class Codec:
             version.fingerprint: _reader(version, current[version.event_type], parsed[version.event_type])
             for version in registry.writers()
         }
+        self._readers_by_header = {
+            MARKER + fingerprint: reader for fingerprint, reader in self._readers.items()
+        }
 
     def encode(self, event: Mapping[str, Any]) -> bytes:
         writer = self._writer_for(event)
@@ -125,6 +128,10 @@ class Codec:
         return writer
 
     def _reader_for(self, data: Buffer) -> _Reader:
+        if type(data) is bytes:  # the common case: one lookup by marker + fingerprint
+            reader = self._readers_by_header.get(data[:HEADER_LEN])
+            if reader is not None:
+                return reader
         if not isinstance(data, bytes | bytearray | memoryview):
             raise EventDecodeError(f"expected bytes, got {type(data).__name__}")
         if len(data) < HEADER_LEN:

@@ -407,8 +407,11 @@ class SqliteConsumer(Consumer):
         records = await self._log.call(
             SqliteStore.read, order[self._turn :] + order[: self._turn], max_records
         )
-        for record in records:
-            self._positions[record.topic_partition] = record.offset + 1
+        last: dict[tuple[str, int], int] = {}
+        for record in records:  # one position update per partition, not per record
+            last[record.topic, record.partition] = record.offset
+        for (topic, partition), offset in last.items():
+            self._positions[TopicPartition(topic, partition)] = offset + 1
         return records
 
     async def position(self, tp: TopicPartition) -> int:
