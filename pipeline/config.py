@@ -98,10 +98,17 @@ class SampleConfig:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """Everything the pure processors need; `seen_window` bounds the redelivery memory per session."""
+    """Everything the pure processors need; `seen_window` bounds the redelivery memory per session.
+
+    `compact_states`: sample_builder packs the token arrays it keeps (two strings instead of hundreds
+    of numbers), as runtimes serialise a state after every batch that touches it; a runtime that
+    keeps states in memory only (a reuse replay's shards) turns that off. Neither changes an output,
+    so neither is part of a section version.
+    """
 
     linker: LinkerConfig = field(default_factory=LinkerConfig)
     tally: TallyConfig = field(default_factory=TallyConfig)
     hints: HintSelectionConfig = field(default_factory=HintSelectionConfig)
     samples: SampleConfig = field(default_factory=SampleConfig)
     seen_window: int = 512
+    compact_states: bool = True

@@ -186,7 +186,9 @@ class ReplayShard:
         return count_votes(values)
 
     def start(self, vote_counts: dict[str, int]) -> None:
-        self.config = reuse_config(self.config, vote_counts)
+        self.config = replace(
+            reuse_config(self.config, vote_counts), compact_states=False
+        )  # never serialised
         self.runner = MemoryRunner([stage for stage in self.stages if stage is not None], self.config)
 
     def feed(self, batch: list[RawRecord]) -> list[EncodedEvent]:

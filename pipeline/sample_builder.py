@@ -41,7 +41,7 @@ from pipeline.event_building import (
 )
 from pipeline.processor import Emit, ProcessResult
 from pipeline.sample_decisions import Decision, TurnRecord
-from pipeline.sample_inputs import INPUT_RECORDERS, new_turn
+from pipeline.sample_inputs import INPUT_RECORDERS, new_turn, record_response
 from pipeline.topology import stage_named
 
 logger = logging.getLogger(__name__)
@@ -65,10 +65,13 @@ class SampleBuilder:
         if event_type == "SessionClosed":
             on_session_closed(state, event)
             return state, try_finalize(state, config)
-        recorder = INPUT_RECORDERS.get(event_type)
-        if recorder is None:
-            return state, []
-        turn_id = recorder(state, event)
+        if event_type == "ResponseGenerated":
+            turn_id = record_response(state, event, packed=config.compact_states)
+        else:
+            recorder = INPUT_RECORDERS.get(event_type)
+            if recorder is None:
+                return state, []
+            turn_id = recorder(state, event)
         emits = settle_turn(state, turn_id, config) if turn_id is not None else []
         return state, emits + try_finalize(state, config)
 

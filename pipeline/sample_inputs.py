@@ -50,15 +50,15 @@ def record_request(state: State, event: Event) -> str | None:
     return turn_id
 
 
-def response_record(event: Event) -> dict[str, Any]:
-    """The exact sampled ids and their logprobs (packed: sample_decisions.pack_token_arrays), the
+def response_record(event: Event, packed: bool = True) -> dict[str, Any]:
+    """The exact sampled ids and their logprobs (`packed`: sample_decisions.pack_token_arrays), the
     temperature they were sampled at, and whether they can make an exact sample at all."""
     arrays = [list(event[name]) for name in TOKEN_ARRAYS]
     temperature = float(event["sampling"]["temperature"])
     return {
         "event_id": event_id_of(event),
         "occurred_at_ms": occurred_at_of(event),
-        **pack_token_arrays(*arrays),
+        **(pack_token_arrays(*arrays) if packed else dict(zip(TOKEN_ARRAYS, arrays, strict=True))),
         "problem": arrays_problem(arrays[1], arrays[2], temperature),
         "temperature": temperature,
         "policy_version": int(event["policy_version"]),
@@ -67,14 +67,14 @@ def response_record(event: Event) -> dict[str, Any]:
     }
 
 
-def record_response(state: State, event: Event) -> str | None:
+def record_response(state: State, event: Event, packed: bool = True) -> str | None:
     turn_id = state["request_turns"].get(event["request_id"])
     if turn_id is None:
-        state["waiting_responses"][event["request_id"]] = response_record(event)
+        state["waiting_responses"][event["request_id"]] = response_record(event, packed)
         return None
     turn = open_turn(state, turn_id)
     if not turn["decided"]:
-        turn["response"] = response_record(event)
+        turn["response"] = response_record(event, packed)
     return turn_id
 
 
@@ -135,9 +135,8 @@ def record_teacher(state: State, event: Event) -> str | None:
     return set_first(state, event, "teacher", record)
 
 
-INPUT_RECORDERS: dict[str, Callable[[State, Event], str | None]] = {
+INPUT_RECORDERS: dict[str, Callable[[State, Event], str | None]] = {  # ResponseGenerated: record_response
     "RequestReceived": record_request,
-    "ResponseGenerated": record_response,
     "NextStateObserved": record_next_state,
     "RewardDecided": record_reward,
     "HintSelected": record_hint_selected,
