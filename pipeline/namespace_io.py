@@ -264,9 +264,9 @@ class NamespaceWriter:
         """The encoded events not yet present, in ONE append (one transaction, one fsync on the
         embedded log), order kept per topic; returns how many were appended."""
         outputs = [
-            (self._topic(item.event_type), OutgoingRecord(value=item.value, key=item.key))
-            for item in items
-            if self._is_new(item.event_id)
+            (self._topic(event_type), OutgoingRecord(value=value, key=key))
+            for event_id, event_type, key, value in items  # also plain tuples (pipeline/replay_workers.py)
+            if self._is_new(event_id)
         ]
         if outputs:
             await self.log.append_and_commit(outputs, f"{self.namespace}.writer", {})

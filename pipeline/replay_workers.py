@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from pipeline.config import PipelineConfig
 from pipeline.gc_tuning import tuned_for_streams
+from pipeline.namespace_io import EncodedEvent
 from pipeline.processor import Processor
 from pipeline.replay_shard import ReplayShard
 
@@ -129,7 +130,10 @@ def serve(
                 return
             method, args = call
             try:
-                reply = ("ok", getattr(shard, method)(*args))
+                result = getattr(shard, method)(*args)
+                if isinstance(result, list):  # NamedTuples pickle ten times slower than tuples
+                    result = [tuple(item) if isinstance(item, EncodedEvent) else item for item in result]
+                reply = ("ok", result)
             except Exception:
                 reply = ("error", traceback.format_exc())
             connection.send(reply)

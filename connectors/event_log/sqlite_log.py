@@ -140,16 +140,21 @@ class SqliteStore:
         return positions
 
     def _insert(self, db: sqlite3.Connection, records: Sequence[PartitionedRecord]) -> list[RecordPosition]:
-        tails: dict[tuple[str, int], tuple[int, int]] = {}
+        """Rows for `records` at the tails of their partitions; a batch's records of one partition
+        share one timestamp (the clock, or the partition's last one if that is later)."""
+        tails: dict[tuple[str, int], list[int]] = {}  # (topic, partition) -> [next offset, timestamp]
         rows = []
         positions = []
         clock_ms = now_ms()
         for topic, partition, record in records:
-            tail = tails.get((topic, partition)) or self._tail(db, topic, partition)
-            offset, timestamp_ms = tail[0], max(tail[1], clock_ms)
-            tails[(topic, partition)] = (offset + 1, timestamp_ms)
-            headers = encode_headers(record.headers)
-            rows.append((topic, partition, offset, record.key, record.value, headers, timestamp_ms))
+            tail = tails.get((topic, partition))
+            if tail is None:
+                offset, last_ms = self._tail(db, topic, partition)
+                tail = tails[(topic, partition)] = [offset, max(last_ms, clock_ms)]
+            offset = tail[0]
+            tail[0] = offset + 1
+            headers = encode_headers(record.headers) if record.headers else b""
+            rows.append((topic, partition, offset, record.key, record.value, headers, tail[1]))
             positions.append(RecordPosition(partition, offset))
         db.executemany(_INSERT_RECORD, rows)
         return positions
