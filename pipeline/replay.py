@@ -71,6 +71,7 @@ REUSE_STAGES = ("vote_tally", "hint_selector", "teacher", "sample_builder")
 # A reuse replay in memory reads the votes first and the responses last: each turn's reward, hint
 # and teacher scores are decided before its response is read, so the turn is settled then and
 # sample_builder does not hold every response of the history at once.
+VOTE_TOPICS = ("judge_votes", "hints")  # read first, to learn m
 IN_MEMORY_ORDER = (
     "judge_votes",
     "hints",
@@ -241,16 +242,20 @@ def on_every(
     return asyncio.gather(*(shard.submit(method, *a) for shard, a in zip(shards, args, strict=True)))
 
 
-async def count_recorded_votes(source: ReplaySource, shards: Sequence[Shard]) -> RecordedVotes:
-    """The votes skimmed for m and the judge config versions, each batch split between the shards."""
+async def count_recorded_votes(
+    source: ReplaySource, shards: Sequence[Shard]
+) -> tuple[RecordedVotes, list[int]]:
+    """The votes skimmed for m and the judge config versions, each batch dealt between the shards
+    by key (which may hold them); returns the counts and the size of each batch."""
+    sizes: list[int] = []
 
     async def calls() -> AsyncIterator[tuple[asyncio.Future[list[RecordedVotes]], int]]:
-        async for batch in source.batches(("judge_votes", "hints")):
-            step = -(-len(batch) // len(shards))
-            parts = [([value for _, value in batch[i * step : (i + 1) * step]],) for i in range(len(shards))]
-            yield on_every(shards, "count_votes", parts), len(batch)
+        async for batch in source.batches(VOTE_TOPICS):
+            sizes.append(len(batch))
+            yield on_every(shards, "count_votes", [(part,) for part in split_by_shard(batch, len(shards))]), 0
 
-    return RecordedVotes.merge([part async for parts, _ in in_order(calls()) for part in parts])
+    counts = [part async for parts, _ in in_order(calls()) for part in parts]
+    return RecordedVotes.merge(counts), sizes
 
 
 async def replay_in_memory(
@@ -265,17 +270,22 @@ async def replay_in_memory(
     """A replay whose stages are all pure: one pass over the source, each event decoded once, the
     sessions dealt between `workers` shards (pipeline/replay_shard.py) by record key.
 
-    The votes are first skimmed for m. Then each batch, topics in IN_MEMORY_ORDER, is split between
-    the shards, and what they return (the copy and the stages' outputs) is written in one append,
-    skipping ids already there, while the next batches are read and computed. With `flush`, each
-    stage's timeouts then fire at one flush time for all shards.
+    The votes are first skimmed for m (and held by the shards, unless there are too many to hold).
+    Then each batch, topics in IN_MEMORY_ORDER, is split between the shards, and what they return
+    (the copy and the stages' outputs) is written in one append, skipping ids already there, while
+    the next batches are read and computed. With `flush`, each stage's timeouts then fire at one
+    flush time for all shards.
     """
     async with shard_pool(workers, stages, config, writer.namespace) as shards:
-        votes = await count_recorded_votes(source, shards)
-        await on_every(shards, "start", [(votes.counts,)] * len(shards))
+        votes, vote_batches = await count_recorded_votes(source, shards)
+        held = all(await on_every(shards, "holds_votes", [()] * len(shards)))
+        await on_every(shards, "start", [(votes.counts, held)] * len(shards))
+        topics = [topic for topic in IN_MEMORY_ORDER if not held or topic not in VOTE_TOPICS]
 
         async def calls() -> AsyncIterator[tuple[asyncio.Future[list[list[EncodedEvent]]], int]]:
-            async for batch in source.batches(IN_MEMORY_ORDER):
+            for size in vote_batches if held else ():
+                yield on_every(shards, "feed_held", [()] * len(shards)), size
+            async for batch in source.batches(topics):
                 parts = [(part,) for part in split_by_shard(batch, len(shards))]
                 yield on_every(shards, "feed", parts), len(batch)
 
@@ -386,8 +396,8 @@ async def replay(
         else:
             votes = RecordedVotes({}, frozenset())
             if plan.votes == "reuse":
-                counter = LocalShard(ReplayShard([], config, plan.target))
-                votes = await count_recorded_votes(source, [counter])
+                counter = LocalShard(ReplayShard([], config, plan.target, hold_votes=False))
+                votes, _ = await count_recorded_votes(source, [counter])
                 config = reuse_config(config, votes.counts)
             watermark = await copy(writer, source, progress)
             flush_ms = flush_time_ms(watermark, config) if plan.flush else None

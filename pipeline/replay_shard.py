@@ -14,6 +14,7 @@ Reads and writes no topics.
 from __future__ import annotations
 
 import zlib
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,6 +37,7 @@ from schemas.topics import topic_for_event
 
 Event = dict[str, Any]
 RawRecord = tuple[bytes | None, bytes]  # (key, encoded event) as on the log
+HELD_VOTE_BYTES = 256 * 2**20  # per shard: about 120,000 turns of 3 votes
 
 
 def shard_of(key: bytes | None, shards: int) -> int:
@@ -167,29 +169,55 @@ def teacher_events(scores: list[Event], selected: dict[str, str]) -> list[Event]
 class ReplayShard:
     """The sessions of one shard: copy and pure stages, in one pass over the recorded events.
 
-    Calls, in order: `count_votes` (any number, stateless), `start` (with the merged vote counts),
-    `feed` for each batch, `watermark`, then `finish`. `stages` are in topological order; None marks
-    where the recorded teacher scores still waiting for their hint are re-attached at the end (after
-    hint_selector's flush tick, before sample_builder's). Memory grows with the shard's history
-    (about 5 KB per turn: the sessions' states).
+    Calls, in order: `count_votes` for each batch of the vote topics, `start` (with the merged vote
+    counts), `feed_held` once per counted batch when every shard held its votes, `feed` for each
+    batch of the other topics (of all topics when not), `watermark`, then `finish`. A shard holds
+    the vote batches it counts, up to HELD_VOTE_BYTES, so that they are read from the log once.
+    `stages` are in topological order; None marks where the recorded teacher scores still waiting
+    for their hint are re-attached at the end (after hint_selector's flush tick, before
+    sample_builder's). Memory grows with the shard's history (about 5 KB per turn: the sessions'
+    states).
     """
 
-    def __init__(self, stages: Sequence[Processor | None], config: PipelineConfig, target: str) -> None:
+    def __init__(
+        self, stages: Sequence[Processor | None], config: PipelineConfig, target: str, hold_votes: bool = True
+    ) -> None:
         self.stages = list(stages)
         self.config = config
         self.splicer = Splicer(target)
         self.runner: MemoryRunner | None = None
         self.selected: dict[str, str] = {}  # turn id -> its first HintSelected in the replay
         self.waiting: list[Event] = []  # teacher scores whose hint is not selected yet
+        self.held: deque[list[RawRecord]] | None = deque() if hold_votes else None
+        self.held_bytes = 0
 
-    def count_votes(self, values: list[bytes]) -> RecordedVotes:
-        return count_votes(values)
+    def count_votes(self, batch: list[RawRecord]) -> RecordedVotes:
+        """m and the config versions of a batch of votes, held for `feed_held` within the budget."""
+        if self.held is not None:
+            self.held_bytes += sum(len(value) for _, value in batch)
+            if self.held_bytes <= HELD_VOTE_BYTES:
+                self.held.append(batch)
+            else:
+                self.held = None  # too many: the driver reads them again
+        return count_votes(value for _, value in batch)
 
-    def start(self, vote_counts: dict[str, int]) -> None:
+    def holds_votes(self) -> bool:
+        return self.held is not None
+
+    def start(self, vote_counts: dict[str, int], use_held: bool) -> None:
+        """Stages configured with the recorded m; the held votes are dropped unless `use_held`."""
         self.config = replace(
             reuse_config(self.config, vote_counts), compact_states=False
         )  # never serialised
         self.runner = MemoryRunner([stage for stage in self.stages if stage is not None], self.config)
+        if not use_held:
+            self.held = None
+
+    def feed_held(self) -> list[EncodedEvent]:
+        """`feed` of the oldest held vote batch."""
+        if not self.held:
+            raise RuntimeError("ReplayShard.feed_held: no vote batch is held")
+        return self.feed(self.held.popleft())
 
     def feed(self, batch: list[RawRecord]) -> list[EncodedEvent]:
         """The batch's copy and, after it, everything the stages emit from it (encoded)."""

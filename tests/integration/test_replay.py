@@ -16,6 +16,7 @@ import pytest
 
 from connectors.event_log.base import EventLog
 from connectors.event_log.factory import open_event_log
+from pipeline import replay_shard
 from pipeline.main import build_stages, pipeline_config
 from pipeline.namespace_io import NamespaceWriter, read_events
 from pipeline.replay import REJUDGE_TOPICS, REUSE_TOPICS, ReplayPlan, log_source, replay
@@ -130,10 +131,16 @@ def log_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'log.db'}"
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "two-workers"])
+@pytest.mark.parametrize(
+    "workers, votes_held",
+    [(1, True), (2, True), (1, False)],
+    ids=["in-process", "two-workers", "votes-read-twice"],
+)
 def test_reuse_reproduces_every_sample_and_a_rerun_adds_nothing(
-    tmp_path: Path, log_url: str, workers: int
+    tmp_path: Path, log_url: str, workers: int, votes_held: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if not votes_held:  # a shard over its budget drops the votes it counted; they are read again
+        monkeypatch.setattr(replay_shard, "HELD_VOTE_BYTES", 0)
     # The 4 recorded sessions (s0..s3) are dealt to both workers, not all to one.
     assert {shard_of(f"s{n}".encode(), workers) for n in range(4)} == set(range(workers))
 

@@ -38,7 +38,7 @@ def test_a_failed_call_in_a_worker_fails_with_its_traceback_and_the_worker_goes_
     async def scenario() -> None:
         async with shard_pool(2, [], PipelineConfig(), "target") as shards:
             assert all(isinstance(shard, WorkerShard) for shard in shards)
-            await asyncio.gather(*(shard.submit("start", {}) for shard in shards))
+            await asyncio.gather(*(shard.submit("start", {}, False) for shard in shards))
             with pytest.raises(ReplayWorkerError, match="failed in feed:(.|\n)*EventDecodeError"):
                 await shards[0].submit("feed", [(b"s1", b"not an event")])
             assert await shards[0].submit("feed", []) == []
