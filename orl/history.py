@@ -90,8 +90,8 @@ class ReplaySettings(PipelineSettings):
     workers: int = setting(
         0,
         "ORL_REPLAY_WORKERS",
-        "Worker processes of a reuse replay, each with a share of the sessions (0: one per CPU core; "
-        "1: none, all in this process).",
+        "Worker processes of a reuse replay, each with a share of the sessions (0: one per CPU core, "
+        "at most 4; 1: none, all in this process).",
     )
     progress: bool = setting(True, "ORL_PROGRESS", "Show a progress bar.")
     train_steps: int = setting(

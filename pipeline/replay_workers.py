@@ -31,9 +31,12 @@ from pipeline.replay_shard import ReplayShard
 STOP_TIMEOUT_S = 10.0
 
 
+DEFAULT_MAX_WORKERS = 4  # beyond that the driver's reading and writing is the limit (RESULTS-replay-audit.md)
+
+
 def workers_for(setting: int) -> int:
-    """The number of shards for a --workers setting (0: one per CPU core)."""
-    return setting if setting > 0 else max(1, os.cpu_count() or 1)
+    """The number of shards for a --workers setting (0: one per CPU core, at most DEFAULT_MAX_WORKERS)."""
+    return setting if setting > 0 else max(1, min(os.cpu_count() or 1, DEFAULT_MAX_WORKERS))
 
 
 class ReplayWorkerError(RuntimeError):
