@@ -189,7 +189,9 @@ def main() -> None:
     parser.add_argument("--turns-per-session", type=int, default=4)
     parser.add_argument("--votes", type=int, default=3, help="recorded judge votes per turn")
     parser.add_argument("--lookups", type=int, default=20)
-    parser.add_argument("--workers", type=int, default=0, help="replay worker processes (0: one per core, at most 4)")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="replay worker processes (0: one per core, at most 4)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
         results = asyncio.run(bench(args, Path(tmp)))
