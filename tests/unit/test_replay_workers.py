@@ -8,7 +8,13 @@ import pytest
 
 from pipeline.config import PipelineConfig
 from pipeline.replay_shard import RecordedVotes, shard_of, split_by_shard
-from pipeline.replay_workers import ReplayWorkerError, WorkerShard, shard_pool
+from pipeline.replay_workers import (
+    DEFAULT_MAX_WORKERS,
+    ReplayWorkerError,
+    WorkerShard,
+    shard_pool,
+    workers_for,
+)
 
 
 def test_a_key_always_lands_in_one_shard_and_order_is_kept_within_it() -> None:
@@ -58,3 +64,13 @@ def test_a_worker_that_dies_fails_the_next_call() -> None:
                 await worker.submit("watermark")
 
     asyncio.run(scenario())
+
+
+def test_the_default_is_one_worker_per_core_up_to_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert workers_for(3) == 3
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert workers_for(0) == 2
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert workers_for(0) == DEFAULT_MAX_WORKERS
+    monkeypatch.setattr("os.cpu_count", lambda: None)
+    assert workers_for(0) == 1
