@@ -24,7 +24,7 @@ from schemas.codec import encode
 from schemas.topics import topic_for_event, topic_name
 from tests.unit.pipeline_streams import NAMESPACE, Conversation
 
-SESSIONS = 1000
+SESSIONS = 3000  # long enough that the pipeline is still at work when it is killed
 
 
 def recorded_stream() -> list[dict]:
@@ -65,13 +65,15 @@ def start_pipeline(url: str, data_dir: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "orl.cli", "pipeline"], env=env, stdout=log, stderr=log)
 
 
-def wait_for_samples(url: str, count: int, timeout_s: float = 240, topic: str = "samples") -> list[bytes]:
+def wait_for_samples(
+    url: str, count: int, timeout_s: float = 240, topic: str = "samples", poll_s: float = 0.5
+) -> list[bytes]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = asyncio.run(samples(url, topic))
         if len(found) >= count:
             return found
-        time.sleep(0.5)
+        time.sleep(poll_s)
     raise AssertionError(f"only {len(asyncio.run(samples(url)))} of {count} samples after {timeout_s} s")
 
 
@@ -90,8 +92,10 @@ def test_kill_9_mid_stream_changes_nothing(tmp_path: Path) -> None:
     reference.wait(timeout=30)
 
     victim = start_pipeline(crash_url, crash_dir)
-    wait_for_samples(crash_url, SESSIONS // 10, topic="next_states")
-    victim.send_signal(signal.SIGKILL)  # mid-stream: the linker has started, the later stages barely
+    # Killed as soon as the first next state is written: the linker has started, the later stages
+    # barely (the whole stream takes a few seconds, so waiting for a fraction of it raced the end).
+    wait_for_samples(crash_url, 1, topic="next_states", poll_s=0.05)
+    victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=30)
     partial = len(asyncio.run(samples(crash_url)))
     assert partial < SESSIONS, "the pipeline finished before the kill: make the stream longer"
