@@ -36,6 +36,7 @@ from pipeline.export import export_namespace
 from pipeline.import_tokens import HFImportTokenizer, scorer_for
 from pipeline.main import build_stages, pipeline_config
 from pipeline.openclaw_import import ImportOptions, build_events, parse_files
+from pipeline.parquet_export import export_parquet
 from pipeline.replay import (
     REJUDGE_TOPICS,
     REUSE_TOPICS,
@@ -249,10 +250,28 @@ def run_audit(settings: AuditSettings) -> int:
     return 0
 
 
+EXPORT_FORMATS = ("jsonl", "parquet")
+
+
 @dataclass(frozen=True)
 class ExportSettings(ConnectionSettings):
-    output: str = setting("-", "ORL_EXPORT_OUTPUT", "JSONL file to write ('-': standard output).")
+    output: str = setting(
+        "-", "ORL_EXPORT_OUTPUT", "jsonl: the file to write ('-': standard output); parquet: a folder."
+    )
+    format: str = setting(
+        "jsonl",
+        "ORL_EXPORT_FORMAT",
+        "jsonl (one decoded event per line) | parquet (one file per event type, typed columns; "
+        "needs pyarrow: pip install 'orl[parquet]').",
+    )
     dead_letters: bool = setting(True, "ORL_EXPORT_DEAD_LETTERS", "Include the dead-letter topics.")
+
+
+async def _export_parquet(settings: ExportSettings) -> str:
+    async with open_event_log(settings.effective_log_url()) as log:
+        rows = await export_parquet(log, settings.namespace, Path(settings.output), settings.dead_letters)
+    files = ", ".join(f"{event_type} {count}" for event_type, count in rows.items())
+    return f"exported {sum(rows.values())} events of namespace {settings.namespace!r} to {settings.output}/ ({files})"
 
 
 async def _export(settings: ExportSettings) -> int:
@@ -268,6 +287,13 @@ async def _export(settings: ExportSettings) -> int:
 
 
 def run_export(settings: ExportSettings) -> int:
+    if settings.format not in EXPORT_FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, not {settings.format!r}")
+    if settings.format == "parquet":
+        if settings.output == "-":
+            raise ConfigError("--format parquet writes a folder: give it with --output DIR")
+        print(asyncio.run(_export_parquet(settings)), file=sys.stderr)
+        return 0
     lines = asyncio.run(_export(settings))
     print(f"exported {lines} events of namespace {settings.namespace!r}", file=sys.stderr)
     return 0
