@@ -262,7 +262,7 @@ class ExportSettings(ConnectionSettings):
         "jsonl",
         "ORL_EXPORT_FORMAT",
         "jsonl (one decoded event per line) | parquet (one file per event type, typed columns; "
-        "needs pyarrow: pip install 'orl[parquet]').",
+        "needs pyarrow: .venv/bin/pip install -e '.[parquet]').",
     )
     dead_letters: bool = setting(True, "ORL_EXPORT_DEAD_LETTERS", "Include the dead-letter topics.")
 

@@ -6,7 +6,7 @@ structs (the envelope is one), arrays lists, `["null", T]` a nullable T, bytes b
 envelope's `occurred_at` (timestamp-millis) a UTC timestamp. Events of older schema versions are
 upcast by the codec first, so one event type has one table schema. Rows are written in row groups
 of up to ROW_GROUP events; each file is written as `<name>.part` and renamed when complete.
-Needs pyarrow (`pip install 'orl[parquet]'`).
+Needs pyarrow (`.venv/bin/pip install -e '.[parquet]'` in the repository, or `pip install pyarrow`).
 Reads: the catalog topics of the namespace (and their dead-letter topics with `dead_letters`).
 """
 
@@ -33,7 +33,7 @@ def _pyarrow() -> Any:
         import pyarrow
         import pyarrow.parquet
     except ImportError as error:
-        raise ConfigError("Parquet export needs pyarrow: pip install 'orl[parquet]' (or pyarrow)") from error
+        raise ConfigError("Parquet export needs pyarrow: .venv/bin/pip install -e '.[parquet]' (or pip install pyarrow)") from error
     return pyarrow
 
 
