@@ -33,7 +33,9 @@ def _pyarrow() -> Any:
         import pyarrow
         import pyarrow.parquet
     except ImportError as error:
-        raise ConfigError("Parquet export needs pyarrow: .venv/bin/pip install -e '.[parquet]' (or pip install pyarrow)") from error
+        raise ConfigError(
+            "Parquet export needs pyarrow: .venv/bin/pip install -e '.[parquet]' (or pip install pyarrow)"
+        ) from error
     return pyarrow
 
 
