@@ -15,9 +15,14 @@ from typing import Any
 from schemas.errors import ConfigError
 
 
-def setting(default: Any, env: str, help: str, *, secret: bool = False) -> Any:
-    """A dataclass field that is also a CLI flag (--name-with-dashes) and an environment variable."""
-    return field(default=default, metadata={"env": env, "help": help, "secret": secret})
+def setting(default: Any, env: str, help: str, *, secret: bool = False, positional: bool = False) -> Any:
+    """A dataclass field that is also a CLI flag (--name-with-dashes) and an environment variable.
+
+    `positional`: the command line also takes the value as its one optional positional argument
+    (`orl audit ID` as well as `orl audit --id ID`)."""
+    return field(
+        default=default, metadata={"env": env, "help": help, "secret": secret, "positional": positional}
+    )
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "export",
-        "Write a namespace's events as JSON lines.",
+        "Write a namespace's events as JSON lines, or as Parquet files with typed columns.",
         "orl.history:ExportSettings",
         "orl.history:run_export",
     ),

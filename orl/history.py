@@ -218,12 +218,15 @@ def run_replay(settings: ReplaySettings) -> int:
 @dataclass(frozen=True)
 class AuditSettings(ConnectionSettings):
     id: str = setting(
-        "", "ORL_AUDIT_ID", "Any id: turn, request, response, vote, reward, hint, sample, step, checkpoint."
+        "",
+        "ORL_AUDIT_ID",
+        "Any id: turn, request, response, vote, reward, hint, sample, step, checkpoint.",
+        positional=True,
     )
     session: str = setting(
         "", "ORL_AUDIT_SESSION", "Instead of --id: list the checkpoints this session influenced."
     )
-    as_json: bool = setting(False, "ORL_JSON", "Print the chain as JSON.")
+    json: bool = setting(False, "ORL_JSON", "Print the chain as JSON.")
 
 
 async def _audit(settings: AuditSettings) -> dict[str, Any]:
@@ -240,13 +243,13 @@ async def _audit(settings: AuditSettings) -> dict[str, Any]:
 
 def run_audit(settings: AuditSettings) -> int:
     if bool(settings.id) == bool(settings.session):
-        raise ConfigError("give exactly one of --id ID or --session SESSION")
+        raise ConfigError("give exactly one of an id (orl audit ID, or --id ID) or --session SESSION")
     try:
         chain = asyncio.run(_audit(settings))
     except NotFound as error:
         print(f"not found: {error}", file=sys.stderr)
         return 1
-    print(json.dumps(chain, indent=2, ensure_ascii=False) if settings.as_json else render_chain(chain))
+    print(json.dumps(chain, indent=2, ensure_ascii=False) if settings.json else render_chain(chain))
     return 0
 
 

@@ -16,7 +16,7 @@ from schemas.topics import topic_name
 @dataclass(frozen=True)
 class SamplesSettings(ConnectionSettings):
     limit: int = setting(20, "ORL_LIMIT", "Show at most this many of the newest samples.")
-    as_json: bool = setting(False, "ORL_JSON", "One JSON object per line instead of a table.")
+    json: bool = setting(False, "ORL_JSON", "One JSON object per line instead of a table.")
 
 
 def sample_row(event: dict) -> dict[str, object]:
@@ -47,7 +47,7 @@ def list_samples(settings: SamplesSettings) -> int:
     rows = asyncio.run(read_samples(settings.effective_log_url(), settings.namespace))
     ready = sum(r["status"] == "ready" for r in rows)
     shown = rows[-settings.limit :]
-    if settings.as_json:
+    if settings.json:
         for row in shown:
             print(json.dumps(row))
         return 0

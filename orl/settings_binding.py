@@ -44,14 +44,22 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type) 
             parser.add_argument(
                 flag_name(f.name), dest=f.name, default=None, help=help_text, metavar=env or None
             )
+        if f.metadata.get("positional"):
+            parser.add_argument(
+                _positional_dest(f.name), nargs="?", default=None, metavar=f.name.upper(),
+                help=f"The same as {flag_name(f.name)}.",
+            )  # fmt: skip
+
+
+def _positional_dest(field_name: str) -> str:
+    return f"{field_name}_positional"
 
 
 def build_settings(settings_cls: type[T], args: argparse.Namespace, environ: Mapping[str, str]) -> T:
     """The frozen settings object from flags, then environment, then defaults; ConfigError names a bad value."""
     values: dict[str, Any] = {}
     for f in dataclasses.fields(settings_cls):  # type: ignore[arg-type]
-        raw = getattr(args, f.name, None)
-        source = flag_name(f.name)
+        raw, source = _given(args, f.name)
         env = f.metadata.get("env")
         if raw is None and env and env in environ:
             raw, source = environ[env], env
@@ -62,6 +70,16 @@ def build_settings(settings_cls: type[T], args: argparse.Namespace, environ: Map
             continue
         values[f.name] = _convert(_field_type(settings_cls, f.name), raw, source)
     return settings_cls(**values)
+
+
+def _given(args: argparse.Namespace, name: str) -> tuple[Any, str]:
+    """The value given on the command line for a field (its flag or its positional form) and its source."""
+    flagged, positional = getattr(args, name, None), getattr(args, _positional_dest(name), None)
+    if flagged is not None and positional is not None and flagged != positional:
+        raise ConfigError(f"{flag_name(name)} {flagged!r} and the argument {positional!r} disagree: give one")
+    if positional is not None:
+        return positional, name.upper()
+    return flagged, flag_name(name)
 
 
 def log_settings(logger: logging.Logger, settings: object) -> None:

@@ -40,15 +40,22 @@ def checkpoint(version: int) -> Event:
 async def history(tmp_path: Path) -> tuple[str, list[Event]]:
     settings = recorded_settings(tmp_path)
     log_url = settings.effective_log_url()
+    neutral = Conversation("neutral", namespace=SOURCE)  # a reply that neither thanks nor corrects: rejected
+    neutral.say("What is 2 + 2?")
+    neutral.turn("4.")
+    neutral.say("Ok.")
+    neutral.turn("Anything else?")
+    neutral.close()
     async with open_event_log(log_url) as log:
+        writer = NamespaceWriter(log, SOURCE)
+        await writer.prepare()
+        await writer.write(neutral.events)
         await record(log, settings, sessions=2)
         samples = await events_of(log, SOURCE, "samples")
         ready = [s for s in samples if s["envelope"]["event_type"] == "SampleReady"]
         later = Conversation("after", namespace=SOURCE, now_ms=1_800_000_001_000)
         later.say("Hello again")
         later.turn("Hi! Served by the new version.", policy_version=1)
-        writer = NamespaceWriter(log, SOURCE)
-        await writer.prepare()
         await writer.write(
             [train_step([s["envelope"]["event_id"] for s in ready], 1), checkpoint(1), *later.events]
         )
@@ -66,7 +73,7 @@ def audit(
 def test_a_sample_id_shows_its_whole_chain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log_url, samples = asyncio.run(history(tmp_path))
     sample = next(s for s in samples if s["envelope"]["event_type"] == "SampleReady" and s["reward"] == -1.0)
-    code, out, _ = audit(tmp_path, log_url, capsys, id=sample["envelope"]["event_id"], as_json=True)
+    code, out, _ = audit(tmp_path, log_url, capsys, id=sample["envelope"]["event_id"], json=True)
     assert code == 0
     chain = json.loads(out)
     assert chain["turn_id"] == sample["envelope"]["turn_id"]
@@ -89,15 +96,14 @@ def test_every_kind_of_id_finds_the_chain(tmp_path: Path, capsys: pytest.Capture
     sample = next(s for s in samples if s["envelope"]["event_type"] == "SampleReady")
     turn_id = sample["envelope"]["turn_id"]
     for any_id in (turn_id, sample["lineage"]["response_event_id"], sample["lineage"]["reward_event_id"]):
-        code, out, _ = audit(tmp_path, log_url, capsys, id=any_id, as_json=True)
+        code, out, _ = audit(tmp_path, log_url, capsys, id=any_id, json=True)
         assert code == 0 and json.loads(out)["turn_id"] == turn_id
     rejected = [s for s in samples if s["envelope"]["event_type"] == "SampleRejected"]
-    if rejected:
-        code, out, _ = audit(tmp_path, log_url, capsys, id=rejected[0]["envelope"]["event_id"])
-        assert code == 0 and "sample rejected" in out
-    code, out, _ = audit(tmp_path, log_url, capsys, id=checkpoint(1)["envelope"]["event_id"], as_json=True)
+    code, out, _ = audit(tmp_path, log_url, capsys, id=rejected[0]["envelope"]["event_id"])
+    assert code == 0 and "sample rejected" in out
+    code, out, _ = audit(tmp_path, log_url, capsys, id=checkpoint(1)["envelope"]["event_id"], json=True)
     assert code == 0 and json.loads(out)["samples"]
-    code, out, _ = audit(tmp_path, log_url, capsys, session="s0", as_json=True)
+    code, out, _ = audit(tmp_path, log_url, capsys, session="s0", json=True)
     assert code == 0 and json.loads(out)["checkpoints"][0]["version"] == 1
 
 
@@ -107,3 +113,23 @@ def test_an_unknown_id_is_not_found(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 1 and out == "" and "not found" in err and "Traceback" not in err
     code, _, err = audit(tmp_path, log_url, capsys, session="nobody")
     assert code == 1 and "not found" in err
+
+
+def test_the_command_line_takes_the_id_as_its_argument(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`orl audit ID --json` as the README writes it; `--id ID` is the same; two different ids are refused."""
+    from orl.cli import main
+
+    log_url, samples = asyncio.run(history(tmp_path))
+    sample_id = next(s for s in samples if s["envelope"]["event_type"] == "SampleReady")["envelope"][
+        "event_id"
+    ]
+    where = ["--data-dir", str(tmp_path), "--log-url", log_url, "--namespace", SOURCE]
+    assert main(["audit", sample_id, "--json", *where]) == 0
+    by_argument = json.loads(capsys.readouterr().out)
+    assert by_argument["id"] == sample_id and by_argument["votes"]
+    assert main(["audit", "--id", sample_id, "--json", *where]) == 0
+    assert json.loads(capsys.readouterr().out) == by_argument
+    assert main(["audit", sample_id, "--id", "other", *where]) == 1
+    assert "--id 'other' and the argument" in capsys.readouterr().err
