@@ -8,6 +8,7 @@ SessionClosed through the recorder; reads nothing from the log itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -24,7 +25,7 @@ from connectors.metrics import Metrics
 from serving.capture import EventRecorder
 from serving.ingest import ingest_routes
 from serving.openai_api import ChatRequest, bad_request, parse_chat_request, parse_score_request
-from serving.policy.base import Generation, PolicyBackend, PolicyError, SamplingParams
+from serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
 from serving.policy.chat_template import ChatTemplate
 from serving.request_guards import guard, read_body
 from serving.session_tracker import SessionTracker, TurnAssignment
@@ -138,7 +139,12 @@ class _ApiHandlers:
                 media_type="text/event-stream",
                 headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id},
             )
-        generation = await self.state.backend.generate_stream(prompt_ids, params).result()
+        generation = await _unless_client_leaves(
+            request, self.state.backend.generate_stream(prompt_ids, params)
+        )
+        if generation is None:
+            self.state.metrics.count("chat_completions_abandoned", turn_kind="main" if main else "side")
+            return Response(status_code=499)  # nobody reads it; nothing was generated to record
         body = await turn_call.finish(generation)
         return JSONResponse(body, headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id})
 
@@ -321,6 +327,29 @@ class _Turn:
         )
         metrics.count("completion_tokens", len(generation.token_ids))
         metrics.observe("request_latency_seconds", time.perf_counter() - self.started)
+
+
+async def _unless_client_leaves(request: Request, stream: GenerationStream) -> Generation | None:
+    """The finished generation, or None once the client has closed its connection: a client that
+    timed out (a judge, then retrying) must not leave the model generating for nobody. Streamed
+    replies stop the same way (Starlette closes their generator on disconnect)."""
+    finished = asyncio.ensure_future(stream.result())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((finished, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        left = not finished.done()
+        if left:  # the client left (or this handler was cancelled): stop generating
+            finished.cancel()
+            await stream.aclose()
+    return None if left else finished.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read, so nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _usage(generation: Generation) -> dict[str, int]:

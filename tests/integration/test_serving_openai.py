@@ -189,6 +189,28 @@ def test_bad_input_gets_an_openai_shaped_4xx(server: ServeProcess, body: bytes, 
     assert len(events(server, "responses")) == before
 
 
+def test_a_client_that_gives_up_stops_the_generation(server: ServeProcess) -> None:
+    """A non-streaming client that times out (a judge under load, about to retry) closes its
+    connection: the server stops generating for it and records no response."""
+    headers = {"Authorization": f"Bearer {API_KEY}", "X-Session-Id": "gave-up"}
+    body = {
+        "model": "orl-policy",
+        "messages": [{"role": "user", "content": "Count from 1 to 500, one number per line."}],
+        "max_tokens": 1500,  # about a minute of generation on 2 cores
+        "temperature": 0.7,
+    }
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.base_url}/v1/chat/completions", json=body, headers=headers, timeout=1.0)
+    abandoned = 'orl_chat_completions_abandoned_total{turn_kind="main"} 1.0'
+    deadline = time.monotonic() + 10
+    while abandoned not in (metrics := httpx.get(f"{server.base_url}/metrics").text):
+        assert time.monotonic() < deadline, [m for m in metrics.splitlines() if "chat_completions" in m]
+        time.sleep(0.1)
+    wait_until_spooled_events_are_logged(server)
+    assert [e for e in events(server, "requests") if e["envelope"]["session_id"] == "gave-up"]
+    assert not [e for e in events(server, "responses") if e["envelope"]["session_id"] == "gave-up"]
+
+
 def test_auth_is_required(server: ServeProcess) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         response = httpx.get(f"{server.base_url}/v1/models", headers=headers)
