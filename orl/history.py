@@ -45,7 +45,6 @@ from pipeline.replay import (
     event_source,
     log_source,
     replay,
-    source_size,
 )
 from pipeline.replay_workers import workers_for
 from pipeline.settings import PipelineSettings
@@ -154,6 +153,33 @@ def _import_batches(settings: ReplaySettings) -> tuple[list[dict[str, Any]], lis
     return events, [str(p) for p in parsed.problems]
 
 
+class PhaseBars:
+    """A replay's progress: one bar per phase (the copy, then each stage, or the one in-memory
+    pass), each closed when the next one starts."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.phase = ""
+        self.bar: tqdm | None = None
+
+    def __call__(self, phase: str, advanced: int, total: int) -> None:
+        if self.bar is None or phase != self.phase:
+            self.close()
+            self.phase = phase
+            self.bar = tqdm(total=total, unit="record", desc=phase, disable=not self.enabled)
+        self.bar.update(advanced)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def __enter__(self) -> PhaseBars:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 async def _replay(settings: ReplaySettings) -> int:
     target = dataclasses.replace(settings, namespace=settings.target_namespace, role="all")
     stages = build_stages(target)
@@ -167,23 +193,22 @@ async def _replay(settings: ReplaySettings) -> int:
             events, problems = _import_batches(settings)
             for problem in problems:
                 print(f"skipped {problem}", file=sys.stderr)
-            total, batches, source_ns = len(events), event_source(events), None
+            source, source_ns = event_source(events), None
         else:
             store = _store(settings) if settings.source == "archive" else None
-            total = await source_size(log, store, settings.namespace, topics)
-            if total == 0:
-                where = "in the archive" if store is not None else "on the log"
-                raise ConfigError(f"namespace {settings.namespace!r} has no events to replay {where}")
-            batches = (
+            source = (
                 archive_source(store, settings.namespace, topics)
                 if store is not None
                 else log_source(log, settings.namespace, topics)
             )
+            if await source.size() == 0:
+                where = "in the archive" if store is not None else "on the log"
+                raise ConfigError(f"namespace {settings.namespace!r} has no events to replay {where}")
             source_ns = settings.namespace if settings.source == "log" else None
-        with tqdm(total=total, unit="event", desc="replay", disable=not settings.progress) as bar:
+        with PhaseBars(enabled=settings.progress) as bars:
             report = await replay(
-                log, plan, batches, stages, pipeline_config(target), bar.update, source_ns,
-                workers=workers_for(settings.workers),
+                log, plan, source, stages, pipeline_config(target), bars, source_ns,
+                workers=workers_for(settings.workers), effect_concurrency=settings.effect_concurrency,
             )  # fmt: skip
     print(
         f"replayed into {report.target!r}: {report.copied} events copied ({report.skipped} already there), "

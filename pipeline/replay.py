@@ -30,13 +30,14 @@ Reads: the source topics. Writes: every catalog topic of the target namespace, `
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from connectors.event_log.base import EventLog, OutgoingRecord, TopicSpec
 from connectors.event_log.reading import read_to_end
@@ -82,7 +83,18 @@ IN_MEMORY_ORDER = (
     "responses",
 )
 REJUDGE_STAGES = ("judge", "vote_tally", "hint_selector", "teacher", "sample_builder")
-Progress = Callable[[int], None]
+
+
+class Progress(Protocol):
+    def __call__(self, phase: str, advanced: int, total: int) -> None:
+        """`advanced` more records of `phase` done, of `total`: "replay" (a reuse replay's one
+        pass), or "copy" and then each stage's name (a replay whose stages run over the log)."""
+
+
+def no_progress(phase: str, advanced: int, total: int) -> None:
+    pass
+
+
 PURE_BATCH_RECORDS = 20_000
 T = TypeVar("T")
 
@@ -146,10 +158,15 @@ class ReplaySource:
 
     topics: tuple[str, ...]
     read_topics: Callable[[Sequence[str]], AsyncIterator[list[RawRecord]]]
+    count_records: Callable[[], Awaitable[int]]
 
     def batches(self, topics: Sequence[str] | None = None) -> AsyncIterator[list[RawRecord]]:
         """The batches of `topics` (default: all of the source's, in its order) that the source has."""
         return self.read_topics([t for t in (topics or self.topics) if t in self.topics])
+
+    async def size(self) -> int:
+        """How many records the source holds (its events to replay)."""
+        return await self.count_records()
 
 
 def log_source(log: EventLog, namespace: str, topics: Sequence[str]) -> ReplaySource:
@@ -158,7 +175,10 @@ def log_source(log: EventLog, namespace: str, topics: Sequence[str]) -> ReplaySo
             async for records in read_batches(log, topic_name(namespace, topic)):
                 yield [(r.key, r.value) for r in records]
 
-    return ReplaySource(tuple(topics), read)
+    async def count() -> int:
+        return sum([await record_count(log, topic_name(namespace, topic)) for topic in topics])
+
+    return ReplaySource(tuple(topics), read, count)
 
 
 def event_source(events: list[Event]) -> ReplaySource:
@@ -174,7 +194,10 @@ def event_source(events: list[Event]) -> ReplaySource:
             for first in range(0, len(records), 5000):
                 yield records[first : first + 5000]
 
-    return ReplaySource(tuple(by_topic), read)
+    async def count() -> int:
+        return len(events)
+
+    return ReplaySource(tuple(by_topic), read, count)
 
 
 def archive_source(store: ObjectStore, namespace: str, topics: Sequence[str]) -> ReplaySource:
@@ -190,28 +213,20 @@ def archive_source(store: ObjectStore, namespace: str, topics: Sequence[str]) ->
             async for records in archived_records(store, index):
                 yield [(r.key, r.value) for r in records]
 
-    return ReplaySource(tuple(topics), read)
+    async def count() -> int:
+        return sum(sum(s["records"] for s in index.segments) for index in indexes.values() if index)
 
-
-async def source_size(log: EventLog, store: ObjectStore | None, namespace: str, topics: Sequence[str]) -> int:
-    total = 0
-    for topic in topics:
-        full = topic_name(namespace, topic)
-        if store is None:
-            total += await record_count(log, full)
-        else:
-            index = load_index(store, namespace, full)
-            total += sum(s["records"] for s in index.segments) if index else 0
-    return total
+    return ReplaySource(tuple(topics), read, count)
 
 
 async def copy(writer: NamespaceWriter, source: ReplaySource, progress: Progress) -> int:
     """The source spliced into the writer's namespace (a replay whose stages then run over the log);
     returns the watermark (the latest occurred_at copied)."""
     splicer = Splicer(writer.namespace)
+    total = await source.size()
     async for batch in source.batches():
         await writer.write_batch(splicer.splice(batch))
-        progress(len(batch))
+        progress("copy", len(batch), total)
     return splicer.watermark_ms
 
 
@@ -276,6 +291,7 @@ async def replay_in_memory(
     the next batches are read and computed. With `flush`, each stage's timeouts then fire at one
     flush time for all shards.
     """
+    total = await source.size()
     async with shard_pool(workers, stages, config, writer.namespace) as shards:
         votes, vote_batches = await count_recorded_votes(source, shards)
         held = all(await on_every(shards, "holds_votes", [()] * len(shards)))
@@ -297,7 +313,7 @@ async def replay_in_memory(
                 if writing is not None:
                     await writing
                 writing = asyncio.create_task(writer.write_batch([item for part in parts for item in part]))
-                progress(size)
+                progress("replay", size, total)
         finally:
             if writing is not None:
                 await writing
@@ -324,11 +340,16 @@ async def run_stages(
     config: PipelineConfig,
     plan: ReplayPlan,
     flush_ms: int | None,
+    progress: Progress = no_progress,
+    effect_concurrency: int = 4,
 ) -> None:
     """Each stage in topological order over everything the previous ones wrote, then its flush tick
     (the replays with an effect stage: the judge of a rejudge, or a teacher that scores anew)."""
     for stage in stages:
-        runner = StreamRunner(log, stage, config, plan.target, partitions=plan.partitions)
+        runner = StreamRunner(
+            log, stage, config, plan.target, partitions=plan.partitions, effect_concurrency=effect_concurrency
+        )
+        runner.on_commit = functools.partial(progress, stage.name)
         if isinstance(stage, EffectStage):
             await runner.run_until_idle(idle_polls=1)
         else:
@@ -344,6 +365,8 @@ async def drain(runner: StreamRunner, batch_records: int = PURE_BATCH_RECORDS) -
     handled = 0
     async with runner.log.consumer(runner.group_id, inputs) as consumer:
         while records := await consumer.poll(max_records=batch_records, timeout_s=0.05):
+            if not handled:
+                await runner.count_backlog(consumer)
             await runner.handle(records)
             handled += len(records)
     return handled
@@ -376,13 +399,14 @@ async def replay(
     source: ReplaySource,
     stages: Sequence[Stage],
     config: PipelineConfig,
-    progress: Progress = lambda n: None,
+    progress: Progress = no_progress,
     source_namespace: str | None = None,
     workers: int = 1,
+    effect_concurrency: int = 4,
 ) -> ReplayReport:
     """Copy the source into `plan.target` and run the replay's stages there: in memory when they
     are all pure (reuse; in `workers` processes when more than 1), else through the log with
-    StreamRunner (a judge or teacher makes calls)."""
+    StreamRunner (a judge or teacher makes calls, `effect_concurrency` at a time)."""
     if plan.votes not in VOTE_MODES:
         raise ConfigError(f"--votes must be reuse or rejudge, not {plan.votes!r}")
     await claim_namespace(log, plan, source_namespace)
@@ -401,7 +425,8 @@ async def replay(
                 config = reuse_config(config, votes.counts)
             watermark = await copy(writer, source, progress)
             flush_ms = flush_time_ms(watermark, config) if plan.flush else None
-            await run_stages(log, [stage for stage in chosen if stage is not None], config, plan, flush_ms)
+            over_log = [stage for stage in chosen if stage is not None]
+            await run_stages(log, over_log, config, plan, flush_ms, progress, effect_concurrency)
     ready, rejected = await count_samples(log, plan.target)
     return ReplayReport(
         plan.target, writer.written, writer.skipped, ready, rejected, tuple(sorted(votes.versions))

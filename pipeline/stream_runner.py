@@ -1,8 +1,11 @@
 """Runs one pipeline stage over the event log, exactly once, on any EventLog implementation.
 
 A stage is a pure processor (pipeline/processor.py) or an effect stage (pipeline/effects.py),
-whose planned calls are performed concurrently (at most `effect_concurrency` at a time) before the
-batch is committed.
+whose planned calls are performed concurrently (at most `effect_concurrency` at a time) before
+the records that asked for them are committed. Calls are performed in rounds of
+`EFFECT_CALLS_PER_ROUND * effect_concurrency`, and once a batch has spent
+`effect_commit_interval_s` on them, what it has handled so far is committed: a slow judge (an LLM
+on a CPU, minutes per batch) then loses at most that much work to a crash, and progress shows.
 
 For each batch of input records the runner decodes the events (undecodable bytes become
 DeadLettered events on `<topic>.dlq`), calls the processor with the session's state, and then, in
@@ -50,6 +53,7 @@ from schemas.errors import EventDecodeError
 from schemas.topics import dlq_topic, topic_name
 
 logger = logging.getLogger(__name__)
+EFFECT_CALLS_PER_ROUND = 8  # rounds of this many calls per concurrent slot
 
 
 def wall_clock_ms() -> int:
@@ -72,6 +76,11 @@ class StreamRunner:
     tick_interval_s: float = 1.0
     partitions: int = 1
     effect_concurrency: int = 4
+    effect_commit_interval_s: float = 5.0
+    # Told after each commit how many input records it covered, and the backlog the current
+    # run_until_idle (or a replay's drain) found when it started: a replay's progress bars.
+    on_commit: Callable[[int, int], None] | None = None
+    backlog: int = 0
     states: dict[str, Any] = field(default_factory=dict)
     # Under a backlog, large batches write each touched state once per batch, not once per 500 records.
     # With many sessions interleaved a batch touches almost one session per record, so the poll size
@@ -152,43 +161,67 @@ class StreamRunner:
                 records = await consumer.poll(max_records=self._poll_size, timeout_s=0.2)
                 idle = 0 if records else idle + 1
                 if records:
+                    if not handled:
+                        await self.count_backlog(consumer)
                     await self.handle(records)
                     handled += len(records)
         return handled
 
+    async def count_backlog(self, consumer: Consumer) -> None:
+        """Remember how many records the group has left (call it after a poll: Kafka assigns
+        partitions in the first one), for `on_commit`."""
+        if self.on_commit is not None:
+            self.backlog = sum((await consumer.lag()).values())
+
     async def handle(self, records: list[ConsumedRecord]) -> None:
-        outputs: list[tuple[str, OutgoingRecord]] = []
-        dirty: set[str] = set()
-        next_offsets: dict[tuple[str, int], int] = {}  # plain tuples: cheaper per record than TopicPartition
+        pending = _Pending()
         calls: list[EffectCall] = []
-        batch_emits: list[Emit] = []
+        round_calls = EFFECT_CALLS_PER_ROUND * self.effect_concurrency
+        since_s = time.monotonic()
+        states_written = 0
         decodes = self.decodes
         assert decodes is not None
         for record in records:
-            next_offsets[(record.topic, record.partition)] = record.offset + 1
+            pending.records += 1
+            pending.next_offsets[(record.topic, record.partition)] = record.offset + 1
             try:
                 event = decodes.decode(record)
             except EventDecodeError as error:
-                outputs.append(self._dead_letter(record, str(error)))
+                pending.outputs.append(self._dead_letter(record, str(error)))
                 continue
             self._advance_watermark(event)
             key = (record.key or b"").decode() or str(event["envelope"].get("session_id") or "")
             new_state, emits, planned = self._step(self.states.get(key), event)
-            calls.extend(planned)
-            self._apply(key, new_state, dirty)
-            batch_emits.extend(emits)
+            self._apply(key, new_state, pending.dirty)
+            pending.emits.extend(emits)
+            if planned:
+                calls.extend(planned)
+                if len(calls) >= round_calls:
+                    pending.emits.extend(await self._perform(calls))
+                    calls = []
+                    if time.monotonic() - since_s >= self.effect_commit_interval_s:
+                        states_written += await self._commit(pending)  # the states are this prefix's
+                        pending, since_s = _Pending(), time.monotonic()
         if calls:
-            batch_emits.extend(await self._perform(calls))
-        outputs.extend(self._encode(batch_emits))
-        outputs.extend(self._changelog_records(dirty))
-        offsets = {
-            TopicPartition(topic, partition): offset for (topic, partition), offset in next_offsets.items()
-        }
-        await self.log.append_and_commit(outputs, self.group_id, offsets)
+            pending.emits.extend(await self._perform(calls))
+        states_written += await self._commit(pending)
         self.metrics.count("records_processed", len(records), processor=self.processor.name)
         self._poll_size = next_poll_size(
-            self._poll_size, len(records), len(dirty), self.max_poll_records, self.max_poll_records_cap
+            self._poll_size, len(records), states_written, self.max_poll_records, self.max_poll_records_cap
         )
+
+    async def _commit(self, pending: _Pending) -> int:
+        """Outputs, changed states and input offsets of the records handled so far, in one
+        append_and_commit; returns the number of states written."""
+        outputs = pending.outputs + self._encode(pending.emits) + self._changelog_records(pending.dirty)
+        offsets = {
+            TopicPartition(topic, partition): offset
+            for (topic, partition), offset in pending.next_offsets.items()
+        }
+        await self.log.append_and_commit(outputs, self.group_id, offsets)
+        if self.on_commit is not None:
+            self.on_commit(pending.records, self.backlog)
+        return len(pending.dirty)
 
     def _step(self, state: Any, event: dict[str, Any]) -> tuple[Any, list[Emit], list[EffectCall]]:
         """One event through the stage: (new state, emits, calls to perform)."""
@@ -293,6 +326,17 @@ class StreamRunner:
             record.timestamp_ms,
         )
         return dlq_topic(record.topic), OutgoingRecord(value=encode(event), key=record.key)
+
+
+@dataclass
+class _Pending:
+    """What a batch has handled and not yet committed."""
+
+    records: int = 0
+    outputs: list[tuple[str, OutgoingRecord]] = field(default_factory=list)
+    emits: list[Emit] = field(default_factory=list)
+    dirty: set[str] = field(default_factory=set)
+    next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # plain tuples: cheap per record
 
 
 def next_poll_size(size: int, records: int, states_written: int, floor: int, cap: int) -> int:

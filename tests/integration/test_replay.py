@@ -107,7 +107,7 @@ def comparable(sample: Event) -> bytes:
 
 
 async def run_replay(
-    log: EventLog, settings: PipelineSettings, target: str, votes: str, workers: int = 1
+    log: EventLog, settings: PipelineSettings, target: str, votes: str, workers: int = 1, progress: Any = None
 ) -> Any:
     plan = ReplayPlan(target=target, votes=votes, source=f"log:{SOURCE}", settings_version="v1")
     target_settings = recorded_settings(settings.data_dir, namespace=target)
@@ -123,6 +123,7 @@ async def run_replay(
         pipeline_config(target_settings),
         source_namespace=SOURCE,
         workers=workers,
+        **({"progress": progress} if progress else {}),
     )
 
 
@@ -176,7 +177,16 @@ def test_rejudge_casts_new_votes_and_leaves_the_source_untouched(tmp_path: Path,
             settings = recorded_settings(tmp_path)
             await record(log, settings, sessions=2)
             before = {t: await events_of(log, SOURCE, t) for t in ("judge_votes", "rewards", "samples")}
-            await run_replay(log, settings, "rejudged", "rejudge")
+            phases: dict[str, list[tuple[int, int]]] = {}
+            progress = lambda phase, advanced, total: phases.setdefault(phase, []).append((advanced, total))  # noqa: E731
+            await run_replay(log, settings, "rejudged", "rejudge", progress=progress)
+            # A bar per phase: the copy, the judge, then the pure stages. Each reaches the backlog it
+            # found; hint_selector goes past it (it reads its own HintSelected back from the hints topic).
+            assert list(phases)[:2] == ["copy", "judge"] and "sample_builder" in phases
+            for phase, steps in phases.items():
+                done, total = sum(a for a, _ in steps), steps[0][1]
+                assert {t for _, t in steps} == {total} and total > 0, phase
+                assert done == total if phase != "hint_selector" else done > total, phase
             old_versions = {v["judge_config_version"] for v in before["judge_votes"]}
             new_votes = await events_of(log, "rejudged", "judge_votes")
             assert new_votes and {v["judge_config_version"] for v in new_votes}.isdisjoint(old_versions)
