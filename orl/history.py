@@ -167,7 +167,11 @@ class PhaseBars:
             self.close()
             self.phase = phase
             self.bar = tqdm(total=total, unit="record", desc=phase, disable=not self.enabled)
+        if self.bar.n + advanced > self.bar.total:  # a stage that reads its own outputs (hint_selector)
+            self.bar.total = self.bar.n + advanced
         self.bar.update(advanced)
+        if self.bar.n == self.bar.total:
+            self.bar.refresh()  # shown complete now, not only when the next phase starts
 
     def close(self) -> None:
         if self.bar is not None:

@@ -161,23 +161,24 @@ async def _training_of(index: AuditIndex, fetch: EventFetcher, sample_id: str) -
 
 
 async def _step_view(index: AuditIndex, fetch: EventFetcher, step: Event) -> dict[str, Any]:
-    version = int(step["policy_version"])
-    checkpoints = [await fetch.get(index, cid) for cid in index.by_version(version, "checkpoint")]
-    checkpoints = [c for c in checkpoints if c["run_id"] == step["run_id"]]
+    version, run_id = int(step["policy_version"]), step["run_id"]
+    checkpoints = [await fetch.get(index, cid) for cid in index.by_version(version, "checkpoint", run_id)]
     return {
         "train_step": {k: v for k, v in _event_view(step).items() if k != "sample_ids"}
         | {"samples_consumed": len(step["sample_ids"])},
         "checkpoints": [_event_view(c) for c in checkpoints],
-        "served": await _served(index, fetch, version),
+        "served": await _served(index, fetch, version, run_id),
     }
 
 
-async def _served(index: AuditIndex, fetch: EventFetcher, version: int) -> dict[str, Any]:
-    shown = [await fetch.get(index, rid) for rid in index.by_version(version, "served", SERVED_SHOWN)]
+async def _served(index: AuditIndex, fetch: EventFetcher, version: int, run_id: str) -> dict[str, Any]:
+    """What a run's version served once a server activated it (none if no server did)."""
+    served = index.by_version(version, "served", run_id, SERVED_SHOWN)
+    shown = [await fetch.get(index, rid) for rid in served]
     return {
         "policy_version": version,
-        "responses": index.count_version(version, "served"),
-        "activations": index.count_version(version, "activated"),
+        "responses": index.count_version(version, "served", run_id),
+        "activations": index.count_version(version, "activated", run_id),
         "first": [
             {
                 "event_id": r["envelope"]["event_id"],
@@ -195,8 +196,7 @@ async def _version_chain(
     """For a train step or checkpoint: the samples behind it (with their turns) and what it served."""
     kind = event["envelope"]["event_type"]
     version = int(event["policy_version"] if kind == "TrainStepCompleted" else event["version"])
-    steps = [await fetch.get(index, sid) for sid in index.by_version(version, "trained")]
-    steps = [s for s in steps if s["run_id"] == event["run_id"]]
+    steps = [await fetch.get(index, sid) for sid in index.by_version(version, "trained", event["run_id"])]
     samples = []
     for step in steps:
         for sample_id in step["sample_ids"]:
@@ -264,12 +264,11 @@ async def audit_session(
                     key, {"run_id": key[0], "version": key[1], "train_step": step["step"], "samples": []}
                 )
                 entry["samples"].append(sample_id)
-                for cid in index.by_version(key[1], "checkpoint"):
+                for cid in index.by_version(key[1], "checkpoint", key[0]):
                     checkpoint = await fetch.get(index, cid)
-                    if checkpoint["run_id"] == key[0]:
-                        entry["checkpoint_uri"] = checkpoint["uri"]
-                        entry["checkpoint_event_id"] = cid
-                        entry["manifest_key"] = checkpoint["manifest_key"]
+                    entry["checkpoint_uri"] = checkpoint["uri"]
+                    entry["checkpoint_event_id"] = cid
+                    entry["manifest_key"] = checkpoint["manifest_key"]
     chain: dict[str, Any] = {
         "session_id": session_id,
         "samples_ready": len(samples),

@@ -33,6 +33,23 @@ CREATE TABLE IF NOT EXISTS versions (version INTEGER, role TEXT, event_id TEXT, 
     PRIMARY KEY (version, role, event_id));
 """
 Position = tuple[str, int, int]
+_OF_RUN = (
+    "SELECT v.event_id FROM versions v JOIN events e ON e.event_id = v.event_id "
+    "WHERE v.version = :version AND v.role = :role AND v.run_id = :run_id"
+)
+# A response records its policy version, not the run: a version number is served by the run whose
+# activation of it came last before the response (or, for a response stamped just before its
+# server's activation event, the first). Responses copied into a replay's namespace were served by
+# the recorded run, never by a run trained in the replay, which no server activated there.
+_SERVED = (
+    "SELECT v.event_id FROM versions v JOIN events e ON e.event_id = v.event_id "
+    "WHERE v.version = :version AND v.role = 'served' AND :run_id = COALESCE("
+    "(SELECT a.run_id FROM versions a JOIN events ea ON ea.event_id = a.event_id "
+    " WHERE a.version = :version AND a.role = 'activated' AND ea.occurred_at <= e.occurred_at "
+    " ORDER BY ea.occurred_at DESC LIMIT 1), "
+    "(SELECT a.run_id FROM versions a JOIN events ea ON ea.event_id = a.event_id "
+    " WHERE a.version = :version AND a.role = 'activated' ORDER BY ea.occurred_at LIMIT 1))"
+)
 
 
 def index_path(data_dir: Path, namespace: str) -> Path:
@@ -150,16 +167,22 @@ class AuditIndex:
         )
         return [r[0] for r in rows]
 
-    def by_version(self, version: int, role: str, limit: int = -1) -> list[str]:
+    def by_version(self, version: int, role: str, run_id: str, limit: int = -1) -> list[str]:
+        """The ids of `role` events of one run's `version`, oldest first: its train steps
+        ("trained"), checkpoints ("checkpoint"), activations ("activated") or the responses it
+        served ("served", see _SERVED)."""
+        query = _SERVED if role == "served" else _OF_RUN
         rows = self.db.execute(
-            "SELECT v.event_id FROM versions v JOIN events e ON e.event_id = v.event_id "
-            "WHERE v.version = ? AND v.role = ? ORDER BY e.occurred_at LIMIT ?",
-            (version, role, limit),
+            f"{query} ORDER BY e.occurred_at LIMIT :limit",
+            {"version": version, "role": role, "run_id": run_id, "limit": limit},
         )
         return [r[0] for r in rows]
 
-    def count_version(self, version: int, role: str) -> int:
-        row = self.db.execute("SELECT COUNT(*) FROM versions WHERE version = ? AND role = ?", (version, role))
+    def count_version(self, version: int, role: str, run_id: str) -> int:
+        query = _SERVED if role == "served" else _OF_RUN
+        row = self.db.execute(
+            f"SELECT COUNT(*) FROM ({query})", {"version": version, "role": role, "run_id": run_id}
+        )
         return int(row.fetchone()[0])
 
     def session_samples(self, session_id: str) -> list[str]:

@@ -169,9 +169,10 @@ class StreamRunner:
 
     async def count_backlog(self, consumer: Consumer) -> None:
         """Remember how many records the group has left (call it after a poll: Kafka assigns
-        partitions in the first one), for `on_commit`."""
+        partitions in the first one) and tell `on_commit` (0 records done yet)."""
         if self.on_commit is not None:
             self.backlog = sum((await consumer.lag()).values())
+            self.on_commit(0, self.backlog)
 
     async def handle(self, records: list[ConsumedRecord]) -> None:
         pending = _Pending()

@@ -19,21 +19,30 @@ from tests.unit.pipeline_streams import Conversation
 Event = dict[str, Any]
 
 
-def train_step(sample_ids: list[str], version: int) -> Event:
+def train_step(sample_ids: list[str], version: int, run_id: str = "run-a") -> Event:
     return make_event(
         "TrainStepCompleted", namespace=SOURCE, producer="trainer/test", occurred_at_ms=1_800_000_000_000,
-        id_parts=["run-a", version], run_id="run-a", step=version, policy_version=version, sample_ids=sample_ids,
+        id_parts=[run_id, version], run_id=run_id, step=version, policy_version=version, sample_ids=sample_ids,
         loss=0.5, pg_loss=0.4, kl=0.01, clip_fraction=0.0, grad_norm=1.0, tokens=100, duration_s=1.0,
         tokens_per_s=100.0, dropped_stale=0, mean_staleness=0.0,
     )  # fmt: skip
 
 
-def checkpoint(version: int) -> Event:
+def checkpoint(version: int, run_id: str = "run-a") -> Event:
     return make_event(
         "CheckpointPublished", namespace=SOURCE, producer="trainer/test", occurred_at_ms=1_800_000_000_100,
-        id_parts=["run-a", version, "sha"], run_id="run-a", version=version, parent_version=version - 1,
-        kind="lora", uri=f"file:///ckpt/run-a/{version}", manifest_key=f"checkpoints/run-a/{version}/manifest.json",
+        id_parts=[run_id, version, "sha"], run_id=run_id, version=version, parent_version=version - 1,
+        kind="lora", uri=f"file:///ckpt/{run_id}/{version}", manifest_key=f"checkpoints/{run_id}/{version}/manifest.json",
         manifest_sha256="ab" * 32, base_model="smollm2-135m", consumed_offsets=[], sample_id_digest="d",
+    )  # fmt: skip
+
+
+def activation(version: int) -> Event:
+    """A server swapped to run-a's checkpoint: what it serves next is run-a's."""
+    return make_event(
+        "PolicyActivated", namespace=SOURCE, producer="serving/test", occurred_at_ms=1_800_000_000_500,
+        id_parts=["server-1", "run-a", version], server_id="server-1", run_id="run-a", version=version,
+        uri=f"file:///ckpt/run-a/{version}", swap_latency_ms=5.0,
     )  # fmt: skip
 
 
@@ -57,7 +66,12 @@ async def history(tmp_path: Path) -> tuple[str, list[Event]]:
         later.say("Hello again")
         later.turn("Hi! Served by the new version.", policy_version=1)
         await writer.write(
-            [train_step([s["envelope"]["event_id"] for s in ready], 1), checkpoint(1), *later.events]
+            [
+                train_step([s["envelope"]["event_id"] for s in ready], 1),
+                checkpoint(1),
+                activation(1),
+                *later.events,
+            ]
         )
     return log_url, samples
 
@@ -133,3 +147,25 @@ def test_the_command_line_takes_the_id_as_its_argument(
     assert json.loads(capsys.readouterr().out) == by_argument
     assert main(["audit", sample_id, "--id", "other", *where]) == 1
     assert "--id 'other' and the argument" in capsys.readouterr().err
+
+
+def test_a_run_no_server_activated_served_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Version numbers repeat across runs: run-b's v1 (trained, say, in a replay) did not serve
+    the v1 responses that run-a's activated v1 served."""
+    log_url, samples = asyncio.run(history(tmp_path))
+    ready = [s["envelope"]["event_id"] for s in samples if s["envelope"]["event_type"] == "SampleReady"]
+
+    async def train_run_b() -> None:
+        async with open_event_log(log_url) as log:
+            await NamespaceWriter(log, SOURCE).write([train_step(ready, 1, "run-b"), checkpoint(1, "run-b")])
+
+    asyncio.run(train_run_b())
+    served = {}
+    for run_id in ("run-a", "run-b"):
+        code, out, _ = audit(
+            tmp_path, log_url, capsys, id=checkpoint(1, run_id)["envelope"]["event_id"], json=True
+        )
+        (step,) = json.loads(out)["train_steps"]
+        assert code == 0 and step["train_step"]["run_id"] == run_id and len(step["checkpoints"]) == 1
+        served[run_id] = (step["served"]["responses"], step["served"]["activations"])
+    assert served == {"run-a": (1, 1), "run-b": (0, 0)}
