@@ -1,11 +1,12 @@
 """The replay issue's story on the command line: re-judge recorded traffic with another judge,
 train a new model from the base on the result, and show for a reward exactly why it was given.
 
-History is recorded as live traffic is (serving's events, then every stage, the demo's rule judges).
-`orl replay --votes rejudge --judge llm` then judges it again with SmolLM2 behind a real
-`orl serve`, writes a new namespace and trains one step from the base model (`--train-steps 1`,
-a child `orl train`). `orl audit <sample id> --json` shows the new judge's raw words, the rule
-that decided, the training step and the checkpoint, while the recorded namespace is untouched.
+History is real traffic: two users chat with SmolLM2 through `orl serve` (a redo request, then
+thanks), and the pipeline's stages judge it with the demo's rule judges. `orl replay --votes
+rejudge --judge llm` then judges it again with SmolLM2 behind a second `orl serve`, writes a new
+namespace and trains one step from the base model (`--train-steps 1`, a child `orl train`).
+`orl audit <sample id> --json` shows the new judge's raw words, the rule that decided, the training
+step and the checkpoint, while the recorded namespace is untouched.
 """
 
 from __future__ import annotations
@@ -18,18 +19,29 @@ import pytest
 
 from connectors.event_log.factory import open_event_log
 from orl.cli import main
+from pipeline.settings import PipelineSettings
+from tests.e2e.test_turns_to_samples import _wait_for_spool, chat, run_stages
 from tests.fixtures.model import test_cache_dir
 from tests.integration.serve_process import API_KEY, serve_process
-from tests.integration.test_replay import SOURCE, events_of, record, recorded_settings
+from tests.integration.test_replay import events_of
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
+SOURCE = "live"
 
 
-async def recorded_history(tmp_path: Path) -> dict[str, list[dict]]:
-    settings = recorded_settings(tmp_path)
-    async with open_event_log(settings.effective_log_url()) as log:
-        await record(log, settings, sessions=2)
-        return {t: await events_of(log, SOURCE, t) for t in ("judge_votes", "rewards", "samples")}
+def record_traffic(base_url: str) -> None:
+    for user in ("u1", "u2"):
+        question = [{"role": "user", "content": "How do I simplify the fraction 18/24?"}]
+        answer = chat(base_url, question, user)
+        redo = [*question, {"role": "assistant", "content": answer},
+                {"role": "user", "content": "Please redo this: answer in under 20 words, no bold."}]  # fmt: skip
+        again = chat(base_url, redo, user)
+        thanks = [
+            *redo,
+            {"role": "assistant", "content": again},
+            {"role": "user", "content": "Thanks, that works."},
+        ]
+        chat(base_url, thanks, user, max_tokens=1, headers={"X-Session-Done": "true"})
 
 
 async def namespace_events(log_url: str, namespace: str, topic: str) -> list[dict]:
@@ -40,8 +52,18 @@ async def namespace_events(log_url: str, namespace: str, topic: str) -> list[dic
 def test_rejudge_retrain_from_the_base_and_audit_a_reward(
     tmp_path: Path, base_model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    before = asyncio.run(recorded_history(tmp_path))
     log_url = f"sqlite:///{tmp_path / 'log.db'}"
+    with serve_process(tmp_path, log_url=log_url) as server:
+        record_traffic(server.base_url)
+        asyncio.run(_wait_for_spool(log_url))
+    settings = PipelineSettings(
+        data_dir=tmp_path, log_url=log_url, method="binary", judge="user_reply", hint_judge="user_hint"
+    )
+    asyncio.run(run_stages(settings))
+    before = {
+        t: asyncio.run(namespace_events(log_url, SOURCE, t)) for t in ("judge_votes", "rewards", "samples")
+    }
+    assert [v["judge_kind"] for v in before["judge_votes"]] == ["rule"] * 6  # 2 users x 3 turns
     where = [
         "--data-dir",
         str(tmp_path),
@@ -52,6 +74,7 @@ def test_rejudge_retrain_from_the_base_and_audit_a_reward(
     ]
     monkeypatch.setenv("ORL_MODEL_CACHE", str(test_cache_dir()))
     monkeypatch.setenv("ORL_TRAIN_BATCH_SIZE", "1")  # read by the `orl train` child: one sample makes a step
+    (tmp_path / "judge-server").mkdir()
     with serve_process(tmp_path / "judge-server") as judge:
         code = main(
             ["replay", *where, "--namespace", SOURCE, "--target-namespace", "rejudged", "--votes", "rejudge",
