@@ -215,8 +215,8 @@ async def _replay(settings: ReplaySettings) -> int:
                 workers=workers_for(settings.workers), effect_concurrency=settings.effect_concurrency,
             )  # fmt: skip
     print(
-        f"replayed into {report.target!r}: {report.copied} events copied ({report.skipped} already there), "
-        f"{report.samples_ready} samples ready, {report.samples_rejected} rejected"
+        f"replayed {report.source_events} recorded events into {report.target!r}: {report.samples_ready} "
+        f"samples ready, {report.samples_rejected} rejected ({report.skipped} events were already there)"
     )
     return 0
 

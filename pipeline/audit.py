@@ -92,6 +92,7 @@ def _vote_view(vote: Event) -> dict[str, Any]:
         "hint": vote.get("hint"),
         "raw_output": vote["raw_output"],
         "prompt_sha256": vote["prompt_sha256"],
+        "prompt_text": vote["prompt_text"],  # what the judge saw (the readable form leaves it out)
     }
 
 

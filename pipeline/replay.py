@@ -118,8 +118,9 @@ class ReplayPlan:
 @dataclass(frozen=True)
 class ReplayReport:
     target: str
-    copied: int
-    skipped: int
+    source_events: int  # recorded events replayed
+    copied: int  # events this replay wrote through its writer (the copy, and a reuse replay's outputs)
+    skipped: int  # of those, events the target already had (a re-run)
     samples_ready: int
     samples_rejected: int
     vote_config_versions: tuple[str, ...]
@@ -429,5 +430,6 @@ async def replay(
             await run_stages(log, over_log, config, plan, flush_ms, progress, effect_concurrency)
     ready, rejected = await count_samples(log, plan.target)
     return ReplayReport(
-        plan.target, writer.written, writer.skipped, ready, rejected, tuple(sorted(votes.versions))
-    )
+        plan.target, await source.size(), writer.written, writer.skipped, ready, rejected,
+        tuple(sorted(votes.versions)),
+    )  # fmt: skip

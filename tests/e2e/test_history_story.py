@@ -84,7 +84,7 @@ def test_rejudge_retrain_from_the_base_and_audit_a_reward(
         )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    assert "replayed into 'rejudged'" in out and "training: orl train --namespace rejudged" in out
+    assert "recorded events into 'rejudged'" in out and "training: orl train --namespace rejudged" in out
 
     # New votes by the new judge, in the new namespace; the recorded history is as it was.
     votes = asyncio.run(namespace_events(log_url, "rejudged", "judge_votes"))
@@ -101,6 +101,7 @@ def test_rejudge_retrain_from_the_base_and_audit_a_reward(
     chain = json.loads(capsys.readouterr().out)
     vote = chain["votes"][0]
     assert vote["judge_kind"] == "llm" and vote["raw_output"] and vote["prompt_sha256"]
+    assert "Thanks, that works." in vote["prompt_text"] or "redo" in vote["prompt_text"]  # what it saw
     assert vote["score"] is not None or vote["parse_error"]  # a score, or why none could be read
     (reward,) = chain["rewards"]
     assert (

@@ -94,6 +94,7 @@ def test_a_sample_id_shows_its_whole_chain(tmp_path: Path, capsys: pytest.Captur
     assert chain["request"]["messages"] and chain["response"]["response_text"]
     assert "Please redo" in chain["next_states"][0]["content"]
     assert chain["votes"] and chain["votes"][0]["raw_output"] and chain["votes"][0]["judge_config_version"]
+    assert "Please redo" in chain["votes"][0]["prompt_text"]  # the text the judge saw
     assert chain["rewards"][0]["rule"] and chain["rewards"][0]["reason"]
     assert chain["hint_decisions"][0]["type"] == "HintSelected"
     training = chain["samples"][0]["training"][0]
