@@ -220,11 +220,10 @@ def archive_source(store: ObjectStore, namespace: str, topics: Sequence[str]) ->
     return ReplaySource(tuple(topics), read, count)
 
 
-async def copy(writer: NamespaceWriter, source: ReplaySource, progress: Progress) -> int:
-    """The source spliced into the writer's namespace (a replay whose stages then run over the log);
-    returns the watermark (the latest occurred_at copied)."""
+async def copy(writer: NamespaceWriter, source: ReplaySource, progress: Progress, total: int) -> int:
+    """The source (`total` records) spliced into the writer's namespace (a replay whose stages then
+    run over the log); returns the watermark (the latest occurred_at copied)."""
     splicer = Splicer(writer.namespace)
-    total = await source.size()
     async for batch in source.batches():
         await writer.write_batch(splicer.splice(batch))
         progress("copy", len(batch), total)
@@ -282,9 +281,10 @@ async def replay_in_memory(
     flush: bool,
     workers: int,
     progress: Progress,
+    total: int,
 ) -> RecordedVotes:
-    """A replay whose stages are all pure: one pass over the source, each event decoded once, the
-    sessions dealt between `workers` shards (pipeline/replay_shard.py) by record key.
+    """A replay whose stages are all pure: one pass over the source (`total` records), each event
+    decoded once, the sessions dealt between `workers` shards (pipeline/replay_shard.py) by record key.
 
     The votes are first skimmed for m (and held by the shards, unless there are too many to hold).
     Then each batch, topics in IN_MEMORY_ORDER, is split between the shards, and what they return
@@ -292,7 +292,6 @@ async def replay_in_memory(
     the next batches are read and computed. With `flush`, each stage's timeouts then fire at one
     flush time for all shards.
     """
-    total = await source.size()
     async with shard_pool(workers, stages, config, writer.namespace) as shards:
         votes, vote_batches = await count_recorded_votes(source, shards)
         held = all(await on_every(shards, "holds_votes", [()] * len(shards)))
@@ -414,22 +413,23 @@ async def replay(
     writer = NamespaceWriter(log, plan.target, plan.partitions)
     await writer.prepare()
     chosen = select_stages(stages, plan.votes, plan.copy_teacher)
+    total = await source.size()
     pure = [stage for stage in chosen if not isinstance(stage, EffectStage)]
     with tuned_for_streams():
         if len(pure) == len(chosen):
-            votes = await replay_in_memory(writer, source, pure, config, plan.flush, workers, progress)
+            votes = await replay_in_memory(writer, source, pure, config, plan.flush, workers, progress, total)
         else:
             votes = RecordedVotes({}, frozenset())
             if plan.votes == "reuse":
                 counter = LocalShard(ReplayShard([], config, plan.target, hold_votes=False))
                 votes, _ = await count_recorded_votes(source, [counter])
                 config = reuse_config(config, votes.counts)
-            watermark = await copy(writer, source, progress)
+            watermark = await copy(writer, source, progress, total)
             flush_ms = flush_time_ms(watermark, config) if plan.flush else None
             over_log = [stage for stage in chosen if stage is not None]
             await run_stages(log, over_log, config, plan, flush_ms, progress, effect_concurrency)
     ready, rejected = await count_samples(log, plan.target)
     return ReplayReport(
-        plan.target, await source.size(), writer.written, writer.skipped, ready, rejected,
+        plan.target, total, writer.written, writer.skipped, ready, rejected,
         tuple(sorted(votes.versions)),
     )  # fmt: skip
