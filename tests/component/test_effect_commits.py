@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from connectors.event_log.base import OutgoingRecord
 from connectors.event_log.reading import read_to_end
 from connectors.event_log.sqlite_log import SqliteEventLog
 from pipeline.config import PipelineConfig
@@ -21,8 +20,9 @@ from pipeline.main import build_stages, pipeline_config
 from pipeline.settings import PipelineSettings
 from pipeline.stream_runner import EFFECT_CALLS_PER_ROUND, StreamRunner
 from pipeline.turn_linker import TURN_LINKER
-from schemas.codec import decode, encode
-from schemas.topics import topic_for_event, topic_name
+from schemas.codec import decode
+from schemas.topics import topic_name
+from tests.component.test_stream_runner_restart import append
 from tests.unit.pipeline_streams import NAMESPACE, Conversation
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,11 +60,7 @@ async def recorded(path: Path) -> SqliteEventLog:
     log = SqliteEventLog(path)
     await log.start()
     await judge_runner(log)  # creates the topics
-    for event in history():
-        topic = topic_name(NAMESPACE, topic_for_event(event["envelope"]["event_type"]))
-        await log.append(
-            topic, OutgoingRecord(value=encode(event), key=event["envelope"]["session_id"].encode())
-        )
+    await append(log, history())
     await StreamRunner(log, TURN_LINKER, PipelineConfig(), NAMESPACE).run_until_idle()
     return log
 
