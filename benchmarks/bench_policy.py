@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from connectors.compute import PRECISIONS, choose_numerics
 from connectors.model_files import DEFAULT_MODEL, resolve_model
 from serving.policy.base import Generation, SamplingParams
 from serving.policy.transformers_backend import TransformersBackend
@@ -62,10 +63,10 @@ async def run_level(backend: TransformersBackend, concurrency: int, max_tokens: 
     return Row(concurrency, len(gens), tokens, wall, sum(g.latency_ms for g in gens) / len(gens))
 
 
-async def main(cache_dir: Path, max_tokens: int, rounds: int, bf16: bool, threads: int | None) -> None:
+async def main(cache_dir: Path, max_tokens: int, rounds: int, precision: str, threads: int | None) -> None:
     model_dir = resolve_model(DEFAULT_MODEL, cache_dir)
-    dtype = torch.bfloat16 if bf16 else None
-    backend = TransformersBackend(model_dir, autocast_dtype=dtype, num_threads=threads)
+    numerics = choose_numerics(precision)
+    backend = TransformersBackend(model_dir, autocast_dtype=numerics.autocast_dtype, num_threads=threads)
     await backend.start()
     try:
         await run_level(backend, 1, 8, 1)  # warm-up
@@ -73,7 +74,8 @@ async def main(cache_dir: Path, max_tokens: int, rounds: int, bf16: bool, thread
     finally:
         await backend.close()
     print(
-        f"transformers backend, SmolLM2-135M, {'bf16 autocast' if bf16 else 'fp32'}, {torch.get_num_threads()} threads, max_tokens {max_tokens}"
+        f"transformers backend, SmolLM2-135M, {numerics.precision} ({numerics.reason}), "
+        f"{torch.get_num_threads()} threads, max_tokens {max_tokens}"
     )
     print(
         f"{'concurrency':>11} {'requests':>8} {'tokens':>7} {'wall s':>7} {'tok/s':>7} {'mean latency ms':>15}"
@@ -93,6 +95,8 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per response")
     parser.add_argument("--rounds", type=int, default=2, help="waves of requests per concurrency level")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    parser.add_argument("--fp32", action="store_true", help="run without bf16 autocast")
+    parser.add_argument(
+        "--precision", default="auto", choices=PRECISIONS, help="auto: bf16 only where native"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.cache_dir, args.max_tokens, args.rounds, not args.fp32, args.threads))
+    asyncio.run(main(args.cache_dir, args.max_tokens, args.rounds, args.precision, args.threads))

@@ -1,11 +1,13 @@
 """Trainer step throughput against a bare torch/transformers loop computing the same loss.
 
 Usage: python -m benchmarks.bench_trainer [--kinds lora,full] [--steps 3] [--samples 16]
-       [--prompt-tokens 30] [--response-tokens 100] [--threads 2] [--cache-dir ~/.cache/orl-test]
+       [--prompt-tokens 30] [--response-tokens 100] [--threads 2] [--precision auto]
+       [--cache-dir ~/.cache/orl-test]
 
 Both sides train SmolLM2-135M on the same batches (binary samples, rewards +-1, fixed token ids,
 temperature 0.7) with the same loss: token-mean PPO clipped surrogate with ratio 1 (one step per
-batch) + 0.02 * k3 KL to the base, bf16 autocast forwards with fp32 log-softmax, grad clip 1.0,
+batch) + 0.02 * k3 KL to the base, forwards in the machine's numerics (`--precision auto`: bf16
+autocast only where the CPU runs bf16 natively, as `orl train` chooses) with fp32 log-softmax, grad clip 1.0,
 AdamW. "trainer" is `trainer.loop.train_step` (what `orl train` runs per step); "bare" is the
 learnability prototype's loop written out with plain torch/transformers/peft. Each (kind, side)
 runs in its own process so peak RSS (getrusage ru_maxrss) is its own. One warm-up step, then
@@ -29,6 +31,7 @@ from typing import Any
 
 import torch
 
+from connectors.compute import PRECISIONS, choose_numerics
 from connectors.model_files import DEFAULT_MODEL, resolve_model
 
 EPS_LOW, EPS_HIGH, BETA, LR = 0.2, 0.28, 0.02, {"lora": 5e-4, "full": 1e-5}
@@ -81,7 +84,7 @@ def bare_setup(model_dir: Path, kind: str) -> tuple[Any, Any, list, torch.optim.
     return model, ref, params, torch.optim.AdamW(params, lr=LR[kind], betas=(0.9, 0.999), weight_decay=0.0)
 
 
-def seq_logps(model: Any, batch: list[dict], temperature: float) -> list[torch.Tensor]:
+def seq_logps(model: Any, batch: list[dict], temperature: float, autocast: bool) -> list[torch.Tensor]:
     width = max(len(s["prompt"]) + len(s["response"]) for s in batch)
     ids = torch.zeros((len(batch), width), dtype=torch.long)
     att = torch.zeros_like(ids)
@@ -89,7 +92,7 @@ def seq_logps(model: Any, batch: list[dict], temperature: float) -> list[torch.T
         seq = s["prompt"] + s["response"]
         ids[i, : len(seq)] = torch.tensor(seq)
         att[i, : len(seq)] = 1
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=ids, attention_mask=att).logits
     out = []
     for i, s in enumerate(batch):
@@ -99,14 +102,16 @@ def seq_logps(model: Any, batch: list[dict], temperature: float) -> list[torch.T
     return out
 
 
-def bare_step(model: Any, ref: Any, params: list, opt: torch.optim.Optimizer, batch: list[dict]) -> float:
-    cur = seq_logps(model, batch, 0.7)
+def bare_step(
+    model: Any, ref: Any, params: list, opt: torch.optim.Optimizer, batch: list[dict], autocast: bool
+) -> float:
+    cur = seq_logps(model, batch, 0.7, autocast)
     with torch.no_grad():
         if ref is None:
             with model.disable_adapter():
-                refs = seq_logps(model, batch, 0.7)
+                refs = seq_logps(model, batch, 0.7, autocast)
         else:
-            refs = seq_logps(ref, batch, 0.7)
+            refs = seq_logps(ref, batch, 0.7, autocast)
     logp = torch.cat(cur)
     old = logp.detach()
     adv = torch.cat([torch.full((len(s["response"]),), s["reward"]) for s in batch])
@@ -148,7 +153,7 @@ def trainer_batches(batches: list[list[dict]]) -> list[Any]:
     return out
 
 
-def trainer_setup(model_dir: Path, kind: str) -> tuple[Any, torch.optim.Optimizer, Any]:
+def trainer_setup(model_dir: Path, kind: str, precision: str) -> tuple[Any, torch.optim.Optimizer, Any]:
     from trainer.policy_model import load_policy
     from trainer.settings import TrainSettings
 
@@ -156,7 +161,7 @@ def trainer_setup(model_dir: Path, kind: str) -> tuple[Any, torch.optim.Optimize
     policy = load_policy(model_dir, "full" if kind == "full" else "lora")
     params = policy.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=LR[kind], betas=(0.9, 0.999), weight_decay=0.0)
-    return policy, opt, TrainSettings(kind=kind, run_id="bench", model=str(model_dir))
+    return policy, opt, TrainSettings(kind=kind, run_id="bench", model=str(model_dir), precision=precision)
 
 
 def time_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
@@ -166,8 +171,9 @@ def time_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 
     batches = make_batches(args.steps + 1, args.samples, args.prompt_tokens, args.response_tokens)
     tokens = [sum(len(s["response"]) for s in b) for b in batches]
-    policy, opt, settings = trainer_setup(model_dir, args.kind)
+    policy, opt, settings = trainer_setup(model_dir, args.kind, args.precision)
     bare = bare_setup(model_dir, args.kind)
+    autocast = choose_numerics(args.precision).autocast
     times: dict[str, list[float]] = {"trainer": [], "bare": []}
     losses: dict[str, list[float]] = {"trainer": [], "bare": []}
     for index, (batch, tbatch) in enumerate(zip(batches, trainer_batches(batches), strict=True)):
@@ -177,7 +183,7 @@ def time_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
             if side == "trainer":
                 losses[side].append(train_step(policy, opt, tbatch, settings).metrics["loss"])
             else:
-                losses[side].append(bare_step(*bare, batch))
+                losses[side].append(bare_step(*bare, batch, autocast))
             times[side].append(time.perf_counter() - start)
     timed_tokens = sum(tokens[1:])
     return {
@@ -195,9 +201,9 @@ def measure_memory(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 
     batches = make_batches(1, args.samples, args.prompt_tokens, args.response_tokens)
     if args.side == "bare":
-        bare_step(*bare_setup(model_dir, args.kind), batches[0])
+        bare_step(*bare_setup(model_dir, args.kind), batches[0], choose_numerics(args.precision).autocast)
         return {"peak_rss_gb": peak_rss_gb(), "publish_s": None}
-    policy, opt, settings = trainer_setup(model_dir, args.kind)
+    policy, opt, settings = trainer_setup(model_dir, args.kind, args.precision)
     batch = trainer_batches(batches)[0]
     step = train_step(policy, opt, batch, settings)
     with tempfile.TemporaryDirectory() as tmp:
@@ -226,7 +232,7 @@ def child_result(args: argparse.Namespace, mode: str, kind: str, side: str = "")
         "--side",
         side,
     ]
-    for name in ("steps", "samples", "prompt_tokens", "response_tokens", "threads", "cache_dir"):
+    for name in ("steps", "samples", "prompt_tokens", "response_tokens", "threads", "precision", "cache_dir"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
@@ -243,6 +249,9 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=30)
     parser.add_argument("--response-tokens", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--precision", default="auto", choices=PRECISIONS, help="auto: bf16 only where native"
+    )
     parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/orl-test"), help="converted model")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="lora", help=argparse.SUPPRESS)
@@ -251,6 +260,8 @@ def main() -> None:
     if args.child:
         print("RESULT " + json.dumps(run_child(args)), flush=True)
         return
+    numerics = choose_numerics(args.precision)
+    print(f"numerics: {numerics.precision} ({numerics.reason}); torch threads {args.threads}")
     print(
         "| kind | side | step s | tokens/step | tokens/s | ratio trainer/bare | peak RSS GB | publish s | loss step 1 |"
     )

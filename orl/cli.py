@@ -138,6 +138,9 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before torch loads (the commands import it lazily): idle OpenMP threads sleep instead of spinning
+    # on the cores that another torch process of the stack needs (connectors/compute.py has the numbers).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

@@ -4,6 +4,9 @@ Each component is its own `orl <command>` process sharing one data folder (the S
 object-store directory live there), so a crash of one is survivable: the supervisor restarts it
 and it resumes from its committed offsets / latest checkpoint. Logs go to <data-dir>/logs/.
 Keys: if none are given, random ones are generated once and kept in <data-dir>/keys.json.
+Compute: every torch process (server, trainer) gets `--cores` threads to use while it computes alone
+and shares them fairly while both compute (`connectors.compute.CoreBoard`); OpenMP threads wait
+passively; numerics follow `--precision`. The choice is logged at start.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from connectors.compute import available_cores, check_precision, choose_numerics
 from connectors.settings import ConnectionSettings, setting
+from schemas.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +46,35 @@ class UpSettings(ConnectionSettings):
     components: tuple[str, ...] = setting(
         ("serve", "pipeline", "train"), "ORL_COMPONENTS", "Which processes to start."
     )
+    cores: int = setting(
+        0,
+        "ORL_CORES",
+        "CPU cores the stack's torch processes share (0: every core this process may use). Each uses them "
+        "all while it computes alone, a fair share while others compute.",
+    )
+    precision: str = setting(
+        "auto",
+        "ORL_PRECISION",
+        "Numerics of server and trainer: auto (bf16 only where native) | bf16 | fp32.",
+    )
+
+
+def compute_budget(settings: UpSettings) -> tuple[int, str]:
+    """(cores every torch process may use, a line saying what was chosen and why) for `orl up` / `orl demo`."""
+    if settings.cores < 0:
+        raise ConfigError(f"--cores must be >= 0, not {settings.cores}")
+    check_precision(settings.precision)
+    detected = available_cores()
+    cores = settings.cores or detected
+    numerics = choose_numerics(settings.precision, "cpu")
+    torch_processes = sum(name in ("serve", "train") for name in settings.components)
+    line = (
+        f"compute budget: {cores} cores ({'set by --cores' if settings.cores else 'all this process may use'}; "
+        f"{detected} available); serve and train use {cores} torch threads each while computing alone, "
+        f"{max(1, cores // max(1, torch_processes))} each while both compute (core board {settings.data_dir / 'cores'}); "
+        f"OpenMP waits {os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')}; numerics {numerics.precision} ({numerics.reason})"
+    )
+    return cores, line
 
 
 def stack_keys(settings: UpSettings) -> tuple[str, str]:
@@ -61,6 +95,7 @@ def stack_keys(settings: UpSettings) -> tuple[str, str]:
 def component_env(settings: UpSettings) -> dict[str, str]:
     """The environment every component gets: the shared connection settings and the keys."""
     api_key, admin_key = stack_keys(settings)
+    cores, _ = compute_budget(settings)
     return {
         **os.environ,
         "ORL_DATA_DIR": str(settings.data_dir.resolve()),
@@ -81,6 +116,9 @@ def component_env(settings: UpSettings) -> dict[str, str]:
         "ORL_HINT_JUDGE": settings.hint_judge,
         "ORL_RUN_ID": settings.run_id,
         "ORL_TRAIN_BATCH_SIZE": str(settings.batch_size),
+        "ORL_THREADS": str(cores),
+        "ORL_PRECISION": settings.precision,
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
 
 
@@ -141,6 +179,7 @@ class Supervisor:
 
 def up(settings: UpSettings) -> int:
     """Entry point of `orl up`."""
+    logger.info(compute_budget(settings)[1])
     supervisor = Supervisor(component_env(settings), settings.data_dir / "logs", settings.components)
     stopping = False
 

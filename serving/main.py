@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from connectors.compute import CoreBoard, available_cores, check_precision, resolved_numerics
 from connectors.event_log.base import EventLog
 from connectors.event_log.catalog import create_catalog_topics
 from connectors.event_log.factory import open_event_log
@@ -47,6 +48,9 @@ def check_settings(settings: ServeSettings) -> None:
         raise ConfigError(f"--backend must be transformers or sglang, not {settings.backend!r}")
     if settings.default_turn_type not in ("main", "side"):
         raise ConfigError(f"--default-turn-type must be main or side, not {settings.default_turn_type!r}")
+    check_precision(settings.precision)
+    if settings.threads < 0:
+        raise ConfigError(f"--threads must be >= 0, not {settings.threads}")
 
 
 def build_backend(settings: ServeSettings) -> tuple[PolicyBackend, ChatTemplate]:
@@ -69,8 +73,9 @@ def build_backend(settings: ServeSettings) -> tuple[PolicyBackend, ChatTemplate]
     backend = TransformersBackend(
         model_dir,
         model_name=settings.served_model_name,
+        autocast_dtype=resolved_numerics(settings.precision, "cpu").autocast_dtype,
         max_batch_size=settings.max_batch_size,
-        num_threads=settings.threads or None,
+        core_board=CoreBoard(settings.data_dir / "cores", settings.threads or available_cores()),
     )
     return backend, template
 

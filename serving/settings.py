@@ -27,7 +27,18 @@ class ServeSettings(ConnectionSettings):
     max_tokens_limit: int = setting(4096, "ORL_MAX_TOKENS_LIMIT", "Largest max_tokens a request may ask for.")
     max_body_bytes: int = setting(4_000_000, "ORL_MAX_BODY_BYTES", "Largest request body accepted (bytes).")
     max_batch_size: int = setting(8, "ORL_MAX_BATCH_SIZE", "Concurrent requests batched together.")
-    threads: int = setting(0, "ORL_THREADS", "torch threads for the transformers backend (0: all cores).")
+    threads: int = setting(
+        0,
+        "ORL_THREADS",
+        "torch threads of the transformers backend while it computes alone (0: every core this process may "
+        "use); while other torch processes of the same --data-dir compute, it uses its fair share.",
+    )
+    precision: str = setting(
+        "auto",
+        "ORL_PRECISION",
+        "Numerics of the transformers backend: auto (bf16 autocast where the CPU runs bf16 natively, else "
+        "fp32) | bf16 | fp32.",
+    )
     capture: bool = setting(True, "ORL_CAPTURE", "Record every turn as events (off only for benchmarks).")
     run_id: str = setting("live", "ORL_RUN_ID", "Trainer run whose checkpoints this server follows.")
     webhooks_file: str = setting(

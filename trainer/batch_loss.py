@@ -42,7 +42,7 @@ class LossConfig:
     w_rl: float = 1.0
     center_rewards: bool = False
     old_logprobs: str = "recompute"  # recompute | rollout
-    autocast: bool = True
+    autocast: bool = False  # bf16 autocast forwards (trainer.loop.loss_config decides per machine)
     train_temperature: float | None = None  # None: each sample's own temperature
 
 

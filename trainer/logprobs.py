@@ -71,14 +71,15 @@ def response_logprobs(
     prompt_ids: Sequence[Sequence[int]],
     response_ids: Sequence[Sequence[int]],
     temperatures: Sequence[float],
-    autocast: bool = True,
+    autocast: bool = False,
 ) -> list[Tensor]:
     """log p(response_t | prompt, response_<t) / T for each sample: one fp32 `[len(response)]` each.
 
     One batched forward with right padding and an attention mask; only the response suffix is
     scored. Gradients follow the caller's context: wrap in `torch.no_grad()` for old / reference /
     teacher logprobs, leave enabled for the policy's. `autocast` runs the forward in bf16 (the
-    prototype's setting: about 0.05 nats of noise, well under the learning signal).
+    prototype's setting: about 0.05 nats of noise, well under the learning signal); use it only where the
+    hardware runs bf16 natively (`connectors.compute.choose_numerics`).
     """
     _check_inputs(prompt_ids, response_ids, temperatures)
     if not prompt_ids:

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from connectors.checkpoint_store import Manifest, publish_checkpoint
+from connectors.compute import CoreBoard, available_cores, resolved_numerics
 from connectors.event_log.base import EventLog, TopicPartition
 from connectors.event_log.catalog import create_catalog_topics
 from connectors.metrics import Metrics
@@ -71,7 +72,8 @@ class StepResult:
     metrics: dict[str, Any]  # what the manifest and TrainStepCompleted record about the step
 
 
-def loss_config(settings: TrainSettings) -> LossConfig:
+def loss_config(settings: TrainSettings, device: str = "cpu") -> LossConfig:
+    """The loss settings; `precision` auto becomes the machine's choice for `device` (logged once)."""
     return LossConfig(
         beta_kl=settings.beta_kl,
         eps_low=settings.eps_low,
@@ -80,20 +82,31 @@ def loss_config(settings: TrainSettings) -> LossConfig:
         w_rl=settings.w_rl,
         center_rewards=settings.center_rewards,
         old_logprobs=settings.old_logprobs,
-        autocast=settings.autocast,
+        autocast=resolved_numerics(settings.precision, device).autocast,
         train_temperature=settings.train_temperature,
     )
 
 
 def train_step(
-    policy: PolicyModel, optimizer: torch.optim.Optimizer, batch: Batch, settings: TrainSettings
+    policy: PolicyModel,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    settings: TrainSettings,
+    board: CoreBoard | None = None,
 ) -> StepResult:
-    """Loss, backward, clip, AdamW step on one batch (synchronous: the loop runs it in a thread)."""
+    """Loss, backward, clip, AdamW step on one batch (synchronous: the loop runs it in a thread).
+
+    With a core board, the step's torch threads are re-fitted before the forwards and before the
+    backward, in this thread (a server that starts or stops computing changes the fair share)."""
     started = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
+    if board is not None:
+        board.fit_threads()
     result = batch_loss(policy, batch.samples, loss_config(settings))
     if not math.isfinite(result.stats.loss):
         raise TrainingError(f"non-finite loss {result.stats.loss} on samples {batch.sample_ids}")
+    if board is not None:
+        board.fit_threads()
     result.loss.backward()
     max_norm = settings.grad_clip if settings.grad_clip > 0 else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), max_norm))
@@ -293,7 +306,10 @@ class StepRunner(Protocol):
 
 @dataclass
 class TorchStepRunner:
-    """The torch backend: one process; each step and publish in a thread (the consumer keeps heartbeating)."""
+    """The torch backend: one process; each step and publish in a thread (the consumer keeps heartbeating).
+
+    The process is marked busy on the core board while a step computes, so a server on the same
+    machine gives it a fair share of the cores."""
 
     settings: TrainSettings
     store: ObjectStore
@@ -301,9 +317,16 @@ class TorchStepRunner:
     optimizer: torch.optim.Optimizer
     work_dir: Path
     faults: FaultPlan
+    board: CoreBoard
 
     async def train(self, batch: Batch) -> StepResult:
-        return await asyncio.to_thread(train_step, self.policy, self.optimizer, batch, self.settings)
+        self.board.busy()
+        try:
+            return await asyncio.to_thread(
+                train_step, self.policy, self.optimizer, batch, self.settings, self.board
+            )
+        finally:
+            self.board.idle()
 
     async def publish(self, version: int, batch: Batch, step: StepResult) -> Manifest:
         return await asyncio.to_thread(
@@ -341,7 +364,14 @@ async def run_trainer(
         policy.trainable_parameters(), lr=settings.effective_lr(), betas=(0.9, 0.999), weight_decay=0.0
     )
     faults = FaultPlan(settings.fault_after, settings.fault_version)
-    runner = TorchStepRunner(settings, store, policy, optimizer, work_dir, faults)
+    board = CoreBoard(settings.data_dir / "cores", settings.threads or available_cores())
+    log.info(
+        "trainer computes in %s with %d threads alone, a fair share while other torch processes of %s compute",
+        resolved_numerics(settings.precision).precision,
+        board.cores,
+        settings.data_dir,
+    )
+    runner = TorchStepRunner(settings, store, policy, optimizer, work_dir, faults, board)
     return await consume_and_train(settings, log_, store, runner, point, faults, metrics or Metrics(), flush)
 
 

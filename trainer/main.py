@@ -13,8 +13,6 @@ import asyncio
 import logging
 import os
 
-import torch
-
 from connectors.event_log.factory import open_event_log
 from connectors.model_files import resolve_model
 from connectors.object_store.factory import open_object_store
@@ -27,8 +25,6 @@ logger = logging.getLogger(__name__)
 def train(settings: TrainSettings) -> int:
     """Entry point of `orl train`; returns the exit code (0 after max_steps or an idle exit)."""
     check_settings(settings)
-    if settings.threads > 0:
-        torch.set_num_threads(settings.threads)
     if settings.backend == "megatron":
         return _train_megatron(settings)
     model_dir = resolve_model(settings.model, settings.model_cache_dir)
@@ -54,6 +50,10 @@ def _train_megatron(settings: TrainSettings) -> int:
 
     # torchrun's variables are the launcher's contract, not settings: read once, here, at start-up.
     job = torchrun_job(os.environ, settings.tensor_parallel)
+    if settings.threads > 0:
+        import torch
+
+        torch.set_num_threads(settings.threads)
     from trainer.megatron_backend.loop import run_megatron_trainer  # imports megatron-core
 
     steps = run_megatron_trainer(settings, job)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from connectors.compute import PRECISIONS
 from connectors.settings import ConnectionSettings, setting
 from schemas.errors import ConfigError
 
@@ -107,7 +108,12 @@ class TrainSettings(ConnectionSettings):
         "Drop samples whose policy version is below current - K (negative: keep all).",
     )
     grad_clip: float = setting(1.0, "ORL_TRAIN_GRAD_CLIP", "Clip the global gradient norm to this (0: off).")
-    autocast: bool = setting(True, "ORL_TRAIN_AUTOCAST", "Run forwards under bf16 autocast (fp32 weights).")
+    precision: str = setting(
+        "auto",
+        "ORL_PRECISION",
+        "Numerics of the forwards: auto (bf16 autocast where the CPU or GPU runs bf16 natively, else fp32) | "
+        "bf16 | fp32; weights stay fp32.",
+    )
     old_logprobs: str = setting(
         "recompute",
         "ORL_TRAIN_OLD_LOGPROBS",
@@ -118,7 +124,12 @@ class TrainSettings(ConnectionSettings):
         "ORL_TRAIN_TEMPERATURE",
         "Temperature of the logprobs the gradient, ratio and KL use (empty: each sample's own; see trainer/batch_loss.py).",
     )
-    threads: int = setting(0, "ORL_THREADS", "torch threads (0: torch's default, all cores).")
+    threads: int = setting(
+        0,
+        "ORL_THREADS",
+        "torch threads while the trainer computes alone (0: every core this process may use); while other "
+        "torch processes of the same --data-dir compute, it uses its fair share.",
+    )
     max_steps: int = setting(
         0, "ORL_TRAIN_MAX_STEPS", "Stop after this many steps in this process (0: run forever)."
     )
@@ -183,6 +194,11 @@ def check_settings(settings: TrainSettings) -> None:
             f"--megatron-timeout-s must be > 0, not {settings.megatron_timeout_s}",
         ),
         (settings.batch_size < 1, f"--batch-size must be >= 1, not {settings.batch_size}"),
+        (
+            settings.precision not in PRECISIONS,
+            f"--precision must be one of {', '.join(PRECISIONS)}, not {settings.precision!r}",
+        ),
+        (settings.threads < 0, f"--threads must be >= 0, not {settings.threads}"),
         (
             settings.partial_batch_after_s < 0,
             f"--partial-batch-after-s must be >= 0, not {settings.partial_batch_after_s}",

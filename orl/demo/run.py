@@ -27,7 +27,7 @@ from orl.demo.report import write_report
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
 from orl.samples import read_samples
-from orl.up import Supervisor, UpSettings, component_env, stack_keys
+from orl.up import Supervisor, UpSettings, component_env, compute_budget, stack_keys
 from schemas.codec import decode
 from schemas.errors import OrlError
 from schemas.topics import topic_name
@@ -68,6 +68,14 @@ class DemoSettings(ConnectionSettings):
     )
     seed: int = setting(0, "ORL_DEMO_SEED", "Seed of the prompt order and the user's phrasing.")
     step_timeout_s: float = setting(1800.0, "ORL_DEMO_STEP_TIMEOUT_S", "Give up if one step takes longer.")
+    cores: int = setting(
+        0, "ORL_CORES", "CPU cores the demo's server and trainer share (0: every core this process may use)."
+    )
+    precision: str = setting(
+        "auto",
+        "ORL_PRECISION",
+        "Numerics of server and trainer: auto (bf16 only where native) | bf16 | fp32.",
+    )
     quick: bool = setting(
         False,
         "ORL_DEMO_QUICK",
@@ -100,6 +108,7 @@ def run_demo(settings: DemoSettings) -> int:
         f"{settings.batch_size} samples; report -> {out_dir}",
         flush=True,
     )
+    print(compute_budget(up_settings(settings, "combined", "demo"))[1], flush=True)
     started = time.perf_counter()
     results = asyncio.run(_run_all(settings, scenario, tag))
     files = write_report(
@@ -143,10 +152,9 @@ async def _run_all(settings: DemoSettings, scenario: Scenario, tag: str) -> dict
     return results
 
 
-async def _run_method(
-    settings: DemoSettings, scenario: Scenario, method: str, namespace: str, base: Evaluation | None
-) -> dict[int, Evaluation]:
-    up = UpSettings(
+def up_settings(settings: DemoSettings, method: str, namespace: str) -> UpSettings:
+    """The stack `orl up` would start for one method of the demo, in its own namespace and run."""
+    return UpSettings(
         data_dir=settings.data_dir,
         log_url=settings.log_url,
         store_url=settings.store_url,
@@ -161,7 +169,28 @@ async def _run_method(
         hint_judge="user_hint",
         run_id=namespace,
         batch_size=settings.batch_size,
+        cores=settings.cores,
+        precision=settings.precision,
     )
+
+
+@dataclass
+class DemoStack:
+    """One method's running stack: the supervised `orl serve` / `pipeline` / `train` and a client."""
+
+    up: UpSettings
+    supervisor: Supervisor
+    client: DemoClient
+    namespace: str
+
+    async def close(self) -> None:
+        await self.client.close()
+        self.supervisor.stop()
+
+
+async def start_stack(settings: DemoSettings, method: str, namespace: str) -> DemoStack:
+    """Start the stack `orl up` would start for `method` in `namespace` and wait until it serves."""
+    up = up_settings(settings, method, namespace)
     env = {
         **component_env(up),
         "ORL_TRAIN_LR": str(settings.lr),
@@ -180,37 +209,41 @@ async def _run_method(
         Sampling(max_tokens=settings.max_tokens),
         concurrency=settings.batch_size,  # one wave per round: its samples reach the trainer together
     )
+    stack = DemoStack(up, supervisor, client, namespace)
     supervisor.start_all()
     try:
         await client.wait_ready()
+    except BaseException:
+        await stack.close()
+        raise
+    return stack
+
+
+async def _run_method(
+    settings: DemoSettings, scenario: Scenario, method: str, namespace: str, base: Evaluation | None
+) -> dict[int, Evaluation]:
+    stack = await start_stack(settings, method, namespace)
+    client = stack.client
+    try:
         held_out = scenario.held_out_prompts[: settings.eval_prompts]
         evaluations = {0: base or await client.evaluate(scenario, held_out, settings.eval_samples)}
         _progress(method, 0, settings.steps, evaluations[0], None)
         prompts = _prompt_stream(scenario, settings.seed)
         for step in range(1, settings.steps + 1):
-            satisfied = await _train_one_step(
-                settings, scenario, client, supervisor, up, namespace, step, prompts
-            )
+            satisfied = await train_one_step(settings, scenario, stack, step, prompts)
             if step % settings.eval_every == 0 or step == settings.steps:
                 evaluations[step] = await client.evaluate(scenario, held_out, settings.eval_samples)
             _progress(method, step, settings.steps, evaluations.get(step), satisfied)
         return evaluations
     finally:
-        await client.close()
-        supervisor.stop()
+        await stack.close()
 
 
-async def _train_one_step(
-    settings: DemoSettings,
-    scenario: Scenario,
-    client: DemoClient,
-    supervisor: Supervisor,
-    up: UpSettings,
-    namespace: str,
-    step: int,
-    prompts: Iterator[str],
+async def train_one_step(
+    settings: DemoSettings, scenario: Scenario, stack: DemoStack, step: int, prompts: Iterator[str]
 ) -> str:
-    """One round of `batch_size` sessions, then wait until the trainer trained on all of its samples.
+    """One round of `batch_size` sessions, then wait until the trainer trained on all of its samples
+    and the server serves the resulting checkpoint.
 
     Every method gets the same traffic per step. Binary RL and Combined learn from every answer, so
     a round fills a batch; OPD learns only from corrected answers, so its rounds give fewer samples
@@ -219,11 +252,38 @@ async def _train_one_step(
     number of samples. A round without any trainable sample trains nothing.
     """
     deadline = time.monotonic() + settings.step_timeout_s
-    ready_before, decided_before = await _sample_counts(up, namespace)
+    round_ = await run_round(settings, scenario, stack, step, prompts)
+    return await wait_for_training(stack, round_, deadline)
+
+
+@dataclass(frozen=True)
+class Round:
+    step: int
+    sessions: int
+    satisfied: int
+    ready_before: int
+    decided_before: int
+
+
+async def run_round(
+    settings: DemoSettings, scenario: Scenario, stack: DemoStack, step: int, prompts: Iterator[str]
+) -> Round:
+    """The round's `batch_size` sessions with the simulated user (the first half of `train_one_step`)."""
+    ready_before, decided_before = await _sample_counts(stack.up, stack.namespace)
     batch = [next(prompts) for _ in range(settings.batch_size)]
-    satisfied = await client.sessions(scenario, batch, f"{namespace}-s{step}", settings.seed + step)
+    satisfied = await stack.client.sessions(
+        scenario, batch, f"{stack.namespace}-s{step}", settings.seed + step, seed_label=f"step{step}"
+    )
+    return Round(step, len(batch), satisfied, ready_before, decided_before)
+
+
+async def wait_for_training(stack: DemoStack, round_: Round, deadline: float) -> str:
+    """Wait for the round's decisions, have the trainer step on them and the server swap to the result."""
+    up, supervisor, client, namespace = stack.up, stack.supervisor, stack.client, stack.namespace
+    step, ready_before = round_.step, round_.ready_before
     # every session gets two decisions (its answer, and the one-token reply that closed it)
-    await _wait_for_decisions(up, namespace, decided_before + 2 * len(batch), deadline, supervisor)
+    expected = round_.decided_before + 2 * round_.sessions
+    await _wait_for_decisions(up, namespace, expected, deadline, supervisor)
     _check_deadline(deadline, step, "collecting samples")
     ready, _ = await _sample_counts(up, namespace)
     asked_s = 0.0
@@ -239,7 +299,7 @@ async def _train_one_step(
         _check_deadline(deadline, step, "waiting for the hot swap")
         await asyncio.sleep(0.5)
     return (
-        f"{satisfied}/{len(batch)} users satisfied, trained on {ready - ready_before} samples "
+        f"{round_.satisfied}/{round_.sessions} users satisfied, trained on {ready - ready_before} samples "
         f"(policy v{trained[1]}, KL to base {trained[2]:.3f})"
     )
 

@@ -58,6 +58,25 @@ class DemoClient:
         seed: int,
         max_tokens: int | None = None,
     ) -> str:
+        """The answer's text."""
+        completion = await self._complete(messages, headers, seed, max_tokens)
+        return str(completion["choices"][0]["message"]["content"] or "")
+
+    async def chat_usage(
+        self,
+        messages: list[dict[str, str]],
+        headers: dict[str, str],
+        *,
+        seed: int,
+        max_tokens: int | None = None,
+    ) -> int:
+        """The number of tokens the server generated for the answer (for benchmarks)."""
+        completion = await self._complete(messages, headers, seed, max_tokens)
+        return int(completion["usage"]["completion_tokens"])
+
+    async def _complete(
+        self, messages: list[dict[str, str]], headers: dict[str, str], seed: int, max_tokens: int | None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": "orl-policy",
             "messages": messages,
@@ -73,7 +92,8 @@ class DemoClient:
             raise OrlError(
                 f"the demo's chat request failed: HTTP {response.status_code} {response.text[:300]}"
             )
-        return str(response.json()["choices"][0]["message"]["content"] or "")
+        completion: dict[str, Any] = response.json()
+        return completion
 
     async def session(self, scenario: Scenario, prompt: str, session_id: str, seed: int) -> bool:
         """One training session; True if the user was satisfied with the answer."""
@@ -91,11 +111,16 @@ class DemoClient:
         )
         return reaction.satisfied
 
-    async def sessions(self, scenario: Scenario, prompts: list[str], prefix: str, seed: int) -> int:
-        """Run sessions concurrently; returns how many users were satisfied."""
+    async def sessions(
+        self, scenario: Scenario, prompts: list[str], prefix: str, seed: int, seed_label: str
+    ) -> int:
+        """Run sessions `<prefix>-<i>` concurrently; returns how many users were satisfied.
+
+        Each session's sampling seed comes from (`seed`, `seed_label`, i) only, so a run repeated
+        with the same seed sends the same seeds whatever its namespace is called."""
         satisfied = await asyncio.gather(
             *(
-                self.session(scenario, prompt, f"{prefix}-{i}", _seed(seed, prefix, i))
+                self.session(scenario, prompt, f"{prefix}-{i}", _seed(seed, seed_label, i))
                 for i, prompt in enumerate(prompts)
             )
         )

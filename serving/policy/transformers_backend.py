@@ -5,7 +5,10 @@ batch (up to `max_batch_size` rows), runs scoring jobs, and applies a pending ch
 the rows running on the old weights have drained; requests that arrive meanwhile wait (nothing is
 refused). Tokens reach each request's asyncio stream through `call_soon_threadsafe`.
 
-Weights: an fp32 master copy, run under bf16 autocast. The base weights stay loaded, frozen, for
+Weights: an fp32 master copy, run under bf16 autocast where the hardware runs bf16 natively and in
+fp32 elsewhere (`connectors.compute.choose_numerics`; the caller passes the dtype). Threads: the
+worker sets its torch threads before every step from the core board (`connectors.compute.CoreBoard`),
+so the server shares the cores fairly with a trainer computing on the same machine. The base weights stay loaded, frozen, for
 `score(use_base=True)`; a "full" checkpoint is a folder with `model.safetensors`, a "lora"
 checkpoint is a peft adapter folder merged into a copy of the base. Both are built off the hot path
 (in a thread) and swapped in at a batch boundary. Reads checkpoint folders; writes nothing.
@@ -18,7 +21,6 @@ import collections
 import concurrent.futures
 import copy
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any
 
 import torch
 
+from connectors.compute import CoreBoard, available_cores
 from schemas.errors import ConfigError
 from serving.policy.base import (
     CheckpointError,
@@ -55,9 +58,10 @@ class TransformersBackend(PolicyBackend):
         *,
         model_name: str | None = None,
         device: str = "cpu",
-        autocast_dtype: torch.dtype | None = torch.bfloat16,
+        autocast_dtype: torch.dtype | None = None,
         max_batch_size: int = 8,
         num_threads: int | None = None,
+        core_board: CoreBoard | None = None,
     ) -> None:
         if device != "cpu":
             raise ConfigError(
@@ -69,7 +73,7 @@ class TransformersBackend(PolicyBackend):
         self._name = model_name or self._model_dir.name
         self._autocast_dtype = autocast_dtype
         self._max_batch = max_batch_size
-        self._num_threads = num_threads or os.cpu_count() or 1
+        self._board = core_board or CoreBoard(None, num_threads or available_cores())
         self._cv = threading.Condition()
         self._pending: collections.deque[Row] = collections.deque()
         self._jobs: collections.deque[tuple[_Job, concurrent.futures.Future[Any]]] = collections.deque()
@@ -89,15 +93,16 @@ class TransformersBackend(PolicyBackend):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        torch.set_num_threads(self._num_threads)
+        torch.set_num_threads(self._board.cores)
         await asyncio.to_thread(self._load_base)
         self._thread = threading.Thread(target=self._worker, name="orl-policy-worker", daemon=True)
         self._thread.start()
         log.info(
-            "transformers backend serving %s from %s (%d threads)",
+            "transformers backend serving %s from %s (%s, %d threads alone, a fair share while others compute)",
             self._name,
             self._model_dir,
-            self._num_threads,
+            "bf16 autocast" if self._autocast_dtype is not None else "fp32",
+            self._board.cores,
         )
 
     async def close(self) -> None:
@@ -259,7 +264,9 @@ class TransformersBackend(PolicyBackend):
         batch = self._batch
         while True:
             with self._cv:
-                while not (self._closing or self._pending or self._jobs or batch.rows or self._swap):
+                if not self._has_work(batch):
+                    self._board.idle()
+                while not (self._closing or self._has_work(batch)):
                     self._cv.wait()
                 if self._closing:
                     break
@@ -268,9 +275,15 @@ class TransformersBackend(PolicyBackend):
                 if self._swap is not None and not batch.rows:
                     self._apply_swap()
                 admit = self._take_pending(self._max_batch - len(batch.rows))
+            self._board.busy()
+            self._board.fit_threads()
             self._run_jobs(jobs)
             self._advance(batch, admit)
+        self._board.idle()
         self._fail_everything(batch)
+
+    def _has_work(self, batch: ActiveBatch) -> bool:
+        return bool(self._pending or self._jobs or batch.rows or self._swap)
 
     def _take_pending(self, room: int) -> list[Row]:
         """Rows to admit now; none while a swap waits for the old rows to drain."""

@@ -192,7 +192,7 @@ def test_tiny_llama_tp2_dp2_matches_the_torch_backend(tiny_model_dir: Path, tmp_
     samples = tiny_samples(8)
     write_samples(tmp_path / "samples.jsonl", samples)
     settings = TrainSettings(
-        kind="full", lr=1e-3, beta_kl=0.05, old_logprobs="rollout", center_rewards=True, autocast=False
+        kind="full", lr=1e-3, beta_kl=0.05, old_logprobs="rollout", center_rewards=True, precision="fp32"
     )
     report = run_worker(
         4,
@@ -255,7 +255,7 @@ def smol_samples(base_model_dir: Path) -> list[TrainingSample]:
     return samples
 
 
-SMOL_SETTINGS = TrainSettings(kind="full", lr=1e-5, beta_kl=0.02, autocast=False, run_id="megatron-test")
+SMOL_SETTINGS = TrainSettings(kind="full", lr=1e-5, beta_kl=0.02, precision="fp32", run_id="megatron-test")
 
 
 @pytest.fixture(scope="module")

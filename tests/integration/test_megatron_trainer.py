@@ -209,7 +209,7 @@ def orl_flags(tmp_path: Path, model_dir: Path, run_id: str, max_steps: int) -> l
     return [
         "--data-dir", str(tmp_path), "--model", str(model_dir), "--namespace", NAMESPACE,
         "--run-id", run_id, "--kind", "full", "--lr", str(LR), "--batch-size", "2",
-        "--max-steps", str(max_steps), "--no-autocast", "--poll-timeout-s", "0.2", "--idle-exit-s", "20",
+        "--max-steps", str(max_steps), "--precision", "fp32", "--poll-timeout-s", "0.2", "--idle-exit-s", "20",
         "--threads", "1", "--train-temperature", "1.0",
     ]  # fmt: skip
 
@@ -281,7 +281,7 @@ def test_orl_train_megatron_two_steps_then_exact_resume(tiny_model_dir: Path, tm
     torch_settings = TrainSettings(
         data_dir=tmp_path, log_url=f"sqlite:///{db}", store_url=f"file://{tmp_path / 'objects'}",
         namespace=NAMESPACE, model=str(tiny_model_dir), run_id="torch-run", kind="full", lr=LR,
-        batch_size=2, max_steps=2, autocast=False, poll_timeout_s=0.2, idle_exit_s=20.0, train_temperature=1.0,
+        batch_size=2, max_steps=2, precision="fp32", poll_timeout_s=0.2, idle_exit_s=20.0, train_temperature=1.0,
     )  # fmt: skip
 
     async def torch_backend() -> int:

@@ -157,7 +157,11 @@ class MegatronStepRunner:
     def _step(self, batch: Batch) -> StepResult:
         self._send({"op": "step", "samples": [sample_to_json(s) for s in batch.samples]})
         step = train_step(
-            self.policy, self.optimizer, batch, loss_config(self.settings), self.settings.grad_clip
+            self.policy,
+            self.optimizer,
+            batch,
+            loss_config(self.settings, self.settings.megatron_device),
+            self.settings.grad_clip,
         )
         return StepResult(step.metrics)
 
@@ -231,7 +235,7 @@ def _follow(
     policy, optimizer = _load(
         settings, parallel, model_dir, _resumed_checkpoint(settings, job, message, work_dir)
     )
-    config = loss_config(settings)
+    config = loss_config(settings, settings.megatron_device)
     steps = 0
     while True:
         command = broadcast_json(None, parallel)
