@@ -6,12 +6,13 @@ Usage: python -m benchmarks.bench_loop [--batch-size 8] [--cores 0] [--precision
 Starts the stack `orl demo` starts (embedded log, rule judges, Combined, LoRA) with the compute
 budget `orl up` chooses, and measures in one run:
 
-1. the server's generated tokens/s with nothing else computing ("idle": waves of 8 concurrent
-   side turns of up to 48 tokens, never trained on);
+1. the server's generated tokens/s with nothing else computing ("idle": 8 client loops of side turns
+   of up to 32 tokens, never trained on, for 20 s);
 2. the wall time of one demo step: a round of `--batch-size` student sessions, their samples, a
    training step, the checkpoint and its hot swap (the server is idle while the trainer steps);
-3. a second demo step during which a client keeps the server generating: the server's tokens/s in
-   the waves that ran wholly inside the training step, and the trainer's tokens/s for that step;
+3. a second demo step during which the same clients keep the server generating: the server's
+   tokens/s while the trainer computes the step (its core-board mark exists), and the trainer's
+   tokens/s for that step;
 4. then, with the server and pipeline stopped, `orl train` alone on the same samples (a new run
    from the base model, the same batches): the trainer's tokens/s per step alone.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import platform
 import subprocess
@@ -50,9 +52,10 @@ from orl.up import component_env, compute_budget
 from schemas.codec import decode
 from schemas.topics import topic_name
 
-WAVE_CONCURRENCY = 8
-WAVE_MAX_TOKENS = 48
-WAVE_PROMPTS = [
+CLIENTS = 8  # concurrent client loops, each sending its next request as soon as one is answered
+MAX_TOKENS = 32  # short answers, so a window's edges cut few requests
+WARM_UP_S = 2.0  # requests finishing this soon after a window opens started before it
+PROMPTS = [
     "Tell me a long story about a lighthouse keeper and a storm.",
     "Describe the water cycle in detail, step by step.",
     "Explain how a steam engine works to a curious child.",
@@ -61,57 +64,61 @@ WAVE_PROMPTS = [
 
 
 @dataclass
-class Wave:
-    started_s: float
-    ended_s: float
-    tokens: int
-    trainer_busy_at_start: bool
-    trainer_busy_at_end: bool
+class Load:
+    """Clients keeping the server generating (side turns, never trained on); answers with their times."""
 
+    stack: DemoStack
+    answers: list[tuple[float, int]] = field(default_factory=list)  # (finished at, tokens)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-@dataclass
-class Waves:
-    waves: list[Wave] = field(default_factory=list)
-
-    def rate(self, during_training: bool) -> tuple[float, int]:
-        """(tokens/s, number of waves) over the waves wholly inside (or wholly outside) a training step."""
-        chosen = [
-            w
-            for w in self.waves
-            if w.trainer_busy_at_start == during_training and w.trainer_busy_at_end == during_training
-        ]
-        seconds = sum(w.ended_s - w.started_s for w in chosen)
-        return (sum(w.tokens for w in chosen) / seconds if seconds else float("nan")), len(chosen)
-
-
-def trainer_busy(stack: DemoStack) -> bool:
-    """The trainer's mark on the core board: it is computing a step right now."""
-    process = stack.supervisor.processes.get("train")
-    return process is not None and (stack.up.data_dir / "cores" / f"{process.pid}.busy").exists()
-
-
-async def one_wave(stack: DemoStack, index: int) -> Wave:
-    started, busy_start = time.perf_counter(), trainer_busy(stack)
-    headers = {"X-Turn-Type": "side"}
-    answers = await asyncio.gather(
-        *(
-            stack.client.chat_usage(
-                [{"role": "user", "content": WAVE_PROMPTS[(index + i) % len(WAVE_PROMPTS)]}],
-                headers,
-                seed=1000 * index + i,
-                max_tokens=WAVE_MAX_TOKENS,
+    async def _client(self, index: int) -> None:
+        request = 0
+        while not self._stop.is_set():
+            tokens = await self.stack.client.chat_usage(
+                [{"role": "user", "content": PROMPTS[(index + request) % len(PROMPTS)]}],
+                {"X-Turn-Type": "side"},
+                seed=1000 * index + request,
+                max_tokens=MAX_TOKENS,
             )
-            for i in range(WAVE_CONCURRENCY)
-        )
-    )
-    return Wave(started, time.perf_counter(), sum(answers), busy_start, trainer_busy(stack))
+            self.answers.append((time.perf_counter(), tokens))
+            request += 1
+
+    async def run_until(self, done: asyncio.Event) -> None:
+        clients = [asyncio.create_task(self._client(i)) for i in range(CLIENTS)]
+        await done.wait()
+        self._stop.set()
+        await asyncio.gather(*clients)
+
+    def rate(self, start_s: float, end_s: float) -> float:
+        """Generated tokens/s over the answers finished in [start + warm-up, end]."""
+        start_s += WARM_UP_S
+        tokens = sum(n for at, n in self.answers if start_s <= at <= end_s)
+        return tokens / (end_s - start_s) if end_s > start_s else float("nan")
 
 
-async def generate_until(stack: DemoStack, stop: asyncio.Event, waves: Waves, first_index: int) -> None:
-    index = first_index
-    while not stop.is_set():
-        waves.waves.append(await one_wave(stack, index))
-        index += 1
+async def trainer_busy_window(stack: DemoStack, done: asyncio.Event) -> tuple[float, float]:
+    """The first interval during which the trainer's core-board mark existed (it computed a step)."""
+    process = stack.supervisor.processes["train"]
+    mark = stack.up.data_dir / "cores" / f"{process.pid}.busy"
+    started = ended = float("nan")
+    while not done.is_set():
+        now, busy = time.perf_counter(), mark.exists()
+        if busy and math.isnan(started):
+            started = now
+        if not busy and not math.isnan(started) and math.isnan(ended):
+            ended = now
+        await asyncio.sleep(0.05)
+    return started, ended
+
+
+async def idle_rate(stack: DemoStack, seconds: float) -> float:
+    load, done = Load(stack), asyncio.Event()
+    started = time.perf_counter()
+    task = asyncio.create_task(load.run_until(done))
+    await asyncio.sleep(seconds)
+    done.set()
+    await task
+    return load.rate(started, time.perf_counter())
 
 
 async def train_steps(stack: DemoStack, run_id: str) -> list[dict]:
@@ -126,6 +133,7 @@ def trainer_alone(stack: DemoStack, run_id: str, steps: int, batch_size: int) ->
     env = {
         **component_env(stack.up),
         "ORL_RUN_ID": run_id,
+        "ORL_THREADS": str(available_cores()),  # alone means with the whole machine, whatever --cores
         "ORL_TRAIN_MAX_STEPS": str(steps),
         "ORL_TRAIN_BATCH_SIZE": str(batch_size),
         "ORL_TRAIN_PARTIAL_BATCH_AFTER_S": "2",
@@ -175,33 +183,34 @@ async def run(args: argparse.Namespace) -> None:
     print(compute_budget(up_settings(settings, "combined", namespace))[1], flush=True)
     stack = await start_stack(settings, "combined", namespace)
     prompts = _prompt_stream(scenario, settings.seed)
-    waves = Waves()
     try:
-        for index in range(2):  # the server alone (nothing trains yet)
-            waves.waves.append(await one_wave(stack, index))
+        idle = await idle_rate(stack, 20.0)  # the server alone: nothing trains yet
         started = time.perf_counter()
         print("  step 1:", await train_one_step(settings, scenario, stack, 1, prompts), flush=True)
         step_wall_s = time.perf_counter() - started
         round_ = await run_round(settings, scenario, stack, 2, prompts)
-        stop = asyncio.Event()
-        background = asyncio.create_task(generate_until(stack, stop, waves, 100))
+        load, done = Load(stack), asyncio.Event()
+        clients = asyncio.create_task(load.run_until(done))
+        window = asyncio.create_task(trainer_busy_window(stack, done))
         try:
             print("  step 2:", await wait_for_training(stack, round_, time.monotonic() + 1800), flush=True)
         finally:
-            stop.set()
-            await background
+            done.set()
+            await clients
+        busy_start, busy_end = await window
+        during = load.rate(busy_start, busy_end)
         in_stack = await train_steps(stack, namespace)
     finally:
         await stack.close()
     alone_run = f"{namespace}-alone"
     trainer_alone(stack, alone_run, len(in_stack), args.batch_size)
     alone = await train_steps(stack, alone_run)
-    report(machine_line(), waves, step_wall_s, in_stack, alone)
+    report(machine_line(), idle, during, step_wall_s, in_stack, alone)
 
 
-def report(machine: str, waves: Waves, step_wall_s: float, in_stack: list[dict], alone: list[dict]) -> None:
-    idle_rate, idle_n = waves.rate(during_training=False)
-    busy_rate, busy_n = waves.rate(during_training=True)
+def report(
+    machine: str, idle: float, during: float, step_wall_s: float, in_stack: list[dict], alone: list[dict]
+) -> None:
     alone_rate = sum(float(s["tokens"]) for s in alone) / sum(float(s["duration_s"]) for s in alone)
     first, second = (float(s["tokens_per_s"]) for s in in_stack[:2])
     numerics = choose_numerics("auto")
@@ -216,8 +225,8 @@ def report(machine: str, waves: Waves, step_wall_s: float, in_stack: list[dict],
         f"| {second / alone_rate:.2f} | >= 0.7 |"
     )
     print(
-        f"| server generated tokens/s while a step trains ({busy_n} waves) vs idle ({idle_n} waves) "
-        f"| {busy_rate:.1f} | {idle_rate:.1f} | {busy_rate / idle_rate:.2f} | >= 0.5 |"
+        f"| server generated tokens/s while step 2 trains vs idle ({CLIENTS} clients) "
+        f"| {during:.1f} | {idle:.1f} | {during / idle:.2f} | >= 0.5 |"
     )
     print(
         f"| wall time of one demo step (round of sessions -> trained -> swapped) | {step_wall_s:.1f} s | | | |"

@@ -173,6 +173,7 @@ class CoreBoard:
         self._folder = folder
         self._mark = folder / f"{os.getpid()}.busy" if folder is not None else None
         self._busy = False
+        self.thread_changes = 0  # how often fit_threads changed torch's threads (logged per step)
         self._others = 0
         self._read_at = float("-inf")
         if folder is not None:
@@ -203,6 +204,7 @@ class CoreBoard:
         wanted = self.threads()
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
+            self.thread_changes += 1
         return wanted
 
     def _busy_others(self) -> int:

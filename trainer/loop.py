@@ -45,6 +45,7 @@ from schemas.errors import ConfigError, OrlError
 from schemas.topics import topic_name
 from trainer.batch_loss import LossConfig, batch_loss
 from trainer.batching import Batch, SampleBatcher
+from trainer.core_sharing import fit_threads_every_layer
 from trainer.faults import FaultPlan
 from trainer.flush_request import FlushRequest
 from trainer.policy_model import LoraSettings, PolicyKind, PolicyModel, load_policy
@@ -321,12 +322,17 @@ class TorchStepRunner:
 
     async def train(self, batch: Batch) -> StepResult:
         self.board.busy()
+        changes = self.board.thread_changes
         try:
             return await asyncio.to_thread(
                 train_step, self.policy, self.optimizer, batch, self.settings, self.board
             )
         finally:
             self.board.idle()
+            log.info(
+                "core board: threads re-fitted %d times during the step",
+                self.board.thread_changes - changes,
+            )
 
     async def publish(self, version: int, batch: Batch, step: StepResult) -> Manifest:
         return await asyncio.to_thread(
@@ -365,6 +371,7 @@ async def run_trainer(
     )
     faults = FaultPlan(settings.fault_after, settings.fault_version)
     board = CoreBoard(settings.data_dir / "cores", settings.threads or available_cores())
+    fit_threads_every_layer(policy.module, board)
     log.info(
         "trainer computes in %s with %d threads alone, a fair share while other torch processes of %s compute",
         resolved_numerics(settings.precision).precision,

@@ -47,6 +47,7 @@ from serving.policy.detokenizer import IncrementalDecoder
 log = logging.getLogger(__name__)
 
 _Job = Callable[[], Any]
+IDLE_AFTER_S = 0.5  # no work for this long: the worker marks itself idle on the core board
 
 
 class TransformersBackend(PolicyBackend):
@@ -264,7 +265,11 @@ class TransformersBackend(PolicyBackend):
         batch = self._batch
         while True:
             with self._cv:
-                if not self._has_work(batch):
+                # Idle on the board only after a pause longer than the gaps between a client's
+                # requests, so a trainer does not grab every core between two decode waves.
+                if not self._has_work(batch) and not self._cv.wait_for(
+                    lambda: self._closing or self._has_work(batch), IDLE_AFTER_S
+                ):
                     self._board.idle()
                 while not (self._closing or self._has_work(batch)):
                     self._cv.wait()

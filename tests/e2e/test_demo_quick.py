@@ -1,7 +1,9 @@
 """`orl demo --quick` end to end: the README's main command, on the real model, as a user runs it.
 
-Checks that it completed, that the server activated at least one new checkpoint, and that the
-table and the PNG were written. The size of the learning effect is the benchmark's business.
+Checks that it completed, that the server activated the new checkpoints, that the table and the
+PNG were written, and that it learned: with its fixed seed, the held-out score after two steps is
+at least 0.3 above the base model's (issue 17; three runs on the 2-core AVX2 VM all gave
+0.12 -> 0.38 -> 0.62). The time it takes is the loop benchmark's business, not this test's.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     done = subprocess.run(
         [sys.executable, "-m", "orl.cli", "demo", "--quick", "--data-dir", str(tmp_path / "data"),
          "--out-dir", str(out), "--port", str(free_port())],
-        env=env, capture_output=True, text=True, timeout=900,
+        env=env, capture_output=True, text=True, timeout=540,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "| Combined |" in done.stdout
@@ -40,4 +42,6 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     activations = asyncio.run(read_events(log_url, f"{namespace}.policy_activations"))
     versions = [e["version"] for e in activations if e["envelope"]["event_type"] == "PolicyActivated"]
     assert versions and max(versions) >= 2, versions
-    assert set(results["methods"]["combined"]) == {"0", "1", "2"}
+    scores = {step: row["score"] for step, row in results["methods"]["combined"].items()}
+    assert set(scores) == {"0", "1", "2"}
+    assert scores["2"] >= scores["0"] + 0.3, scores

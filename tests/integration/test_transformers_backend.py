@@ -79,7 +79,9 @@ async def test_server_and_trainer_logprobs_agree(base_model_dir: Path, reference
     b = TransformersBackend(base_model_dir, autocast_dtype=numerics.autocast_dtype)
     await b.start()
     try:
-        gen = await b.generate(prompt(b, QUESTIONS[2]), SamplingParams(temperature=0.7, max_tokens=16, seed=7))
+        gen = await b.generate(
+            prompt(b, QUESTIONS[2]), SamplingParams(temperature=0.7, max_tokens=16, seed=7)
+        )
         scored = await b.score(gen.prompt_token_ids, gen.token_ids, temperature=0.7)
     finally:
         await b.close()

@@ -22,7 +22,7 @@ from connectors.compute import (
 )
 from schemas.errors import ConfigError
 
-AVX2_EPYC = frozenset("fpu sse sse2 avx f16c fma avx2 bmi2 sha_ni".split())
+AVX2_EPYC = frozenset(["fpu", "sse", "sse2", "avx", "f16c", "fma", "avx2", "bmi2", "sha_ni"])
 SAPPHIRE_RAPIDS = AVX2_EPYC | {"avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"}
 
 
