@@ -34,6 +34,7 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "| Combined |" in done.stdout
+    assert "compute budget: " in done.stdout and "numerics " in done.stdout
     assert (out / "results.md").read_text().startswith("Scenario: student")
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "results.json").read_text())

@@ -1,0 +1,42 @@
+"""`orl up` decides the compute budget of the processes it starts, and says what it chose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from connectors.compute import available_cores
+from orl.up import UpSettings, component_env, compute_budget
+from schemas.errors import ConfigError
+
+
+def test_every_torch_process_gets_the_budget_and_passive_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    settings = UpSettings(data_dir=tmp_path, cores=3, precision="fp32")
+    cores, line = compute_budget(settings)
+    assert cores == 3
+    assert line.startswith("compute budget: 3 cores (set by --cores;")
+    assert "serve and train use 3 torch threads each while computing alone, 1 each while both compute" in line
+    assert "numerics fp32 (set by --precision)" in line
+    env = component_env(settings)
+    assert env["ORL_THREADS"] == "3" and env["ORL_PRECISION"] == "fp32"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a user's own choice is kept
+    assert component_env(settings)["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_the_default_budget_is_every_available_core(tmp_path: Path) -> None:
+    cores, line = compute_budget(UpSettings(data_dir=tmp_path))
+    assert cores == available_cores()
+    assert f"{cores} cores (all this process may use; {cores} available)" in line
+    assert "numerics " in line and "core board" in line
+
+
+def test_bad_budgets_name_their_flag(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--cores must be >= 0"):
+        compute_budget(UpSettings(data_dir=tmp_path, cores=-1))
+    with pytest.raises(ConfigError, match="--precision must be one of auto, bf16, fp32"):
+        compute_budget(UpSettings(data_dir=tmp_path, precision="int8"))
