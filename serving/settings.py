@@ -26,7 +26,13 @@ class ServeSettings(ConnectionSettings):
     default_max_tokens: int = setting(256, "ORL_DEFAULT_MAX_TOKENS", "max_tokens when a request gives none.")
     max_tokens_limit: int = setting(4096, "ORL_MAX_TOKENS_LIMIT", "Largest max_tokens a request may ask for.")
     max_body_bytes: int = setting(4_000_000, "ORL_MAX_BODY_BYTES", "Largest request body accepted (bytes).")
-    max_batch_size: int = setting(8, "ORL_MAX_BATCH_SIZE", "Concurrent requests batched together.")
+    max_batch_size: int = setting(
+        16,
+        "ORL_MAX_BATCH_SIZE",
+        "Concurrent requests decoded together (transformers backend). SmolLM2-135M fp32 on 2 AVX2 cores: a "
+        "decode step of 1 / 8 / 16 rows took 60 / 98 / 117 ms (decoding is memory-bound: every step reads "
+        "the weights once, however many rows).",
+    )
     threads: int = setting(
         0,
         "ORL_THREADS",

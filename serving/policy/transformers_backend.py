@@ -60,7 +60,7 @@ class TransformersBackend(PolicyBackend):
         model_name: str | None = None,
         device: str = "cpu",
         autocast_dtype: torch.dtype | None = None,
-        max_batch_size: int = 8,
+        max_batch_size: int = 16,
         num_threads: int | None = None,
         core_board: CoreBoard | None = None,
     ) -> None:
