@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from connectors.compute import available_cores, choose_numerics, cpu_flags
+from connectors.compute import available_cores, choose_numerics, describe_machine
 from connectors.event_log.factory import open_event_log
 from connectors.event_log.reading import read_to_end
 from orl.demo.run import (
@@ -153,18 +152,8 @@ def trainer_alone(stack: DemoStack, run_id: str, steps: int, batch_size: int) ->
 
 
 def machine_line() -> str:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor() or "unknown CPU",
-    )
-    flags = cpu_flags() or frozenset()
-    shown = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "bf16"})
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return f"{model}; flags {' '.join(shown) or 'none of avx2/avx512/bf16'}; {available_cores()} cores; load {load}"
+    return f"{describe_machine()}; load {load}"
 
 
 async def run(args: argparse.Namespace) -> None:

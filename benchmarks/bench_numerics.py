@@ -14,16 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
 import torch
 
 from connectors.compute import (
-    NATIVE_BF16_CPU_FLAGS,
     available_cores,
     bf16_speedup,
     choose_numerics,
-    cpu_flags,
+    describe_machine,
 )
 
 
@@ -59,14 +57,6 @@ def step_seconds(model: torch.nn.Module, ids: torch.Tensor, bf16: bool, repeats:
     return min(times)
 
 
-def cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown CPU"
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1)
@@ -76,10 +66,8 @@ def main() -> None:
     args = parser.parse_args()
     threads = args.threads or available_cores()
     torch.set_num_threads(threads)
-    flags = cpu_flags() or frozenset()
-    print(f"CPU: {cpu_model()}; bf16 flags: {sorted(flags & NATIVE_BF16_CPU_FLAGS) or 'none'}; "
-          f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}); {threads} threads; "
-          f"load {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(f"machine: {describe_machine()}; torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}); "
+          f"{threads} threads; load {os.getloadavg()[0]:.2f}")  # fmt: skip
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
         numerics = choose_numerics("auto", device)

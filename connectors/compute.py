@@ -79,6 +79,24 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
     return None
 
 
+def cpu_model_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name ("AMD EPYC", "Intel(R) Xeon(R) Processor"), or "unknown CPU"."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return "unknown CPU"
+    return next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU"
+    )
+
+
+def describe_machine() -> str:
+    """CPU model, the flags that decide numerics, and the cores: what every benchmark figure names."""
+    flags = cpu_flags() or frozenset()
+    shown = sorted(flags & ({"avx2", "avx512f"} | NATIVE_BF16_CPU_FLAGS))
+    return f"{cpu_model_name()}; flags {' '.join(shown) or 'none of avx2/avx512f/bf16'}; {available_cores()} cores"
+
+
 def choose_numerics(requested: str, device: str = "cpu", flags: frozenset[str] | None = None) -> Numerics:
     """bf16 or fp32 for `device` ("cpu" or "cuda"): the requested one, or under "auto" the machine's.
 

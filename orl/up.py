@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from connectors.compute import available_cores, check_precision, choose_numerics
+from connectors.compute import available_cores, check_precision, choose_numerics, cpu_model_name
 from connectors.settings import ConnectionSettings, setting
 from schemas.errors import ConfigError
 
@@ -70,7 +70,7 @@ def compute_budget(settings: UpSettings) -> tuple[int, str]:
     torch_processes = sum(name in ("serve", "train") for name in settings.components)
     line = (
         f"compute budget: {cores} cores ({'set by --cores' if settings.cores else 'all this process may use'}; "
-        f"{detected} available); serve and train use {cores} torch threads each while computing alone, "
+        f"{detected} available, {cpu_model_name()}); serve and train use {cores} torch threads each while computing alone, "
         f"{max(1, cores // max(1, torch_processes))} each while both compute (core board {settings.data_dir / 'cores'}); "
         f"OpenMP waits {os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')}; numerics {numerics.precision} ({numerics.reason})"
     )

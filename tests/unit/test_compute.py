@@ -18,6 +18,8 @@ from connectors.compute import (
     available_cores,
     choose_numerics,
     cpu_flags,
+    cpu_model_name,
+    describe_machine,
     fair_share,
 )
 from schemas.errors import ConfigError
@@ -32,6 +34,8 @@ def test_cpu_flags_are_read_from_x86_and_arm_cpuinfo(tmp_path: Path) -> None:
     arm = tmp_path / "arm"
     arm.write_text("processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\nCPU implementer\t: 0x41\n")
     assert cpu_flags(x86) == {"fpu", "avx2", "fma"}
+    assert cpu_model_name(x86) == "AMD EPYC"
+    assert cpu_model_name(arm) == "unknown CPU" and cpu_model_name(tmp_path / "missing") == "unknown CPU"
     assert cpu_flags(arm) == {"fp", "asimd", "bf16", "i8mm"}
     assert cpu_flags(tmp_path / "missing") is None
 
@@ -63,6 +67,7 @@ def test_an_explicit_precision_overrides_the_hardware() -> None:
 
 
 def test_this_machine_gets_a_decision_with_a_reason() -> None:
+    assert f"{available_cores()} cores" in describe_machine()
     numerics = choose_numerics("auto")
     assert numerics.precision in ("bf16", "fp32")
     flags = cpu_flags()
