@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.compute import available_cores
+from connectors.compute import available_cores, cpu_model_name
 from orl.up import UpSettings, component_env, compute_budget
 from schemas.errors import ConfigError
 
@@ -31,7 +31,7 @@ def test_every_torch_process_gets_the_budget_and_passive_waits(
 def test_the_default_budget_is_every_available_core(tmp_path: Path) -> None:
     cores, line = compute_budget(UpSettings(data_dir=tmp_path))
     assert cores == available_cores()
-    assert f"{cores} cores (all this process may use; {cores} available)" in line
+    assert f"{cores} cores (all this process may use; {cores} available, {cpu_model_name()})" in line
     assert "numerics " in line and "core board" in line
 
 
