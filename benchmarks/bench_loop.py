@@ -39,7 +39,7 @@ from connectors.event_log.reading import read_to_end
 from orl.demo.run import (
     DemoSettings,
     DemoStack,
-    _prompt_stream,
+    prompt_stream,
     run_round,
     start_stack,
     train_one_step,
@@ -169,9 +169,9 @@ async def run(args: argparse.Namespace) -> None:
     )
     namespace = f"bench-loop-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"machine: {machine_line()}", flush=True)
-    print(compute_budget(up_settings(settings, "combined", namespace))[1], flush=True)
+    print(compute_budget(up_settings(settings, "combined", namespace)), flush=True)
     stack = await start_stack(settings, "combined", namespace)
-    prompts = _prompt_stream(scenario, settings.seed)
+    prompts = prompt_stream(scenario, settings.seed)
     try:
         idle = await idle_rate(stack, 20.0)  # the server alone: nothing trains yet
         started = time.perf_counter()

@@ -66,28 +66,29 @@ def check_precision(precision: str, flag: str = "--precision") -> None:
         raise ConfigError(f"{flag} must be one of {', '.join(PRECISIONS)}, not {precision!r}")
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
-    """The CPU's feature flags (x86 'flags', Arm 'Features'), or None when they cannot be read."""
+def _cpuinfo_fields(cpuinfo: Path) -> dict[str, str] | None:
+    """The first processor's `key: value` lines of /proc/cpuinfo, or None when it cannot be read."""
     try:
-        text = cpuinfo.read_text()
+        lines = cpuinfo.read_text().splitlines()
     except OSError:
         return None
-    for line in text.splitlines():
+    fields: dict[str, str] = {}
+    for line in lines:
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return None
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
+    """The CPU's feature flags (x86 'flags', Arm 'Features'), or None when they cannot be read."""
+    fields = _cpuinfo_fields(cpuinfo) or {}
+    text = fields.get("flags", fields.get("Features"))
+    return None if text is None else frozenset(text.split())
 
 
 def cpu_model_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name ("AMD EPYC", "Intel(R) Xeon(R) Processor"), or "unknown CPU"."""
-    try:
-        lines = cpuinfo.read_text().splitlines()
-    except OSError:
-        return "unknown CPU"
-    return next(
-        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU"
-    )
+    return (_cpuinfo_fields(cpuinfo) or {}).get("model name") or "unknown CPU"
 
 
 def describe_machine() -> str:

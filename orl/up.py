@@ -59,22 +59,24 @@ class UpSettings(ConnectionSettings):
     )
 
 
-def compute_budget(settings: UpSettings) -> tuple[int, str]:
-    """(cores every torch process may use, a line saying what was chosen and why) for `orl up` / `orl demo`."""
+def stack_cores(settings: UpSettings) -> int:
+    """The cores every torch process of the stack may use: `--cores`, else all this process may use."""
     if settings.cores < 0:
         raise ConfigError(f"--cores must be >= 0, not {settings.cores}")
-    check_precision(settings.precision)
-    detected = available_cores()
-    cores = settings.cores or detected
+    return settings.cores or available_cores()
+
+
+def compute_budget(settings: UpSettings) -> str:
+    """The line `orl up` / `orl demo` log at start: the cores, the threads and the numerics, and why."""
+    cores = stack_cores(settings)
     numerics = choose_numerics(settings.precision, "cpu")
     torch_processes = sum(name in ("serve", "train") for name in settings.components)
-    line = (
+    return (
         f"compute budget: {cores} cores ({'set by --cores' if settings.cores else 'all this process may use'}; "
-        f"{detected} available, {cpu_model_name()}); serve and train use {cores} torch threads each while computing alone, "
+        f"{available_cores()} available, {cpu_model_name()}); serve and train use {cores} torch threads each while computing alone, "
         f"{max(1, cores // max(1, torch_processes))} each while both compute (core board {settings.data_dir / 'cores'}); "
         f"OpenMP waits {os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')}; numerics {numerics.precision} ({numerics.reason})"
     )
-    return cores, line
 
 
 def prepare_model_once(settings: ConnectionSettings) -> Path:
@@ -103,7 +105,7 @@ def stack_keys(settings: UpSettings) -> tuple[str, str]:
 def component_env(settings: UpSettings) -> dict[str, str]:
     """The environment every component gets: the shared connection settings and the keys."""
     api_key, admin_key = stack_keys(settings)
-    cores, _ = compute_budget(settings)
+    check_precision(settings.precision)
     return {
         **os.environ,
         "ORL_DATA_DIR": str(settings.data_dir.resolve()),
@@ -124,7 +126,7 @@ def component_env(settings: UpSettings) -> dict[str, str]:
         "ORL_HINT_JUDGE": settings.hint_judge,
         "ORL_RUN_ID": settings.run_id,
         "ORL_TRAIN_BATCH_SIZE": str(settings.batch_size),
-        "ORL_THREADS": str(cores),
+        "ORL_THREADS": str(stack_cores(settings)),
         "ORL_PRECISION": settings.precision,
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
@@ -187,7 +189,7 @@ class Supervisor:
 
 def up(settings: UpSettings) -> int:
     """Entry point of `orl up`."""
-    logger.info(compute_budget(settings)[1])
+    logger.info(compute_budget(settings))
     prepare_model_once(settings)
     supervisor = Supervisor(component_env(settings), settings.data_dir / "logs", settings.components)
     stopping = False

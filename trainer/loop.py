@@ -89,25 +89,14 @@ def loss_config(settings: TrainSettings, device: str = "cpu") -> LossConfig:
 
 
 def train_step(
-    policy: PolicyModel,
-    optimizer: torch.optim.Optimizer,
-    batch: Batch,
-    settings: TrainSettings,
-    board: CoreBoard | None = None,
+    policy: PolicyModel, optimizer: torch.optim.Optimizer, batch: Batch, settings: TrainSettings
 ) -> StepResult:
-    """Loss, backward, clip, AdamW step on one batch (synchronous: the loop runs it in a thread).
-
-    With a core board, the step's torch threads are re-fitted before the forwards and before the
-    backward, in this thread (a server that starts or stops computing changes the fair share)."""
+    """Loss, backward, clip, AdamW step on one batch (synchronous: the loop runs it in a thread)."""
     started = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    if board is not None:
-        board.fit_threads()
     result = batch_loss(policy, batch.samples, loss_config(settings))
     if not math.isfinite(result.stats.loss):
         raise TrainingError(f"non-finite loss {result.stats.loss} on samples {batch.sample_ids}")
-    if board is not None:
-        board.fit_threads()
     result.loss.backward()
     max_norm = settings.grad_clip if settings.grad_clip > 0 else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), max_norm))
@@ -310,7 +299,8 @@ class TorchStepRunner:
     """The torch backend: one process; each step and publish in a thread (the consumer keeps heartbeating).
 
     The process is marked busy on the core board while a step computes, so a server on the same
-    machine gives it a fair share of the cores."""
+    machine gives it a fair share of the cores; hooks on the policy's layers (`trainer.core_sharing`)
+    re-fit the step's threads as the server starts or stops computing."""
 
     settings: TrainSettings
     store: ObjectStore
@@ -324,9 +314,7 @@ class TorchStepRunner:
         self.board.busy()
         changes = self.board.thread_changes
         try:
-            return await asyncio.to_thread(
-                train_step, self.policy, self.optimizer, batch, self.settings, self.board
-            )
+            return await asyncio.to_thread(train_step, self.policy, self.optimizer, batch, self.settings)
         finally:
             self.board.idle()
             log.info(

@@ -116,7 +116,7 @@ def run_demo(settings: DemoSettings) -> int:
         flush=True,
     )
     started = time.perf_counter()  # "took" counts the model's conversion on a fresh machine
-    print(compute_budget(up_settings(settings, "combined", "demo"))[1], flush=True)
+    print(compute_budget(up_settings(settings, "combined", "demo")), flush=True)
     print(f"base model: {prepare_model_once(settings)}", flush=True)
     results = asyncio.run(_run_all(settings, scenario, tag))
     files = write_report(
@@ -236,7 +236,7 @@ async def _run_method(
         held_out = scenario.held_out_prompts[: settings.eval_prompts]
         evaluations = {0: base or await client.evaluate(scenario, held_out, settings.eval_samples)}
         _progress(method, 0, settings.steps, evaluations[0], None)
-        prompts = _prompt_stream(scenario, settings.seed)
+        prompts = prompt_stream(scenario, settings.seed)
         for step in range(1, settings.steps + 1):
             satisfied = await train_one_step(settings, scenario, stack, step, prompts)
             if step % settings.eval_every == 0 or step == settings.steps:
@@ -343,7 +343,7 @@ def _check_deadline(deadline: float, step: int, doing: str) -> None:
         raise OrlError(f"demo step {step} timed out while {doing}; see the logs under <data-dir>/logs/")
 
 
-def _prompt_stream(scenario: Scenario, seed: int) -> Iterator[str]:
+def prompt_stream(scenario: Scenario, seed: int) -> Iterator[str]:
     """The training prompts in a seeded order, repeated: every method sees the same sequence."""
     rng = random.Random(seed)
     for _ in itertools.count():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from connectors.compute import available_cores, cpu_model_name
-from orl.up import UpSettings, component_env, compute_budget
+from orl.up import UpSettings, component_env, compute_budget, stack_cores
 from schemas.errors import ConfigError
 
 
@@ -16,8 +16,8 @@ def test_every_torch_process_gets_the_budget_and_passive_waits(
 ) -> None:
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     settings = UpSettings(data_dir=tmp_path, cores=3, precision="fp32")
-    cores, line = compute_budget(settings)
-    assert cores == 3
+    line = compute_budget(settings)
+    assert stack_cores(settings) == 3
     assert line.startswith("compute budget: 3 cores (set by --cores;")
     assert "serve and train use 3 torch threads each while computing alone, 1 each while both compute" in line
     assert "numerics fp32 (set by --precision)" in line
@@ -29,7 +29,8 @@ def test_every_torch_process_gets_the_budget_and_passive_waits(
 
 
 def test_the_default_budget_is_every_available_core(tmp_path: Path) -> None:
-    cores, line = compute_budget(UpSettings(data_dir=tmp_path))
+    line = compute_budget(UpSettings(data_dir=tmp_path))
+    cores = stack_cores(UpSettings(data_dir=tmp_path))
     assert cores == available_cores()
     assert f"{cores} cores (all this process may use; {cores} available, {cpu_model_name()})" in line
     assert "numerics " in line and "core board" in line
