@@ -29,7 +29,7 @@ Measurements per runtime:
   broker and the worker).
 
 `embedded`: SQLite event log; the pipeline runs as `orl pipeline --role all` runs it
-(pipeline.main.run_pipeline, in this process): on 2+ cores turn_linker and judge here and
+(pipeline.runtime.main.run_pipeline, in this process): on 2+ cores turn_linker and judge here and
 vote_tally and sample_builder in a stage process; `--one-process` names every stage, so all run
 here. `faust` and `llm` (votes/s of the LLM judge on CPU): see benchmarks/bench_pipeline_runtimes.py.
 Writes only under a temporary directory.
@@ -51,9 +51,9 @@ from typing import Any
 
 from connectors.event_log.base import EventLog, OutgoingRecord
 from connectors.event_log.catalog import create_catalog_topics
-from pipeline.main import build_runners, build_stages, run_pipeline
-from pipeline.namespace_io import envelope_keys
-from pipeline.settings import PipelineSettings
+from pipeline.history.namespace_io import envelope_keys
+from pipeline.runtime.main import build_runners, build_stages, run_pipeline
+from pipeline.runtime.settings import PipelineSettings
 from schemas.codec import decode, encode
 from schemas.topics import topic_for_event, topic_name
 from tests.unit.pipeline_streams import Conversation

@@ -29,8 +29,8 @@ from benchmarks.bench_pipeline import (
 )
 from connectors.event_log.base import EventLog
 from connectors.event_log.catalog import create_catalog_topics
-from pipeline.main import build_stages, pipeline_config
-from pipeline.stream_runner import StreamRunner
+from pipeline.runtime.main import build_stages, pipeline_config
+from pipeline.runtime.stream_runner import StreamRunner
 from schemas.codec import decode
 from schemas.topics import topic_name
 
@@ -116,7 +116,7 @@ def start_faust_worker(args: argparse.Namespace, bootstrap: str, data_dir: Path)
 
 def faust_worker(args: argparse.Namespace) -> None:
     """The --faust-worker mode: turn_linker, vote_tally and sample_builder as one faust worker."""
-    from pipeline.faust_runtime import run_worker
+    from pipeline.runtime.faust_runtime import run_worker
 
     settings = bench_settings(args, f"kafka://{args.faust_worker}", args.work_dir)
     processors = [s for s in build_stages(settings) if s.name != "judge"]

@@ -30,13 +30,13 @@ from typing import Any
 
 from connectors.event_log.base import EventLog
 from connectors.event_log.factory import open_event_log
-from pipeline.audit import audit_id
-from pipeline.audit_index import AuditIndex
-from pipeline.config import PipelineConfig, SampleConfig, TallyConfig
-from pipeline.namespace_io import NamespaceWriter, read_events
-from pipeline.pure_stages import PURE_PROCESSORS
-from pipeline.replay import REUSE_TOPICS, ReplayPlan, log_source, replay, run_stages
-from pipeline.replay_workers import workers_for
+from pipeline.history.audit import audit_id
+from pipeline.history.audit_index import AuditIndex
+from pipeline.history.namespace_io import NamespaceWriter, read_events
+from pipeline.history.replay import REUSE_TOPICS, ReplayPlan, log_source, replay, run_stages
+from pipeline.history.replay_workers import workers_for
+from pipeline.processors.config import PipelineConfig, SampleConfig, TallyConfig
+from pipeline.processors.registry import PURE_PROCESSORS
 from schemas.events import make_event
 
 SOURCE = "bench"

@@ -40,8 +40,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "pipeline",
         "Run the stream processors that turn recorded turns into scored samples.",
-        "pipeline.settings:PipelineSettings",
-        "pipeline.main:run",
+        "pipeline.runtime.settings:PipelineSettings",
+        "pipeline.runtime.main:run",
     ),
     Command(
         "train",

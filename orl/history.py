@@ -1,6 +1,6 @@
 """`orl replay`, `orl audit`, `orl export`, `orl archive`: history tools (settings + run functions).
 
-The work is done in pipeline/replay.py, audit.py, export.py, archive.py and openclaw_import.py;
+The work is done in pipeline/history/replay.py, audit.py, export.py, archive.py and openclaw_import.py;
 this module maps settings onto them, shows a progress bar and prints results. `orl replay
 --train-steps N` then runs `orl train` on the new namespace as a child process (printed first);
 with 0 the command is only printed. The new run starts from `--model` (the base model), or with
@@ -29,15 +29,14 @@ from connectors.model_files import resolve_model
 from connectors.object_store.base import ObjectStore
 from connectors.object_store.factory import open_object_store
 from connectors.settings import ConnectionSettings, setting
-from pipeline import archive as archive_tools
-from pipeline.audit import NotFound, audit_id, audit_session, render_chain
-from pipeline.audit_index import AuditIndex, index_path
-from pipeline.export import export_namespace
-from pipeline.import_tokens import HFImportTokenizer, scorer_for
-from pipeline.main import build_stages, pipeline_config
-from pipeline.openclaw_import import ImportOptions, build_events, parse_files
-from pipeline.parquet_export import export_parquet
-from pipeline.replay import (
+from pipeline.history import archive as archive_tools
+from pipeline.history.audit import NotFound, audit_id, audit_session, render_chain
+from pipeline.history.audit_index import AuditIndex, index_path
+from pipeline.history.export import export_namespace
+from pipeline.history.import_tokens import HFImportTokenizer, scorer_for
+from pipeline.history.openclaw_import import ImportOptions, build_events, parse_files
+from pipeline.history.parquet_export import export_parquet
+from pipeline.history.replay import (
     REJUDGE_TOPICS,
     REUSE_TOPICS,
     ReplayPlan,
@@ -46,8 +45,9 @@ from pipeline.replay import (
     log_source,
     replay,
 )
-from pipeline.replay_workers import workers_for
-from pipeline.settings import PipelineSettings
+from pipeline.history.replay_workers import workers_for
+from pipeline.runtime.main import build_stages, pipeline_config
+from pipeline.runtime.settings import PipelineSettings
 from schemas.errors import ConfigError
 from trainer.settings import parse_init_from
 

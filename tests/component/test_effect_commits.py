@@ -15,11 +15,11 @@ import pytest
 
 from connectors.event_log.reading import read_to_end
 from connectors.event_log.sqlite_log import SqliteEventLog
-from pipeline.config import PipelineConfig
-from pipeline.main import build_stages, pipeline_config
-from pipeline.settings import PipelineSettings
-from pipeline.stream_runner import EFFECT_CALLS_PER_ROUND, StreamRunner
-from pipeline.turn_linker import TURN_LINKER
+from pipeline.processors.config import PipelineConfig
+from pipeline.processors.turn_linker import TURN_LINKER
+from pipeline.runtime.main import build_stages, pipeline_config
+from pipeline.runtime.settings import PipelineSettings
+from pipeline.runtime.stream_runner import EFFECT_CALLS_PER_ROUND, StreamRunner
 from schemas.codec import decode
 from schemas.topics import topic_name
 from tests.component.test_stream_runner_restart import append

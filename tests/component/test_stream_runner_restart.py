@@ -15,9 +15,9 @@ import pytest
 
 from connectors.event_log.base import OutgoingRecord
 from connectors.event_log.sqlite_log import SqliteEventLog
-from pipeline.config import PipelineConfig
-from pipeline.stream_runner import StreamRunner
-from pipeline.turn_linker import TURN_LINKER
+from pipeline.processors.config import PipelineConfig
+from pipeline.processors.turn_linker import TURN_LINKER
+from pipeline.runtime.stream_runner import StreamRunner
 from schemas.codec import encode
 from schemas.topics import topic_for_event, topic_name
 from tests.unit.pipeline_streams import NAMESPACE, Conversation

@@ -19,7 +19,7 @@ import pytest
 from connectors.event_log.base import OutgoingRecord
 from connectors.event_log.factory import open_event_log
 from connectors.object_store.local_store import LocalObjectStore
-from pipeline.settings import PipelineSettings
+from pipeline.runtime.settings import PipelineSettings
 from schemas.codec import encode
 from schemas.events import make_event
 from tests.e2e.test_turns_to_samples import chat, run_stages

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from connectors.event_log.factory import open_event_log
-from pipeline.main import build_stages, pipeline_config
-from pipeline.settings import PipelineSettings
-from pipeline.stream_runner import StreamRunner
+from pipeline.runtime.main import build_stages, pipeline_config
+from pipeline.runtime.settings import PipelineSettings
+from pipeline.runtime.stream_runner import StreamRunner
 from tests.integration.log_reading import read_events
 from tests.integration.serve_process import API_KEY, ServeProcess, serve_process
 

@@ -34,7 +34,7 @@ from connectors.checkpoint_store import Manifest, publish_checkpoint
 from connectors.event_log.base import OutgoingRecord
 from connectors.event_log.factory import open_event_log
 from connectors.object_store.local_store import LocalObjectStore
-from pipeline.settings import PipelineSettings
+from pipeline.runtime.settings import PipelineSettings
 from schemas.codec import encode
 from schemas.events import make_event
 from tests.e2e.test_loop_hot_swap import ClientLoop, policy, wait_for

@@ -4,7 +4,7 @@
         --app-id ns-pipeline --data-dir DIR --processors turn_linker [--clock-ms MS] ...
 
 Every worker given the same --app-id joins one consumer group. Reads and writes what
-pipeline.faust_runtime's app reads and writes.
+pipeline.runtime.faust_runtime's app reads and writes.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import argparse
 import dataclasses
 from collections.abc import Callable
 
-from pipeline.config import LinkerConfig, PipelineConfig
-from pipeline.faust_runtime import GUARANTEES, run_worker, wall_clock_ms
-from pipeline.pure_stages import PURE_PROCESSORS
+from pipeline.processors.config import LinkerConfig, PipelineConfig
+from pipeline.processors.registry import PURE_PROCESSORS
+from pipeline.runtime.faust_runtime import GUARANTEES, run_worker, wall_clock_ms
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

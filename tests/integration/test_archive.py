@@ -10,11 +10,11 @@ from pathlib import Path
 from connectors.event_log.base import EventLog
 from connectors.event_log.factory import open_event_log
 from connectors.object_store.local_store import LocalObjectStore
-from pipeline.archive import archive_namespace, archived_topics, restore
-from pipeline.export import export_namespace
-from pipeline.main import build_stages, pipeline_config
-from pipeline.namespace_io import NamespaceWriter, namespace_topics, partition_count, read_batches
-from pipeline.replay import REUSE_TOPICS, ReplayPlan, archive_source, replay
+from pipeline.history.archive import archive_namespace, archived_topics, restore
+from pipeline.history.export import export_namespace
+from pipeline.history.namespace_io import NamespaceWriter, namespace_topics, partition_count, read_batches
+from pipeline.history.replay import REUSE_TOPICS, ReplayPlan, archive_source, replay
+from pipeline.runtime.main import build_stages, pipeline_config
 from schemas.events import make_event
 from tests.integration.test_replay import (
     SOURCE,

@@ -11,7 +11,7 @@ import pytest
 
 from connectors.event_log.factory import open_event_log
 from orl.history import AuditSettings, run_audit
-from pipeline.namespace_io import NamespaceWriter
+from pipeline.history.namespace_io import NamespaceWriter
 from schemas.events import make_event
 from tests.integration.test_replay import SOURCE, events_of, record, recorded_settings
 from tests.unit.pipeline_streams import Conversation

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from connectors.event_log.factory import open_event_log
 from connectors.object_store.local_store import LocalObjectStore
-from pipeline.audit import audit_id, audit_session, render_chain
-from pipeline.audit_index import AuditIndex
-from pipeline.namespace_io import NamespaceWriter
+from pipeline.history.audit import audit_id, audit_session, render_chain
+from pipeline.history.audit_index import AuditIndex
+from pipeline.history.namespace_io import NamespaceWriter
 from schemas.events import make_event
 from tests.integration.test_audit import train_step
 from tests.integration.test_replay import SOURCE, events_of, record, recorded_settings

@@ -12,7 +12,7 @@ faust-streaming 0.15.3 drops records it fetched while a rebalance seeks the part
 commits past them (its commit tolerates a missing record at the committed offset, and checks
 nothing in a partition with no committed offset): about half the runs of this test lost one to 25
 outputs that way. The agents now learn every fetched offset and read records fetched but never
-handled back from the broker (pipeline.faust_runtime.InputProgress); the workers log each repair.
+handled back from the broker (pipeline.runtime.faust_runtime.InputProgress); the workers log each repair.
 
 What noida-db 0.2.3 cannot do, so this test does not ask it (probed with plain aiokafka consumers
 and with these workers): it never expires a member that stops heartbeating while its group is
@@ -40,9 +40,9 @@ import pytest
 
 from connectors.event_log.kafka_log import KafkaEventLog
 from connectors.event_log.partitioner import partition_for_key
-from pipeline.event_building import Event
-from pipeline.faust_runtime import create_pipeline_topics
-from pipeline.turn_linker import TURN_LINKER
+from pipeline.processors.event_building import Event
+from pipeline.processors.turn_linker import TURN_LINKER
+from pipeline.runtime.faust_runtime import create_pipeline_topics
 from schemas.codec import decode, encode
 from tests.integration.test_faust_runtime import (
     GUARANTEE,

@@ -26,12 +26,12 @@ import pytest
 from connectors.event_log.base import EventLog, OutgoingRecord
 from connectors.event_log.kafka_log import KafkaEventLog
 from connectors.event_log.sqlite_log import SqliteEventLog
-from pipeline.config import PipelineConfig
-from pipeline.event_building import Event, event_type_of
-from pipeline.faust_runtime import create_pipeline_topics
-from pipeline.processor import Processor
-from pipeline.stream_runner import StreamRunner
-from pipeline.turn_linker import TURN_LINKER
+from pipeline.processors.config import PipelineConfig
+from pipeline.processors.contract import Processor
+from pipeline.processors.event_building import Event, event_type_of
+from pipeline.processors.turn_linker import TURN_LINKER
+from pipeline.runtime.faust_runtime import create_pipeline_topics
+from pipeline.runtime.stream_runner import StreamRunner
 from schemas.codec import decode, encode
 from schemas.topics import dlq_topic, topic_for_event, topic_name
 from tests.unit.pipeline_streams import T0_MS, Conversation, tool_call

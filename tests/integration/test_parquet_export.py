@@ -15,8 +15,8 @@ import pytest
 from connectors.event_log.base import OutgoingRecord, TopicSpec
 from connectors.event_log.factory import open_event_log
 from orl.history import ExportSettings, run_export
-from pipeline.namespace_io import catalog_topics, read_batches
-from pipeline.parquet_export import export_parquet
+from pipeline.history.namespace_io import catalog_topics, read_batches
+from pipeline.history.parquet_export import export_parquet
 from schemas.codec import decode, encode
 from schemas.errors import ConfigError
 from schemas.events import make_event

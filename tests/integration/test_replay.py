@@ -16,13 +16,13 @@ import pytest
 
 from connectors.event_log.base import EventLog
 from connectors.event_log.factory import open_event_log
-from pipeline import replay_shard
-from pipeline.main import build_stages, pipeline_config
-from pipeline.namespace_io import NamespaceWriter, read_events
-from pipeline.replay import REJUDGE_TOPICS, REUSE_TOPICS, ReplayPlan, log_source, replay
-from pipeline.replay_shard import shard_of
-from pipeline.settings import PipelineSettings
-from pipeline.stream_runner import StreamRunner
+from pipeline.history import replay_shard
+from pipeline.history.namespace_io import NamespaceWriter, read_events
+from pipeline.history.replay import REJUDGE_TOPICS, REUSE_TOPICS, ReplayPlan, log_source, replay
+from pipeline.history.replay_shard import shard_of
+from pipeline.runtime.main import build_stages, pipeline_config
+from pipeline.runtime.settings import PipelineSettings
+from pipeline.runtime.stream_runner import StreamRunner
 from schemas.codec import encode
 from schemas.errors import ConfigError
 from schemas.topics import topic_name
@@ -274,7 +274,7 @@ def test_openclaw_import_replays_into_off_policy_samples(
 
 def test_a_strict_import_of_a_bad_file_writes_nothing(tmp_path: Path, base_model_dir: Path) -> None:
     from orl.history import run_replay
-    from pipeline.openclaw_import import ImportFailed
+    from pipeline.history.openclaw_import import ImportFailed
 
     settings = import_settings(tmp_path, base_model_dir, strict=True, target_namespace="strict")
     with pytest.raises(ImportFailed, match=r"qwen3_4b_record.jsonl:4"):
@@ -286,8 +286,8 @@ def test_a_strict_import_of_a_bad_file_writes_nothing(tmp_path: Path, base_model
 
 @pytest.mark.model
 def test_imported_old_logprobs_can_be_recomputed_by_the_base_model(base_model_dir: Path) -> None:
-    from pipeline.import_tokens import HFImportTokenizer, scorer_for
-    from pipeline.openclaw_import import ImportOptions, build_events, parse_files
+    from pipeline.history.import_tokens import HFImportTokenizer, scorer_for
+    from pipeline.history.openclaw_import import ImportOptions, build_events, parse_files
 
     parsed = parse_files([GOLDEN / "qwen3_4b_record.jsonl"])
     options = ImportOptions("imp", str(base_model_dir), temperature=1.0)

@@ -1,7 +1,7 @@
 """SkippedRecordReader on the Kafka test broker: the records of an offset range, never markers or aborted ones.
 
 A faust agent calls it for records its consumer fetched and its stream never delivered
-(pipeline.faust_runtime.InputProgress), so it must return exactly the committed records of the
+(pipeline.runtime.faust_runtime.InputProgress), so it must return exactly the committed records of the
 range: the range may also hold transaction markers (no record) or records of aborted
 transactions (never handled). Writes the topic `sr.records` on the session's test broker.
 """
@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from pipeline.faust_runtime import SkippedRecordReader, SourceRecord
+from pipeline.runtime.faust_runtime import SkippedRecordReader, SourceRecord
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 

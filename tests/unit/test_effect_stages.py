@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from pipeline.config import PipelineConfig
-from pipeline.judge_stage import JudgeStage
-from pipeline.judging import JudgeConfig
-from pipeline.teacher_stage import TeacherStage, messages_with_hint
+from pipeline.effects.judge_stage import JudgeStage
+from pipeline.effects.judging import JudgeConfig
+from pipeline.effects.teacher_stage import TeacherStage, messages_with_hint
+from pipeline.processors.config import PipelineConfig
 from schemas.events import make_event
 from tests.unit.pipeline_streams import Conversation
 

@@ -1,8 +1,8 @@
-"""InputProgress: which fetched records a faust agent's stream skipped (pipeline/faust_runtime.py)."""
+"""InputProgress: which fetched records a faust agent's stream skipped (pipeline/runtime/faust_runtime.py)."""
 
 from __future__ import annotations
 
-from pipeline.faust_runtime import InputProgress
+from pipeline.runtime.faust_runtime import InputProgress
 
 
 def handled_in_order(progress: InputProgress, offsets: list[int]) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.import_tokens import PlaceholderScorer
-from pipeline.openclaw_import import ImportFailed, ImportOptions, build_events, parse_files
+from pipeline.history.import_tokens import PlaceholderScorer
+from pipeline.history.openclaw_import import ImportFailed, ImportOptions, build_events, parse_files
 from schemas.codec import decode, encode
 from tests.unit.pipeline_streams import token_ids
 

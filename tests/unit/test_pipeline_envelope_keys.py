@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.namespace_io import VOTE_TYPES, envelope_keys, vote_fields
+from pipeline.history.namespace_io import VOTE_TYPES, envelope_keys, vote_fields
 from schemas.codec import encode
 from schemas.registry import default_registry
 from tests.unit.event_examples import EXAMPLES

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import LinkerConfig, PipelineConfig, SampleConfig
+from pipeline.processors.config import LinkerConfig, PipelineConfig, SampleConfig
 from schemas.codec import decode, encode
 from tests.unit.pipeline_streams import PipelineDriver, ScriptedEffects
 

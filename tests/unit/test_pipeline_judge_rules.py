@@ -6,9 +6,9 @@ import asyncio
 import time
 from typing import Any
 
-from pipeline.effects import EffectCall
-from pipeline.judge_stage import JudgeStage
-from pipeline.judging import JudgeConfig
+from pipeline.effects.contract import EffectCall
+from pipeline.effects.judge_stage import JudgeStage
+from pipeline.effects.judging import JudgeConfig
 
 
 def call(index: int = 0) -> EffectCall:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.judging import (
+from pipeline.effects.judging import (
     JudgeConfig,
     build_hint_judge_messages,
     build_reward_judge_messages,
@@ -16,7 +16,7 @@ from pipeline.judging import (
     parse_reward_vote,
     vote_seed,
 )
-from pipeline.rule_judges import load_rule_judge, outcome_judge
+from pipeline.effects.rule_judges import load_rule_judge, outcome_judge
 from schemas.errors import ConfigError
 
 REQUEST: list[dict[str, Any]] = [

@@ -1,9 +1,9 @@
 """The processor contract the runtimes rely on for speed, checked on the golden stream.
 
 - A processor never modifies its input event: one decoded event is shared by the stages of a
-  process (pipeline/shared_decodes.py).
+  process (pipeline/runtime/shared_decodes.py).
 - `on_tick` that returns the very state object it got, with no emits, left it unchanged: the
-  runtime then skips writing it (pipeline/stream_runner.py tick).
+  runtime then skips writing it (pipeline/runtime/stream_runner.py tick).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import LinkerConfig, PipelineConfig, SampleConfig
-from pipeline.event_building import Event, event_type_of, occurred_at_of, session_id_of
-from pipeline.judge_stage import JudgeStage
-from pipeline.judging import JudgeConfig
-from pipeline.pure_stages import PURE_PROCESSORS
-from pipeline.teacher_stage import TeacherStage
+from pipeline.effects.judge_stage import JudgeStage
+from pipeline.effects.judging import JudgeConfig
+from pipeline.effects.teacher_stage import TeacherStage
+from pipeline.processors.config import LinkerConfig, PipelineConfig, SampleConfig
+from pipeline.processors.event_building import Event, event_type_of, occurred_at_of, session_id_of
+from pipeline.processors.registry import PURE_PROCESSORS
 from schemas.topics import topic_for_event
 from tests.unit.pipeline_streams import PipelineDriver, ScriptedEffects
 

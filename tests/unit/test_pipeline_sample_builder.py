@@ -8,11 +8,11 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import PipelineConfig, SampleConfig
-from pipeline.event_building import Event, event_type_of
-from pipeline.processor import Emit
-from pipeline.sample_builder import SAMPLE_BUILDER
-from pipeline.topology import stage_named
+from pipeline.processors.config import PipelineConfig, SampleConfig
+from pipeline.processors.contract import Emit
+from pipeline.processors.event_building import Event, event_type_of
+from pipeline.processors.sample_builder import SAMPLE_BUILDER
+from pipeline.processors.topology import stage_named
 from schemas.codec import encode
 from tests.unit.pipeline_streams import (
     Conversation,
@@ -176,7 +176,11 @@ def builder_inputs(method: str) -> tuple[list[Event], list[Event]]:
     log = run(method, {"sb-t0": [UP] * 3, "sb-t1": [ZERO] * 3}, {"sb-t1": [HINT] * 3})
     inputs = stage_named("sample_builder").inputs
     events = [e for e in c.events] + [e.event for e in log if e.topic in inputs]
-    produced = [e.event for e in log if e.event["envelope"]["producer"].startswith("pipeline.sample_builder")]
+    produced = [
+        e.event
+        for e in log
+        if e.event["envelope"]["producer"].startswith("pipeline.sample_builder")
+    ]
     return [
         e for e in events if not e["envelope"]["producer"].startswith("pipeline.sample_builder")
     ], produced

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from connectors.event_log.base import ConsumedRecord
-from pipeline.shared_decodes import SharedDecodes
+from pipeline.runtime.shared_decodes import SharedDecodes
 from schemas.codec import encode
 from schemas.errors import EventDecodeError
 from tests.unit.pipeline_streams import Conversation

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.main import build_stages
-from pipeline.settings import PipelineSettings
-from pipeline.stage_process import settings_from_json, settings_json, split_stages
+from pipeline.runtime.main import build_stages
+from pipeline.runtime.settings import PipelineSettings
+from pipeline.runtime.stage_process import settings_from_json, settings_json, split_stages
 from schemas.errors import ConfigError
 
 BINARY = ["turn_linker", "judge", "vote_tally", "sample_builder"]

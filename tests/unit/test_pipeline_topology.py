@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.processor import Processor
-from pipeline.pure_stages import PURE_PROCESSORS
-from pipeline.topology import (
+from pipeline.processors.contract import Processor
+from pipeline.processors.registry import PURE_PROCESSORS
+from pipeline.processors.topology import (
     STAGES,
     consumers_by_topic,
     pipeline_topics,

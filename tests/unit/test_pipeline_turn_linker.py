@@ -8,10 +8,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import LinkerConfig, PipelineConfig
-from pipeline.event_building import Event
-from pipeline.processor import Emit
-from pipeline.turn_linker import CLOSE_GRACE_S, SESSION_END_CONTENT, TURN_LINKER
+from pipeline.processors.config import LinkerConfig, PipelineConfig
+from pipeline.processors.contract import Emit
+from pipeline.processors.event_building import Event
+from pipeline.processors.turn_linker import CLOSE_GRACE_S, SESSION_END_CONTENT, TURN_LINKER
 from schemas.codec import encode
 from tests.unit.pipeline_streams import Conversation, of_type, run_processor, tick_processor, tool_call
 

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import PipelineConfig, TallyConfig
-from pipeline.event_building import Event
-from pipeline.turn_linker import TURN_LINKER
-from pipeline.vote_tally import VOTE_TALLY, majority
+from pipeline.processors.config import PipelineConfig, TallyConfig
+from pipeline.processors.event_building import Event
+from pipeline.processors.turn_linker import TURN_LINKER
+from pipeline.processors.vote_tally import VOTE_TALLY, majority
 from schemas.codec import encode
 from tests.unit.pipeline_streams import Conversation, of_type, run_processor, tick_processor, vote_event
 

@@ -1,0 +1,298 @@
+"""The judge effect stage: m reward votes and m hint votes for every next state of a main turn.
+
+Reads: requests, responses (to remember each turn), next_states. Writes: judge_votes
+(JudgeVoteCast), hints (HintVoteCast). An LLM judge is any OpenAI-compatible chat endpoint (by
+default orl's own server; its calls are marked as side turns so they never become samples); a rule
+judge is a Python callable found by name (`pipeline.effects.rule_judges`). Each vote records what the
+judge saw (prompt text and hash), how it sampled (seed), its raw words and the parsed score, or
+why it failed: a failing judge yields failed votes, never silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from pipeline.effects.contract import EffectCall, PlanResult
+from pipeline.effects.judging import (
+    JudgeConfig,
+    build_hint_judge_messages,
+    build_reward_judge_messages,
+    judge_user_message,
+    parse_hint_vote,
+    parse_reward_vote,
+    vote_seed,
+)
+from pipeline.effects.rule_judges import HintExtractor, RuleJudge
+from pipeline.processors.config import PipelineConfig
+from pipeline.processors.contract import Emit
+from pipeline.processors.event_building import (
+    Event,
+    State,
+    build_event,
+    event_id_of,
+    event_type_of,
+    occurred_at_of,
+    remember_event,
+    session_id_of,
+    turn_id_of,
+)
+from pipeline.processors.turn_memory import (
+    add_trigger,
+    forget_if_idle,
+    new_turn_memory,
+    remember_turn_event,
+    take_ready_triggers,
+)
+
+logger = logging.getLogger(__name__)
+PRODUCER = "pipeline.judge/1"
+RETENTION_MS = 6 * 3600 * 1000
+RULE_TIMEOUT_S = 30.0
+INLINE_RULE_CPU_S = 0.01
+INLINE_RULE_WALL_S = 0.1
+
+
+@dataclass
+class JudgeStage:
+    reward_judge: JudgeConfig | None
+    hint_judge: JudgeConfig | None
+    api_key: str = ""
+    rule_judge: RuleJudge | None = None
+    hint_extractor: HintExtractor | None = None
+    concurrency: int = 4
+    name: str = "judge"
+    inputs: tuple[str, ...] = ("requests", "responses", "next_states")
+    outputs: tuple[str, ...] = ("judge_votes", "hints")
+    _client: httpx.AsyncClient | None = field(default=None, repr=False)
+    # Rule judges run inline until one call is slow (see _rule_vote); the versions are hashed once.
+    _rule_inline: bool = field(default=True, repr=False)
+    _config_versions: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for kind, judge in (("reward", self.reward_judge), ("hint", self.hint_judge)):
+            if judge is not None:
+                self._config_versions[kind] = judge.config_version
+
+    def plan(self, state: State | None, event: Event, config: PipelineConfig) -> PlanResult:
+        state = state or new_turn_memory()
+        if not remember_event(state, event_id_of(event), config.seen_window):
+            return state, []  # redelivered
+        turn_id = turn_id_of(event)
+        if event_type_of(event) == "NextStateObserved" and turn_id is not None:
+            add_trigger(state, turn_id, _next_state_view(event))
+        else:
+            remember_turn_event(state, event)
+            _forget_unjudged_fields(state, turn_id)
+        # A side turn's request is never remembered: its next states wait until retention drops them.
+        turn, next_states = take_ready_triggers(state, turn_id)
+        calls = []
+        for next_state in next_states:
+            for purpose, judge in (("reward", self.reward_judge), ("hint", self.hint_judge)):
+                for index in range(judge.m if judge else 0):
+                    calls.append(
+                        EffectCall(purpose, {"turn": turn, "next_state": next_state, "vote_index": index})
+                    )
+        return state, calls
+
+    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> tuple[State | None, list[Emit]]:
+        return forget_if_idle(state, now_ms, RETENTION_MS), []
+
+    async def perform(self, call: EffectCall) -> list[Emit]:
+        judge = self.reward_judge if call.kind == "reward" else self.hint_judge
+        assert judge is not None
+        turn, next_state, index = call.payload["turn"], call.payload["next_state"], call.payload["vote_index"]
+        seed = vote_seed(next_state["turn_id"], index, judge.seed_base)
+        started = time.perf_counter()
+        if judge.kind == "rule":
+            prompt_text = judge_user_message(turn["messages"], turn["response_text"], next_state)
+            raw, usage = await self._rule_vote(call.kind, turn, next_state)
+        else:
+            builder = build_reward_judge_messages if call.kind == "reward" else build_hint_judge_messages
+            messages = builder(turn["messages"], turn["response_text"], next_state)
+            prompt_text = json.dumps(messages, ensure_ascii=False)
+            raw, usage = await self._llm_vote(judge, messages, seed)
+        latency_ms = (time.perf_counter() - started) * 1000
+        return [
+            self._vote_event(call.kind, judge, next_state, index, seed, prompt_text, raw, usage, latency_ms)
+        ]
+
+    async def _llm_vote(
+        self, judge: JudgeConfig, messages: list[dict[str, str]], seed: int
+    ) -> tuple[str, dict]:
+        """The judge's raw words; a failure after the bounded retries is returned as an error marker."""
+        body = {
+            "model": judge.model or "judge",
+            "messages": messages,
+            "temperature": judge.temperature,
+            "top_p": judge.top_p,
+            "max_tokens": judge.max_tokens,
+            "seed": seed % (2**31),
+        }
+        headers = {"Authorization": f"Bearer {self.api_key}", "X-Turn-Type": "side"}
+        last_error = ""
+        for attempt in range(judge.retries + 1):
+            try:
+                response = await self._http().post(
+                    f"{judge.endpoint_url.rstrip('/')}/chat/completions",
+                    json=body,
+                    headers=headers,
+                    timeout=judge.timeout_s,
+                )
+                if response.status_code == 200:
+                    data = response.json()
+                    return str(data["choices"][0]["message"].get("content") or ""), data.get("usage") or {}
+                last_error = f"HTTP {response.status_code}: {response.text[:300]}"
+            except (httpx.HTTPError, ValueError, KeyError) as error:
+                last_error = f"{type(error).__name__}: {error}"
+            await asyncio.sleep(min(2.0, 0.2 * 2**attempt))
+        return _FAILED + last_error, {}
+
+    async def _rule_vote(
+        self, kind: str, turn: dict[str, Any], next_state: dict[str, Any]
+    ) -> tuple[str, dict]:
+        args = (turn["messages"], turn["response_text"], next_state)
+        try:
+            if kind == "reward":
+                assert self.rule_judge is not None
+                score, explanation = await self._call_rule(self.rule_judge, args)
+                return json.dumps({"score": score, "explanation": explanation}), {}
+            assert self.hint_extractor is not None
+            score, hint, explanation = await self._call_rule(self.hint_extractor, args)
+            return json.dumps({"score": score, "hint": hint, "explanation": explanation}), {}
+        except (
+            TimeoutError,
+            ValueError,
+            TypeError,
+            RuntimeError,
+        ) as error:  # a plugin failing is a failed vote
+            return _FAILED + f"rule judge raised {type(error).__name__}: {error}", {}
+
+    async def _call_rule(self, rule: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """A rule judge's verdict. Inline while rules are fast (a thread hop costs ~50-100 us, a typical
+        rule a few us); after one slow call (over INLINE_RULE_CPU_S of CPU, or INLINE_RULE_WALL_S of wall
+        time: it waited on something), in a worker thread with a timeout, so a slow plugin cannot stall
+        the event loop and with it every stage of the process. CPU time is the main test because wall
+        time also counts the time the process was not scheduled on a busy machine."""
+        if not self._rule_inline:
+            return await asyncio.wait_for(asyncio.to_thread(rule, *args), RULE_TIMEOUT_S)
+        started_s, started_cpu_s = time.perf_counter(), time.thread_time()
+        result = rule(*args)
+        wall_s, cpu_s = time.perf_counter() - started_s, time.thread_time() - started_cpu_s
+        if cpu_s > INLINE_RULE_CPU_S or wall_s > INLINE_RULE_WALL_S:
+            self._rule_inline = False
+            logger.warning(
+                "rule judge took %.3f s (%.3f s CPU): later calls run in a worker thread", wall_s, cpu_s
+            )
+        return result
+
+    def _vote_event(
+        self,
+        kind: str,
+        judge: JudgeConfig,
+        next_state: dict[str, Any],
+        index: int,
+        seed: int,
+        prompt_text: str,
+        raw: str,
+        usage: dict,
+        latency_ms: float,
+    ) -> Emit:
+        score, hint, error = _parse(kind, judge, raw)
+        fields: dict[str, Any] = dict(
+            judge_id=judge.judge_id,
+            judge_kind=judge.kind,
+            judge_config_version=self._config_versions[kind],
+            model=judge.model or None,
+            model_version=None,
+            vote_index=index,
+            prompt_sha256=hashlib.sha256(prompt_text.encode()).hexdigest(),
+            prompt_text=prompt_text,
+            sampling={
+                "temperature": judge.temperature,
+                "top_p": judge.top_p,
+                "max_tokens": judge.max_tokens,
+                "stop": [],
+                "seed": seed,
+            },
+            raw_output=raw,
+            score=score,
+            parse_error=error,
+            latency_ms=latency_ms,
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            next_state_event_id=next_state["event_id"],
+        )
+        event_type = "JudgeVoteCast" if kind == "reward" else "HintVoteCast"
+        if kind == "hint":
+            fields["hint"] = hint
+        event = build_event(
+            event_type,
+            producer=PRODUCER,
+            namespace=next_state["namespace"],
+            session_id=next_state["session_id"],
+            turn_id=next_state["turn_id"],
+            occurred_at_ms=next_state["occurred_at"],
+            id_parts=(next_state["event_id"], self._config_versions[kind], kind, str(index)),
+            **fields,
+        )
+        return Emit("judge_votes" if kind == "reward" else "hints", event)
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=self.concurrency))
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+_FAILED = "[judge call failed] "
+
+
+def _parse(kind: str, judge: JudgeConfig, raw: str) -> tuple[int | None, str | None, str | None]:
+    if raw.startswith(_FAILED):
+        return None, None, raw[len(_FAILED) :]
+    if judge.kind == "rule":
+        verdict = json.loads(raw)
+        score = verdict.get("score")
+        valid = (-1, 0, 1) if kind == "reward" else (-1, 1)
+        error = None if score in valid else f"rule judge returned score {score!r}"
+        return (score if error is None else None), verdict.get("hint"), error
+    if kind == "reward":
+        score, error = parse_reward_vote(raw)
+        return score, None, error
+    return parse_hint_vote(raw)
+
+
+def _forget_unjudged_fields(state: State, turn_id: str | None) -> None:
+    """Drop what turn memory keeps for the teacher but no judge reads (token ids, sampling, tools):
+    the judge's state is written to its changelog after every batch that touches it."""
+    turn = state["turns"].get(turn_id) if turn_id is not None else None
+    if turn is not None:
+        for unused in ("response_token_ids", "temperature", "tools"):
+            turn.pop(unused, None)
+
+
+def _next_state_view(event: Event) -> dict[str, Any]:
+    """The next state as judges and vote events need it (JSON-serialisable)."""
+    return {
+        "event_id": event_id_of(event),
+        "namespace": event["envelope"]["namespace"],
+        "session_id": session_id_of(event),
+        "turn_id": turn_id_of(event),
+        "occurred_at": occurred_at_of(event),
+        "role": event["role"],
+        "content": event["content"],
+        "source": event["source"],
+        "outcome": event.get("outcome"),
+    }

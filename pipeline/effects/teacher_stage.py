@@ -1,0 +1,154 @@
+"""The teacher effect stage: logprobs of the exact response tokens under the hint-enhanced prompt.
+
+Reads: requests, responses (to remember each turn), hints (HintSelected). Writes: teacher_scores
+(TeacherScored). The teacher context is the turn's original messages with the hint appended to the
+last user message; the scoring call is the server's POST /v1/orl/score, which renders that context
+with the policy's chat template and scores the response suffix only. `teacher_kind` picks the
+teacher: "frozen_reference" (the base model plus the hint; what OpenClaw-RL's never-updated PRM
+engine actually is) or "live_policy" (the served policy plus the hint). The default is the frozen
+reference: in the CPU prototype OPD with the live teacher collapsed at LoRA lr 5e-4 while the frozen
+teacher did not (shared/reference/learnability.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from pipeline.effects.contract import EffectCall, PlanResult
+from pipeline.processors.config import PipelineConfig
+from pipeline.processors.contract import Emit
+from pipeline.processors.event_building import (
+    Event,
+    State,
+    build_event,
+    event_id_of,
+    event_type_of,
+    remember_event,
+    turn_id_of,
+)
+from pipeline.processors.next_state_text import content_text
+from pipeline.processors.turn_memory import (
+    add_trigger,
+    forget_if_idle,
+    new_turn_memory,
+    remember_turn_event,
+    take_ready_triggers,
+)
+
+logger = logging.getLogger(__name__)
+PRODUCER = "pipeline.teacher/1"
+RETENTION_MS = 6 * 3600 * 1000
+HINT_HEADER = "\n\n[user's hint / instruction]\n"
+TEACHER_KINDS = ("frozen_reference", "live_policy")
+
+
+def messages_with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
+    """The teacher context: a copy of the messages with the hint appended to the last user message."""
+    enhanced = copy.deepcopy(messages)
+    for message in reversed(enhanced):
+        if message.get("role") == "user":
+            message["content"] = content_text(message.get("content")) + HINT_HEADER + hint
+            return enhanced
+    return [*enhanced, {"role": "user", "content": HINT_HEADER.lstrip() + hint}]
+
+
+@dataclass
+class TeacherStage:
+    server_url: str
+    api_key: str
+    teacher_kind: str = "frozen_reference"
+    timeout_s: float = 120.0
+    retries: int = 3
+    name: str = "teacher"
+    inputs: tuple[str, ...] = ("requests", "responses", "hints")
+    outputs: tuple[str, ...] = ("teacher_scores",)
+    failures: int = 0
+    _client: httpx.AsyncClient | None = field(default=None, repr=False)
+
+    def plan(self, state: State | None, event: Event, config: PipelineConfig) -> PlanResult:
+        state = state or new_turn_memory()
+        if not remember_event(state, event_id_of(event), config.seen_window):
+            return state, []
+        turn_id = turn_id_of(event)
+        if event_type_of(event) == "HintSelected" and turn_id is not None:
+            trigger = {
+                "hint": event["hint"],
+                "hint_event_id": event_id_of(event),
+                "envelope": event["envelope"],
+            }
+            add_trigger(state, turn_id, trigger)
+        else:
+            remember_turn_event(state, event)
+        turn, hints = take_ready_triggers(state, turn_id)
+        return state, [EffectCall("teacher", {"turn": turn, **hint}) for hint in hints]
+
+    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> tuple[State | None, list[Emit]]:
+        return forget_if_idle(state, now_ms, RETENTION_MS), []
+
+    async def perform(self, call: EffectCall) -> list[Emit]:
+        turn, hint, envelope = call.payload["turn"], call.payload["hint"], call.payload["envelope"]
+        body = {
+            "messages": messages_with_hint(turn["messages"], hint),
+            "tools": turn.get("tools"),
+            "response_token_ids": turn["response_token_ids"],
+            "temperature": turn["temperature"],
+            "use_base": self.teacher_kind == "frozen_reference",
+        }
+        scored = await self._score(body)
+        if scored is None:
+            # No event: the sample builder's settle timeout rejects the turn, and the failure is counted.
+            self.failures += 1
+            return []
+        event = build_event(
+            "TeacherScored",
+            producer=PRODUCER,
+            namespace=envelope["namespace"],
+            session_id=envelope["session_id"],
+            turn_id=envelope["turn_id"],
+            occurred_at_ms=envelope["occurred_at"],
+            id_parts=(call.payload["hint_event_id"], self.teacher_kind),
+            hint_event_id=call.payload["hint_event_id"],
+            teacher_kind=self.teacher_kind,
+            teacher_prompt_token_ids=scored["prompt_token_ids"],
+            response_token_ids=turn["response_token_ids"],
+            teacher_logprobs=scored["logprobs"],
+            policy_version=int(scored["policy_version"]),
+            temperature=turn["temperature"],
+        )
+        return [Emit("teacher_scores", event)]
+
+    async def _score(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        url = f"{self.server_url.rstrip('/')}/orl/score"
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._http().post(url, json=body, headers=headers, timeout=self.timeout_s)
+                if response.status_code == 200:
+                    data: dict[str, Any] = response.json()
+                    return data
+                logger.warning(
+                    "teacher scoring failed: HTTP %d %s", response.status_code, response.text[:300]
+                )
+                if response.status_code < 500:
+                    return None  # our request is wrong: retrying will not help
+            except httpx.HTTPError as error:
+                logger.warning(
+                    "teacher scoring failed (%s: %s), attempt %d", type(error).__name__, error, attempt + 1
+                )
+            await asyncio.sleep(min(5.0, 0.5 * 2**attempt))
+        return None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient()
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()

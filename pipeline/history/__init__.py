@@ -1,0 +1,1 @@
+"""Tools over recorded history: archive, replay, audit, export, importers."""

@@ -1,0 +1,1 @@
+"""Pure stream processors: state in, events out; no I/O, no clock, no runtime."""

@@ -1,0 +1,63 @@
+"""The contract every pure processor fulfils, whichever runtime (faust, embedded log) runs it.
+
+- State is keyed by session_id (every topic is keyed by session, so one partition holds a whole
+  session) and is JSON-serialisable (dict / list / str / int / float / bool / None), so a runtime can
+  keep it in SQLite rows or faust Tables. Returning `None` as the new state deletes the key.
+- `process(state, event, config)` handles one event of one of `inputs`; `on_tick(state, now_ms,
+  config)` does time-based work (idle timeouts, waiting limits). `now_ms` is the runtime's notion of
+  time: the wall clock when live, the stream's watermark (latest occurred_at read) in a replay.
+- `on_tick` that has nothing to do returns the very `state` object it was given, unmodified; one that
+  changes the state emits something or returns another object (or None). Runtimes tick every stored
+  session, so they tell a changed state from an unchanged one by that, not by serialising each state
+  twice per tick.
+- Processors never modify their input events: a runtime may hand one decoded event to several
+  processors (pipeline/runtime/shared_decodes.py).
+- Outputs are `Emit(topic, event)`; the record key is the event's session_id. Output ids are
+  deterministic (inputs' ids + config version); a redelivered input is recognised by the bounded
+  seen-id list in the state and emits nothing.
+- Processors never read a clock, do I/O or import a runtime.
+Reads and writes no topics itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from pipeline.processors.config import PipelineConfig
+from pipeline.processors.event_building import Event, State
+
+
+@dataclass(frozen=True)
+class Emit:
+    """One output: `topic` is the catalog name (e.g. "next_states"); the key is the event's session_id."""
+
+    topic: str
+    event: Event
+
+
+ProcessResult = tuple[State | None, list[Emit]]
+
+
+class Processor(Protocol):
+    """A pure stream processor over session-keyed state."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def inputs(self) -> tuple[str, ...]: ...
+
+    @property
+    def outputs(self) -> tuple[str, ...]: ...
+
+    def process(self, state: State | None, event: Event, config: PipelineConfig) -> ProcessResult:
+        """Handle one input event of the session whose state is `state` (None: nothing stored yet)."""
+        ...
+
+    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
+        """Time-based work for one stored session; called periodically by the runtime.
+
+        Returns `state` itself, unmodified, when there is nothing to do (see the module docstring).
+        """
+        ...

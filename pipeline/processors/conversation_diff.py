@@ -1,0 +1,50 @@
+"""What a client appended to a conversation between two main turns (the previous turn's next state).
+
+The previous turn is remembered by a digest of its messages (not the messages: OpenClaw re-sends
+~11k tokens of history per turn, so state stays small). Messages are compared by role and readable
+text, so a client that re-sends a string content as a list of text parts still matches.
+Reads and writes no topics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pipeline.processors.next_state_text import Message, message_text
+
+PREFIX = "prefix"
+AFTER_LAST_ASSISTANT = "after_last_assistant"
+
+
+def normalised(message: Message) -> list[str]:
+    return [str(message.get("role", "")), message_text(message)]
+
+
+def messages_digest(messages: list[Message]) -> str:
+    encoded = json.dumps([normalised(m) for m in messages], separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def appended_messages(
+    previous_count: int, previous_digest: str, current: list[Message]
+) -> tuple[list[Message], str]:
+    """The messages of `current` that came after the previous turn's prompt and its response.
+
+    If the previous prompt is a prefix of `current`, everything after it except the assistant
+    response itself (all tool results and the new user message, not only the last message).
+    Otherwise (the client rewrote or compacted history) everything after the last assistant message.
+    Returns (messages, how they were found).
+    """
+    is_prefix = (
+        len(current) >= previous_count and messages_digest(current[:previous_count]) == previous_digest
+    )
+    if is_prefix:
+        rest = current[previous_count:]
+        if rest and rest[0].get("role") == "assistant":
+            rest = rest[1:]
+        return rest, PREFIX
+    for index in range(len(current) - 1, -1, -1):
+        if current[index].get("role") == "assistant":
+            return current[index + 1 :], AFTER_LAST_ASSISTANT
+    return current[-1:], AFTER_LAST_ASSISTANT

@@ -1,0 +1,16 @@
+"""The pure processors by stage name, as the runtimes load them (checked against the topology by tests).
+
+Reads and writes no topics itself.
+"""
+
+from __future__ import annotations
+
+from pipeline.processors.contract import Processor
+from pipeline.processors.hint_selector import HINT_SELECTOR
+from pipeline.processors.sample_builder import SAMPLE_BUILDER
+from pipeline.processors.turn_linker import TURN_LINKER
+from pipeline.processors.vote_tally import VOTE_TALLY
+
+PURE_PROCESSORS: dict[str, Processor] = {
+    processor.name: processor for processor in (TURN_LINKER, VOTE_TALLY, HINT_SELECTOR, SAMPLE_BUILDER)
+}

@@ -1,0 +1,127 @@
+"""vote_tally: turns the m judge votes of a judgement into one RewardDecided.
+
+Reads judge_votes (JudgeVoteCast); writes rewards (RewardDecided).
+
+Rule "majority" (LLM judges): the most frequent valid score wins; a tie or no valid vote gives 0
+with reason "tie" / "no_valid_votes" (OpenClaw-RL's rule: [1,1,-1] -> 1, [1,-1,0] -> 0,
+[1,None,None] -> 1, [1,-1,None] -> 0). Rule "rule_judge" (judge_kind "rule", one vote): the
+vote is the reward, reason "outcome". The decision waits for `votes_per_judgement` votes (or
+`rule_votes_per_judgement`), or for `vote_timeout_s` after the first vote (on_tick; missing votes
+count as failures). Votes are ordered by vote_index and occurred_at is the latest vote's, so the
+arrival order of the votes never changes the output.
+State per session: namespace, session_id, seen, last_activity_ms, judgements (key
+"turn|next_state|judge|config" -> votes by index, or a {"decided": true} marker).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pipeline.processors import vote_collection
+from pipeline.processors.config import PipelineConfig
+from pipeline.processors.contract import Emit, ProcessResult
+from pipeline.processors.event_building import (
+    Event,
+    State,
+    build_event,
+    event_id_of,
+    event_type_of,
+    producer_name,
+    remember_event,
+)
+from pipeline.processors.topology import stage_named
+
+NAME = "vote_tally"
+LOGIC_VERSION = "1"
+PRODUCER = producer_name(NAME, LOGIC_VERSION)
+MAJORITY_RULE = "majority"
+RULE_JUDGE_RULE = "rule_judge"
+RULE_VERSION = "1"
+
+
+def majority(scores: list[int | None]) -> tuple[float, str]:
+    """(reward, reason): the majority of the valid scores; a tie or no valid score is 0."""
+    valid = [score for score in scores if score is not None]
+    if not valid:
+        return 0.0, "no_valid_votes"
+    counts = Counter(valid).most_common()
+    top_count = counts[0][1]
+    winners = [score for score, count in counts if count == top_count]
+    if len(winners) > 1:
+        return 0.0, "tie"
+    return float(winners[0]), "majority"
+
+
+def rule_judge_reward(scores: list[int | None]) -> tuple[float, str]:
+    valid = [score for score in scores if score is not None]
+    return (float(valid[0]), "outcome") if valid else (0.0, "no_valid_votes")
+
+
+class VoteTally:
+    name = NAME
+    inputs = stage_named(NAME).inputs
+    outputs = stage_named(NAME).outputs
+
+    def process(self, state: State | None, event: Event, config: PipelineConfig) -> ProcessResult:
+        state = state if state is not None else vote_collection.new_vote_state(event)
+        if event_type_of(event) != "JudgeVoteCast" or not remember_event(
+            state, event_id_of(event), config.seen_window
+        ):
+            return state, []
+        added = vote_collection.add_vote(state, event)
+        if added is None:
+            return state, []
+        key, judgement = added
+        if len(judgement["votes"]) < votes_needed(judgement, config):
+            return state, []
+        emit = decide(state, key, judgement, vote_collection.last_vote_ms(judgement), config)
+        return state, [emit]
+
+    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
+        emits = [
+            decide(state, key, judgement, deadline_ms, config)
+            for key, judgement, deadline_ms in vote_collection.expired_judgements(
+                state, now_ms, config.tally.vote_timeout_s
+            )
+        ]
+        if not emits and vote_collection.can_forget(state, now_ms, config.tally.retention_s):
+            return None, []
+        return state, emits
+
+
+def votes_needed(judgement: vote_collection.Judgement, config: PipelineConfig) -> int:
+    if judgement["judge_kind"] == "rule":
+        return config.tally.rule_votes_per_judgement
+    return config.tally.votes_per_judgement
+
+
+def decide(
+    state: State, key: str, judgement: vote_collection.Judgement, occurred_at_ms: int, config: PipelineConfig
+) -> Emit:
+    votes = vote_collection.votes_in_order(judgement)
+    vote_ids = [vote["event_id"] for vote in votes]
+    scores = [vote["score"] for vote in votes]
+    is_rule = judgement["judge_kind"] == "rule"
+    reward, reason = rule_judge_reward(scores) if is_rule else majority(scores)
+    rule = RULE_JUDGE_RULE if is_rule else MAJORITY_RULE
+    event = build_event(
+        "RewardDecided",
+        producer=PRODUCER,
+        namespace=state["namespace"],
+        session_id=state["session_id"],
+        turn_id=judgement["turn_id"],
+        occurred_at_ms=occurred_at_ms,
+        id_parts=(key, *vote_ids, rule, RULE_VERSION, config.tally.version),
+        vote_ids=vote_ids,
+        votes=scores,
+        rule=rule,
+        rule_version=RULE_VERSION,
+        reward=reward,
+        reason=reason,
+        promoted=False,
+    )
+    vote_collection.mark_decided(state, key)
+    return Emit("rewards", event)
+
+
+VOTE_TALLY = VoteTally()

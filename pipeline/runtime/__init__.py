@@ -1,0 +1,1 @@
+"""Runs stages over a log: the shared processor host and its I/O shells (embedded, faust, memory)."""

@@ -1,0 +1,222 @@
+"""`orl pipeline`: builds the stages from settings and runs them over the event log.
+
+Each stage is one StreamRunner (one consumer group). With `--role all` every stage runs: on two or
+more cores the downstream ones in a second process (pipeline/runtime/stage_process.py), so both cores work.
+With a stage name (or several, comma-separated) only those run, in this process, so stages can be
+placed in separate processes by hand. Reads and writes the topics declared in pipeline/processors/topology.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+from connectors.event_log.base import EventLog
+from connectors.event_log.factory import open_event_log
+from connectors.metrics import Metrics
+from pipeline.effects.contract import EffectStage
+from pipeline.effects.judge_stage import JudgeStage
+from pipeline.effects.judging import JudgeConfig
+from pipeline.effects.rule_judges import load_hint_extractor, load_rule_judge
+from pipeline.effects.teacher_stage import TEACHER_KINDS, TeacherStage
+from pipeline.processors.config import (
+    HintSelectionConfig,
+    LinkerConfig,
+    PipelineConfig,
+    SampleConfig,
+    TallyConfig,
+)
+from pipeline.processors.contract import Processor
+from pipeline.processors.registry import PURE_PROCESSORS
+from pipeline.processors.topology import STAGES
+from pipeline.runtime.gc_tuning import tuned_for_streams
+from pipeline.runtime.settings import PipelineSettings
+from pipeline.runtime.shared_decodes import SharedDecodes
+from pipeline.runtime.stage_process import split_stages, start_stage_process, stop_stage_process, supervise
+from pipeline.runtime.stream_runner import StreamRunner
+from schemas.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+Stage = Processor | EffectStage
+
+
+def judge_configs(settings: PipelineSettings) -> tuple[JudgeConfig | None, JudgeConfig | None]:
+    """The reward judge (every method: for opd its votes are kept for audit and the at-least-one
+    promotion, as the original's eval mode) and the hint judge (opd and combined)."""
+    url = settings.judge_url or settings.server_url
+
+    def config(judge_id: str, choice: str) -> JudgeConfig:
+        rule = choice != "llm"
+        return JudgeConfig(
+            judge_id=f"{judge_id}:{choice}" if rule else judge_id,
+            kind="rule" if rule else "llm",
+            endpoint_url="" if rule else url,
+            model="" if rule else settings.judge_model,
+            m=1 if rule else settings.judge_votes,
+            temperature=settings.judge_temperature,
+            max_tokens=settings.judge_max_tokens,
+            timeout_s=settings.judge_timeout_s,
+        )
+
+    reward = config("prm", settings.judge)
+    hint = config("hint", settings.hint_judge) if settings.method in ("opd", "combined") else None
+    return reward, hint
+
+
+def pipeline_config(settings: PipelineSettings) -> PipelineConfig:
+    reward, hint = judge_configs(settings)
+    return PipelineConfig(
+        linker=LinkerConfig(idle_timeout_s=settings.idle_timeout_s),
+        tally=TallyConfig(votes_per_judgement=reward.m if reward else 1),
+        hints=HintSelectionConfig(votes_per_judgement=hint.m if hint else 1),
+        samples=SampleConfig(
+            method=settings.method,  # type: ignore[arg-type]  # checked in SampleConfig.__post_init__
+            at_least_one=settings.at_least_one,
+            promotion_reward=settings.promotion_reward,
+        ),
+    )
+
+
+def build_stages(settings: PipelineSettings) -> list[Stage]:
+    if settings.method not in ("binary", "opd", "combined"):
+        raise ConfigError(f"--method must be binary, opd or combined, not {settings.method!r}")
+    if settings.teacher_kind not in TEACHER_KINDS:
+        raise ConfigError(f"--teacher-kind must be one of {', '.join(TEACHER_KINDS)}")
+    reward, hint = judge_configs(settings)
+    judge = JudgeStage(
+        reward_judge=reward,
+        hint_judge=hint,
+        api_key=settings.judge_api_key or settings.api_key,
+        rule_judge=load_rule_judge(settings.judge) if reward and reward.kind == "rule" else None,
+        hint_extractor=load_hint_extractor(settings.hint_judge) if hint and hint.kind == "rule" else None,
+        concurrency=settings.effect_concurrency,
+    )
+    teacher = TeacherStage(settings.server_url, settings.api_key, teacher_kind=settings.teacher_kind)
+    by_name: dict[str, Stage] = {**PURE_PROCESSORS, "judge": judge, "teacher": teacher}
+    names = [stage.name for stage in STAGES]
+    if settings.method == "binary":
+        names = [n for n in names if n not in ("hint_selector", "teacher")]
+    kinds = {stage.name: stage.kind for stage in STAGES}
+    if settings.role in ("pure", "effect"):
+        names = [n for n in names if kinds[n] == settings.role]
+    elif settings.role != "all":
+        chosen = settings.role.split(",")  # one stage, or several in this one process
+        unknown = [name for name in chosen if name not in by_name]
+        if unknown or not chosen:
+            raise ConfigError(
+                f"--role must be all, pure, effect or stage names (comma-separated) from "
+                f"{', '.join(by_name)}; got {settings.role!r}"
+            )
+        names = [name for name in by_name if name in chosen]  # topological order
+    return [by_name[name] for name in names]
+
+
+def build_runners(
+    log: EventLog, settings: PipelineSettings, stages: list[Stage], metrics: Metrics | None = None
+) -> list[StreamRunner]:
+    """One StreamRunner per stage on `log`; they share decodes (a record several stages read is decoded once)."""
+    config = pipeline_config(settings)
+    metrics = metrics or Metrics()
+    decodes = SharedDecodes()
+    return [
+        StreamRunner(
+            log,
+            stage,
+            config,
+            settings.namespace,
+            metrics=metrics,
+            tick_interval_s=settings.tick_interval_s,
+            partitions=settings.topic_partitions,
+            effect_concurrency=settings.effect_concurrency,
+            decodes=decodes,
+        )
+        for stage in stages
+    ]
+
+
+async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
+    """Run the stages of `settings.role` until `stop`; with `--role all` on 2+ cores, the downstream
+    stages run in a child process (pipeline/runtime/stage_process.py), so the pipeline uses two cores."""
+    stages = build_stages(settings)
+    here, there = split_stages([s.name for s in stages], settings.role, os.cpu_count())
+    child = await start_stage_process(settings, there) if there else None
+    try:
+        with tuned_for_streams():
+            await _run_here(settings, [s for s in stages if s.name in here], child, stop)
+    finally:
+        if child is not None:
+            await stop_stage_process(child)
+
+
+async def _run_here(
+    settings: PipelineSettings,
+    stages: list[Processor | EffectStage],
+    child: asyncio.subprocess.Process | None,
+    stop: asyncio.Event,
+) -> None:
+    async with open_event_log(settings.effective_log_url()) as log:
+        runners = build_runners(log, settings, stages)
+        logger.info("pipeline (%s) running stages: %s", settings.method, ", ".join(s.name for s in stages))
+        try:
+            async with asyncio.TaskGroup() as tasks:  # one failing stage stops the others
+                for runner in runners:
+                    tasks.create_task(runner.run(stop))
+                if child is not None:
+                    tasks.create_task(supervise(child, stop))
+        except BaseExceptionGroup as group:  # one failure: raise it as is (the CLI names OrlErrors)
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+
+def run(settings: PipelineSettings) -> int:
+    """Entry point of `orl pipeline`.
+
+    `--runtime embedded` runs the chosen stages with StreamRunner over whatever log --log-url names
+    (SQLite or Kafka). `--runtime faust` runs the chosen pure stages as one faust worker on Kafka
+    (start several for scale-out); the effect stages (judge, teacher) then run in their own
+    `--runtime embedded --role judge|teacher` processes against the same kafka:// log.
+    """
+    if settings.runtime == "faust":
+        return _run_faust(settings)
+    if settings.runtime != "embedded":
+        raise ConfigError(f"--runtime must be embedded or faust, not {settings.runtime!r}")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_pipeline(settings, stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def _run_faust(settings: PipelineSettings) -> int:
+    from pipeline.runtime.faust_runtime import run_worker
+
+    log_url = settings.effective_log_url()
+    if not log_url.startswith("kafka://"):
+        raise ConfigError("--runtime faust needs a Kafka log: --log-url kafka://host:port")
+    stages = build_stages(settings)
+    effects = [s.name for s in stages if isinstance(s, EffectStage)]
+    if effects:
+        raise ConfigError(
+            f"faust runs the pure stages only; run {', '.join(effects)} with --runtime embedded "
+            "--role <stage> (or pick a pure --role)"
+        )
+    processors = [s for s in stages if not isinstance(s, EffectStage)]
+    (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
+    run_worker(
+        processors,
+        pipeline_config(settings),
+        settings.namespace,
+        log_url.removeprefix("kafka://"),
+        app_id=f"orl-{settings.namespace}-pipeline",
+        data_dir=settings.data_dir / "faust",
+        partitions=settings.topic_partitions,
+    )
+    return 0
