@@ -3,21 +3,19 @@
 A session comes from, in order: the `X-Session-Id` header, a `session_id` key in the body, OpenAI's
 `user` field. When none is given, a request is linked to the earlier main turn whose messages plus
 its response are a prefix of the new request's messages: that is how a stock client (any SDK, a chat
-UI, OpenClaw without the fork) resends a conversation, so its turns link without any header.
+UI, OpenClaw without the fork) resends a conversation, so its turns link without any header. The
+comparison is `schemas.messages.conversation_key`, lenient on what clients change in an echoed reply.
 Turn indexes are given at arrival, so concurrent requests in one session are ordered by request.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-Message = dict[str, Any]
+from schemas.messages import Message, conversation_key
 
 
 @dataclass(frozen=True)
@@ -34,41 +32,6 @@ class _SessionState:
     next_turn_index: int = 0
     last_main_turn_id: str | None = None
     closed: bool = False
-
-
-def normalized_message(message: Message) -> dict[str, Any]:
-    """What must match for two renderings of a message to count as the same (content text, tool calls)."""
-    content = message.get("content")
-    if isinstance(content, list):  # content parts: keep the text parts only
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    calls = [
-        (
-            call.get("function", {}).get("name"),
-            _canonical_arguments(call.get("function", {}).get("arguments")),
-        )
-        for call in message.get("tool_calls") or []
-    ]
-    return {
-        "role": message.get("role"),
-        "content": (content or "").strip(),
-        "tool_calls": calls,
-        "tool_call_id": message.get("tool_call_id"),
-    }
-
-
-def conversation_key(messages: Sequence[Message]) -> str:
-    """A stable hash of a message list, insensitive to cosmetic differences between clients."""
-    canonical = json.dumps([normalized_message(m) for m in messages], sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _canonical_arguments(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
 
 
 @dataclass

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipeline.processors.config import content_version
-from pipeline.processors.next_state_text import Message, render_request, truncate_middle
+from pipeline.processors.next_state_text import render_request, truncate_middle
 from schemas.errors import ConfigError
+from schemas.messages import Message
 
 JudgeKind = Literal["llm", "rule"]
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from pipeline.processors.next_state_text import Message
 from schemas.errors import ConfigError
+from schemas.messages import Message
 
 ENTRY_POINT_GROUP = "orl.judges"
 HINT_ENTRY_POINT_GROUP = "orl.hint_extractors"

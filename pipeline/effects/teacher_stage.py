@@ -32,7 +32,6 @@ from pipeline.processors.event_building import (
     remember_event,
     turn_id_of,
 )
-from pipeline.processors.next_state_text import content_text
 from pipeline.processors.turn_memory import (
     add_trigger,
     forget_if_idle,
@@ -40,6 +39,7 @@ from pipeline.processors.turn_memory import (
     remember_turn_event,
     take_ready_triggers,
 )
+from schemas.messages import content_text
 
 logger = logging.getLogger(__name__)
 PRODUCER = "pipeline.teacher/1"

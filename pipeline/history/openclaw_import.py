@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.history.import_tokens import ImportTokenizer, LogprobScorer
-from pipeline.processors.next_state_text import Message
 from schemas.errors import OrlError
 from schemas.events import make_event
+from schemas.messages import Message
 
 PRODUCER = "pipeline.history.openclaw_import/1"
 JUDGE_CONFIG_VERSION = "openclaw-rl-import"

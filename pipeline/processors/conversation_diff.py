@@ -2,28 +2,16 @@
 
 The previous turn is remembered by a digest of its messages (not the messages: OpenClaw re-sends
 ~11k tokens of history per turn, so state stays small). Messages are compared by role and readable
-text, so a client that re-sends a string content as a list of text parts still matches.
-Reads and writes no topics.
+text (`schemas.messages.messages_digest`), so a client that re-sends a string content as a list of
+text parts still matches. Reads and writes no topics.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-
-from pipeline.processors.next_state_text import Message, message_text
+from schemas.messages import Message, messages_digest
 
 PREFIX = "prefix"
 AFTER_LAST_ASSISTANT = "after_last_assistant"
-
-
-def normalised(message: Message) -> list[str]:
-    return [str(message.get("role", "")), message_text(message)]
-
-
-def messages_digest(messages: list[Message]) -> str:
-    encoded = json.dumps([normalised(m) for m in messages], separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(encoded.encode()).hexdigest()
 
 
 def appended_messages(

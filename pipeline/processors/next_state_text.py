@@ -1,56 +1,18 @@
-"""Rendering OpenAI chat messages, responses and next states as readable text (the one place).
+"""Rendering OpenAI chat messages, responses and next states as readable text for the pipeline.
 
-Used by the turn linker (the content of a conversation next state) and by the judge prompts.
-Reads and writes no topics.
+Used by the turn linker (the content of a conversation next state) and by the judge prompts. How a
+message's content and tool calls read as text is `schemas.messages`; this module lays messages out
+(labels, the request a judge sees, truncation). Reads and writes no topics.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
-Message = dict[str, Any]
+from schemas.messages import Message, message_text, tool_calls_text
 
 # Roles of NextStateObserved: who produced what came after the response.
 NEXT_STATE_ROLE_BY_MESSAGE_ROLE = {"user": "user", "tool": "tool", "function": "tool"}
-
-
-def content_text(content: Any) -> str:
-    """A message `content` (string, list of parts, or None) flattened to text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(part_text(part) for part in content if part_text(part))
-    return json.dumps(content, sort_keys=True)
-
-
-def part_text(part: Any) -> str:
-    if isinstance(part, str):
-        return part
-    if isinstance(part, dict):
-        if part.get("type") == "text" or "text" in part:
-            return str(part.get("text", ""))
-        return f"[{part.get('type', 'part')}]"
-    return str(part)
-
-
-def tool_calls_text(tool_calls: Any) -> str:
-    """OpenAI tool calls as one line each: `name(arguments)`."""
-    if not tool_calls:
-        return ""
-    lines = []
-    for call in tool_calls:
-        function = call.get("function", {}) if isinstance(call, dict) else {}
-        lines.append(f"[tool call] {function.get('name', '?')}({function.get('arguments', '')})")
-    return "\n".join(lines)
-
-
-def message_text(message: Message) -> str:
-    """The readable text of one message: its content, then its tool calls if any."""
-    parts = [content_text(message.get("content")), tool_calls_text(message.get("tool_calls"))]
-    return "\n".join(part for part in parts if part)
 
 
 def message_label(message: Message) -> str:

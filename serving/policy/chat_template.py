@@ -8,15 +8,19 @@ tool results become user turns wrapped in `<tool_response>` (the Hermes / Qwen c
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from schemas.messages import (
+    Message,
+    UnsupportedContentError,
+    parsed_arguments,
+    prompt_text,
+    tool_call_function,
+)
 from serving.policy.base import PolicyError
-
-Message = dict[str, Any]
 
 
 class ChatTemplate:
@@ -74,19 +78,16 @@ class ChatTemplate:
         )
 
 
-def content_text(content: Any) -> str:
-    """OpenAI content (None, a string, or a list of parts) as plain text; non-text parts are dropped."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    raise PolicyError(f"unsupported message content of type {type(content).__name__}")
+def _prompt_content_text(content: Any) -> str:
+    """OpenAI content as the model sees it (`schemas.messages.prompt_text`); a bad content is a PolicyError."""
+    try:
+        return prompt_text(content)
+    except UnsupportedContentError as error:
+        raise PolicyError(str(error)) from error
 
 
 def _plain_content(message: Message) -> Message:
-    return {**message, "content": content_text(message.get("content"))}
+    return {**message, "content": _prompt_content_text(message.get("content"))}
 
 
 def _without_tool_roles(messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> list[Message]:
@@ -95,7 +96,7 @@ def _without_tool_roles(messages: Sequence[Message], tools: Sequence[dict[str, A
         role = m.get("role")
         if role is None:
             raise PolicyError("every message needs a role")
-        text = content_text(m.get("content"))
+        text = _prompt_content_text(m.get("content"))
         if role == "tool":
             out.append({"role": "user", "content": _tool_response(m, text)})
         elif role == "assistant" and m.get("tool_calls"):
@@ -115,11 +116,8 @@ def _tool_response(message: Message, text: str) -> str:
 def _with_tool_calls(text: str, tool_calls: list[dict[str, Any]]) -> str:
     blocks = []
     for call in tool_calls:
-        fn = call.get("function", call)
-        args = fn.get("arguments", {})
-        if isinstance(args, str):
-            with contextlib.suppress(json.JSONDecodeError):  # else keep the raw string the model produced
-                args = json.loads(args)
+        fn = tool_call_function(call)
+        args = parsed_arguments(fn.get("arguments", {}))
         blocks.append(
             "<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>"
         )

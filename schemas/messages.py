@@ -1,0 +1,151 @@
+"""OpenAI chat messages: the one set of rules for reading their content, tool calls and identity.
+
+A message `content` is None, a string, or a list of parts; a text part is a string or an object
+with `"type": "text"` or a `"text"` key. From that one definition come three texts:
+
+- `content_text`: readable text for people and judges (parts on their own lines, a placeholder
+  such as `[image_url]` for every non-text part);
+- `prompt_text`: what the policy model is prompted with (text parts run together, nothing else);
+- `message_text`: a message's readable content followed by its tool calls, one line each.
+
+And two ways to tell whether two message lists are the same conversation (why two: see
+`conversation_key` and `messages_digest`). Used by serving (chat template, session tracker) and the
+pipeline (next-state text, conversation diff). Reads and writes no topics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from schemas.errors import OrlError
+
+Message = dict[str, Any]
+
+
+class UnsupportedContentError(OrlError):
+    """A message `content` that is neither None, a string nor a list of parts."""
+
+
+def part_text(part: Any) -> str | None:
+    """The text of a text part; None for any other part (an image, audio, ...)."""
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict) and (part.get("type") == "text" or "text" in part):
+        return str(part.get("text", ""))
+    return None
+
+
+def part_placeholder(part: Any) -> str:
+    """How a non-text part shows in readable text: `[its type]`."""
+    if isinstance(part, dict):
+        return f"[{part.get('type', 'part')}]"
+    return str(part)
+
+
+def content_text(content: Any) -> str:
+    """Readable text of a `content`: non-empty parts one per line, non-text parts as placeholders.
+
+    Any other value (an object, a number) is shown as its JSON, so nothing a client sent is hidden.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        shown = [_readable_part(part) for part in content]
+        return "\n".join(text for text in shown if text)
+    return json.dumps(content, sort_keys=True)
+
+
+def _readable_part(part: Any) -> str:
+    text = part_text(part)
+    return text if text is not None else part_placeholder(part)
+
+
+def prompt_text(content: Any) -> str:
+    """The text a model is prompted with: text parts joined with nothing between them, other parts dropped.
+
+    Raises UnsupportedContentError for a content that is not None, a string or a list.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(text for text in map(part_text, content) if text is not None)
+    raise UnsupportedContentError(f"unsupported message content of type {type(content).__name__}")
+
+
+def tool_call_function(call: Any) -> dict[str, Any]:
+    """The `function` object of an OpenAI tool call ({} when the call has none)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    return function if isinstance(function, dict) else {}
+
+
+def parsed_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as JSON values when they are a JSON string; otherwise unchanged."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments  # not JSON: keep the raw string the model produced
+    return arguments
+
+
+def tool_calls_text(tool_calls: Any) -> str:
+    """OpenAI tool calls as one line each: `[tool call] name(arguments)`, arguments as sent."""
+    if not tool_calls:
+        return ""
+    lines = []
+    for call in tool_calls:
+        function = tool_call_function(call)
+        lines.append(f"[tool call] {function.get('name', '?')}({function.get('arguments', '')})")
+    return "\n".join(lines)
+
+
+def message_text(message: Message) -> str:
+    """The readable text of one message: its content, then its tool calls if any."""
+    parts = [content_text(message.get("content")), tool_calls_text(message.get("tool_calls"))]
+    return "\n".join(part for part in parts if part)
+
+
+def message_key(message: Message) -> dict[str, Any]:
+    """What must match for a re-sent message to count as the same one.
+
+    Lenient on what SDKs change when they echo a reply back: surrounding whitespace, string vs text
+    parts, the JSON formatting of tool-call arguments.
+    """
+    return {
+        "role": message.get("role"),
+        "content": prompt_text(message.get("content")).strip(),
+        "tool_calls": [_tool_call_key(call) for call in message.get("tool_calls") or []],
+        "tool_call_id": message.get("tool_call_id"),
+    }
+
+
+def _tool_call_key(call: Any) -> tuple[Any, Any]:
+    function = tool_call_function(call)
+    return function.get("name"), parsed_arguments(function.get("arguments"))
+
+
+def conversation_key(messages: Sequence[Message]) -> str:
+    """A hash of a message list under `message_key`: the server's own reply matches the client's echo of it.
+
+    Held in memory only (the session tracker), so its rule may change between releases.
+    """
+    canonical = json.dumps([message_key(m) for m in messages], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def messages_digest(messages: Sequence[Message]) -> str:
+    """A hash of a message list by role and `message_text`: a client's request against its next one.
+
+    Stored in the turn linker's changelog-backed state, so its bytes must stay the same across
+    releases; that is why it keeps its own, stricter rule instead of `conversation_key`'s.
+    """
+    normalised = [[str(m.get("role", "")), message_text(m)] for m in messages]
+    encoded = json.dumps(normalised, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(encoded.encode()).hexdigest()
