@@ -136,9 +136,9 @@ def trainer_alone(stack: DemoStack, run_id: str, steps: int, batch_size: int) ->
         "ORL_TRAIN_MAX_STEPS": str(steps),
         "ORL_TRAIN_BATCH_SIZE": str(batch_size),
         "ORL_TRAIN_PARTIAL_BATCH_AFTER_S": "2",
-        "ORL_TRAIN_LR": stack.supervisor.env["ORL_TRAIN_LR"],
-        "ORL_TRAIN_TEMPERATURE": stack.supervisor.env["ORL_TRAIN_TEMPERATURE"],
-        "ORL_TRAIN_SEED": stack.supervisor.env["ORL_TRAIN_SEED"],
+        "ORL_TRAIN_LR": stack.supervisor.launches["train"].env["ORL_TRAIN_LR"],
+        "ORL_TRAIN_TEMPERATURE": stack.supervisor.launches["train"].env["ORL_TRAIN_TEMPERATURE"],
+        "ORL_TRAIN_SEED": stack.supervisor.launches["train"].env["ORL_TRAIN_SEED"],
     }
     log_path = stack.up.data_dir / "logs" / f"{run_id}.log"
     with log_path.open("wb") as log:

@@ -24,14 +24,14 @@ Measurements per runtime:
 - latency: the events are appended at an offered `--rate` turns/s while the stages run; for every
   turn, next-state -> sample latency = append time of its SampleReady/SampleRejected minus append
   time of its NextStateObserved (the log's record timestamps, 1 ms resolution).
-- CPU s: CPU time of this process (all threads) and of its children (the stage process) over the
+- CPU s: CPU time of this process (all threads) and of its children (the downstream `orl pipeline`) over the
   measured run, a figure that other load on the machine barely changes (for faust it includes the
   broker and the worker).
 
-`embedded`: SQLite event log; the pipeline runs as `orl pipeline --role all` runs it
-(pipeline.runtime.main.run_pipeline, in this process): on 2+ cores turn_linker and judge here and
-vote_tally and sample_builder in a stage process; `--one-process` names every stage, so all run
-here. `faust` and `llm` (votes/s of the LLM judge on CPU): see benchmarks/bench_pipeline_runtimes.py.
+`embedded`: SQLite event log; the pipeline runs as `orl up` runs it (orl/up.py `pipeline_roles`): on
+2+ cores turn_linker and judge in this process (pipeline.runtime.main.run_pipeline) and vote_tally
+and sample_builder in an `orl pipeline` child process that gets its settings in its environment;
+`--one-process` runs every stage here. `faust` and `llm` (votes/s of the LLM judge on CPU): see benchmarks/bench_pipeline_runtimes.py.
 Writes only under a temporary directory.
 """
 
@@ -43,14 +43,19 @@ import dataclasses
 import json
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from connectors.compute import available_cores
 from connectors.event_log.base import EventLog, OutgoingRecord
 from connectors.event_log.catalog import create_catalog_topics
+from connectors.settings import settings_env
+from orl.up import pipeline_roles
 from pipeline.history.namespace_io import envelope_keys
 from pipeline.runtime.main import build_runners, build_stages, run_pipeline
 from pipeline.runtime.settings import PipelineSettings
@@ -173,7 +178,7 @@ class SampleWatch:
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process (every thread) and of its children (the stage process), so far.
+    """CPU time of this process (every thread) and of its children (the downstream `orl pipeline`), so far.
 
     Exited children count through getrusage, live ones through /proc (Linux; elsewhere they count
     once they exit, start-up included). A figure that other load on the machine barely changes."""
@@ -210,23 +215,37 @@ async def run_stages(
     return [asyncio.create_task(runner.run(stop)) for runner in runners]
 
 
-def pipeline_role(args: argparse.Namespace) -> str:
-    """`all` (split over two processes on 2+ cores), or with --one-process every stage named: one process."""
-    if not args.one_process:
-        return "all"
-    settings = bench_settings(args, "unused://", Path("."))
-    return ",".join(stage.name for stage in build_stages(settings))
+async def run_pipeline_process(settings: PipelineSettings, stop: asyncio.Event) -> None:
+    """`orl pipeline` in a child process with `settings` in its environment, until `stop` (as `orl up` runs it)."""
+    with (settings.data_dir / f"pipeline-{settings.role}.log").open("ab") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "orl.cli", "pipeline", env={**os.environ, **settings_env(settings)},
+            stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        exited = asyncio.ensure_future(process.wait())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({exited, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not exited.done():
+            process.terminate()
+        await exited
+    if not stop.is_set():
+        raise RuntimeError(f"the {settings.role} pipeline process exited with {process.returncode}")
 
 
 async def start_stages(
     log: EventLog, args: argparse.Namespace, data_dir: Path, stop: asyncio.Event, names: Sequence[str] | None
 ) -> list[asyncio.Task[None]]:
-    """The named stages as runners here (faust: the judge), or (None) the pipeline as `orl pipeline` runs it."""
+    """The named stages as runners here (faust: the judge), or (None) the pipeline as `orl up` runs it."""
     if names is not None:
         return await run_stages(log, args, data_dir, stop, names)
-    log_url = f"sqlite:///{data_dir / 'log.db'}"
-    settings = dataclasses.replace(bench_settings(args, log_url, data_dir), role=pipeline_role(args))
-    return [asyncio.create_task(run_pipeline(settings, stop))]
+    settings = bench_settings(args, f"sqlite:///{data_dir / 'log.db'}", data_dir)
+    roles = {"pipeline": "all"} if args.one_process else pipeline_roles(settings.method, available_cores())
+    tasks = [asyncio.create_task(run_pipeline(dataclasses.replace(settings, role=roles["pipeline"]), stop))]
+    if "pipeline-downstream" in roles:
+        downstream = dataclasses.replace(settings, role=roles["pipeline-downstream"])
+        tasks.append(asyncio.create_task(run_pipeline_process(downstream, stop)))
+    return tasks
 
 
 async def measure(
@@ -307,7 +326,7 @@ async def embedded(args: argparse.Namespace) -> None:
     from connectors.event_log.sqlite_log import SqliteEventLog
 
     results = []
-    processes = "1 process" if args.one_process or (os.cpu_count() or 1) < 2 else "2 processes"
+    processes = "1 process" if args.one_process or available_cores() < 2 else "2 processes"
     for mode in ("backlog", "burst", "rate"):
         for _ in range(args.repeat):
             with tempfile.TemporaryDirectory() as tmp:
@@ -364,7 +383,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=1, help="partitions of every topic")
     parser.add_argument("--close", action="store_true", help="end every session with SessionClosed")
     parser.add_argument(
-        "--one-process", action="store_true", help="embedded: every stage in this process (no stage process)"
+        "--one-process", action="store_true", help="embedded: every stage in this process (no downstream process)"
     )
     parser.add_argument("--judge", default="user_reply", help="rule judge (entry point name)")
     parser.add_argument("--effect-concurrency", type=int, default=4, help="concurrent judge calls")

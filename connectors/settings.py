@@ -60,6 +60,24 @@ class ConnectionSettings:
         return self.store_url or f"file://{(self.data_dir / 'objects').resolve()}"
 
 
+def settings_env(settings: object) -> dict[str, str]:
+    """The settings as the environment variables that give them back (the one way a child process
+    gets its settings: `orl.cli` reads them like any other environment). Tuples are comma-joined,
+    booleans true/false, None empty."""
+    env = {}
+    for f in dataclasses.fields(settings):  # type: ignore[arg-type]
+        name, value = f.metadata.get("env"), getattr(settings, f.name)
+        if not name:
+            continue
+        if isinstance(value, bool):
+            env[name] = "true" if value else "false"
+        elif isinstance(value, tuple):
+            env[name] = ",".join(str(part) for part in value)
+        else:
+            env[name] = "" if value is None else str(value)
+    return env
+
+
 def masked(settings: object) -> dict[str, str]:
     """The settings as strings for logging, with secrets replaced by '***' (or '' when unset)."""
     if not dataclasses.is_dataclass(settings):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from connectors.compute import available_cores, check_precision, choose_numerics, cpu_model_name
 from connectors.settings import ConnectionSettings, setting
+from pipeline.runtime.main import method_stage_names
 from schemas.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -132,28 +133,66 @@ def component_env(settings: UpSettings) -> dict[str, str]:
     }
 
 
+# On 2+ cores the pipeline runs as two processes, one core each: on the benchmark stream the
+# upstream stages (turn_linker, judge, teacher) and these downstream ones cost about the same CPU.
+DOWNSTREAM_STAGES = ("vote_tally", "hint_selector", "sample_builder")
+
+
+def pipeline_roles(method: str, cores: int) -> dict[str, str]:
+    """The `orl pipeline` processes of the stack: process name -> its --role."""
+    names = method_stage_names(method)
+    upstream = [name for name in names if name not in DOWNSTREAM_STAGES]
+    downstream = [name for name in names if name in DOWNSTREAM_STAGES]
+    if cores < 2:
+        return {"pipeline": "all"}
+    return {"pipeline": ",".join(upstream), "pipeline-downstream": ",".join(downstream)}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One supervised process: `orl <command>`, with every setting in its environment."""
+
+    command: str
+    env: dict[str, str]
+
+
+def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launch]:
+    """The processes of `settings.components`, by name: the pipeline as `pipeline_roles` splits it."""
+    launches = {}
+    for component in settings.components:
+        if component == "pipeline":
+            for name, role in pipeline_roles(settings.method, stack_cores(settings)).items():
+                launches[name] = Launch("pipeline", {**env, "ORL_PIPELINE_ROLE": role})
+        else:
+            launches[component] = Launch(component, env)
+    return launches
+
+
 @dataclass
 class Supervisor:
-    """Starts `orl <component>` processes and restarts any that exits, until stopped."""
+    """Starts the launches' `orl <command>` processes and restarts any that exits, until stopped."""
 
-    env: dict[str, str]
+    launches: dict[str, Launch]
     log_dir: Path
-    components: tuple[str, ...]
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
 
     def start(self, name: str) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = (self.log_dir / f"{name}.log").open("ab")
+        launch = self.launches[name]
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "orl.cli", name], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "orl.cli", launch.command],
+            env=launch.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         logger.info(
             "started %s (pid %d), log %s", name, self.processes[name].pid, self.log_dir / f"{name}.log"
         )
 
     def start_all(self) -> None:
-        for name in self.components:
+        for name in self.launches:
             self.start(name)
 
     def signal(self, name: str, signum: int) -> None:
@@ -191,7 +230,7 @@ def up(settings: UpSettings) -> int:
     """Entry point of `orl up`."""
     logger.info(compute_budget(settings))
     prepare_model_once(settings)
-    supervisor = Supervisor(component_env(settings), settings.data_dir / "logs", settings.components)
+    supervisor = Supervisor(stack_launches(settings, component_env(settings)), settings.data_dir / "logs")
     stopping = False
 
     def request_stop(signum: int, frame: object) -> None:

@@ -34,6 +34,7 @@ from orl.up import (
     compute_budget,
     prepare_model_once,
     stack_keys,
+    stack_launches,
 )
 from schemas.codec import decode
 from schemas.errors import OrlError
@@ -208,7 +209,7 @@ async def start_stack(settings: DemoSettings, method: str, namespace: str) -> De
         "ORL_TRAIN_SEED": str(settings.seed),
         "ORL_TRAIN_TEMPERATURE": str(settings.train_temperature),
     }
-    supervisor = Supervisor(env, settings.data_dir / "logs" / namespace, ("serve", "pipeline", "train"))
+    supervisor = Supervisor(stack_launches(up, env), settings.data_dir / "logs" / namespace)
     api_key, admin_key = stack_keys(up)
     client = DemoClient(
         f"http://127.0.0.1:{settings.port}",

@@ -1,13 +1,14 @@
 """The scale-out runtime: the pure processors as faust-streaming agents with changelog-backed Tables.
 
-Same semantics and the same output bytes as `pipeline.runtime.stream_runner.StreamRunner`, on Kafka:
+Each agent is a thin I/O shell around the processor host (pipeline/runtime/host.py), as
+StreamRunner is on the embedded log, so both decode, key, dead-letter, encode and store states
+the same way and produce the same output bytes:
 
-- One agent per processor reads its input topics (`<namespace>.<topic>`) as raw bytes, decodes
-  each value with `schemas.codec` (undecodable bytes become a DeadLettered event on `<topic>.dlq`
-  with the original bytes, the error and the source offset), calls `processor.process` with the
-  session's state and sends every Emit, encoded and keyed by session_id, to its topic.
-- State is a faust Table keyed by session_id (`<app_id>-<processor>-state-changelog`), holding the
-  JSON state as compact, key-sorted bytes (the StreamRunner's changelog format); None deletes it.
+- One agent per processor reads its input topics (`<namespace>.<topic>`) as raw bytes and hands
+  each record to the host; it sends the host's outputs (emits keyed by session_id, or the
+  DeadLettered event of an undecodable record on `<topic>.dlq`) and stores the new state.
+- State is a faust Table keyed by session_id (`<app_id>-<processor>-state-changelog`) holding the
+  host's changelog bytes; None deletes it.
 - Time: a timer on every worker sends the wall clock to `<app_id>-<processor>-ticks`, one record
   per partition this worker owns; the agent reads it like an input and calls `on_tick` for the
   sessions of that partition. Ticks thus run inside the partition's stream, so their Table writes
@@ -23,12 +24,8 @@ Workers: `run_worker(...)` creates the topics, builds the app and runs `faust.Wo
 or SIGINT (`faust -A` needs a module-level app; this keeps settings out of the environment).
 Every source topic must exist with the app's partition count before a worker starts
 (`create_pipeline_topics`): a mismatch with a Table's changelog crashes the agent. The app's
-consumer (`PipelineTransport`) works around faust-streaming 0.15.3 defects that rebalances between
-workers hit (tests/integration/test_faust_multiworker.py). One of them loses records: faust can
-drop records it fetched while a rebalance seeks the partitions and then commit past them. The
-consumer tells the agents every offset it fetches; an agent that sees a gap holding fetched
-offsets it never handled reads those records from the broker and handles them first
-(`InputProgress`, `SkippedRecordReader`).
+consumer works around faust-streaming 0.15.3 defects (pipeline/runtime/faust_patches.py, which
+pins that version); with it an agent handles records the stream skipped before later ones.
 
 Reads: the processors' input topics (also directly, for skipped records), their tick topics and
 changelogs. Writes: their output topics, `<input>.dlq`, their changelogs and tick topics.
@@ -37,30 +34,33 @@ changelogs. Writes: their output topics, `<input>.dlq`, their changelogs and tic
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import faust
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import IllegalOperation, TopicAlreadyExistsError
-from faust.transport.consumer import RecordMap
-from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import TP, EventT, StreamT, TopicT
+from aiokafka.errors import TopicAlreadyExistsError
+from faust.types import EventT, StreamT, TopicT
 from mode import CrashingSupervisor
 
+from connectors.event_log.base import ConsumedRecord
 from connectors.event_log.partitioner import partition_for_key
 from connectors.metrics import Metrics
 from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit, Processor
-from pipeline.runtime.dead_letters import dead_letter_event
-from schemas.codec import decode, encode
-from schemas.errors import ConfigError, EventDecodeError
+from pipeline.processors.contract import Processor
+from pipeline.processors.event_building import State
+from pipeline.runtime.faust_patches import (
+    InputProgress,
+    PipelineApp,
+    PipelineConsumer,
+    PipelineTransport,
+    SkippedRecordReader,
+    check_faust_version,
+)
+from pipeline.runtime.host import Output, ProcessorHost, state_bytes, state_from_bytes, wall_clock_ms
+from schemas.errors import ConfigError
 from schemas.topics import dlq_topic, topic_name
 
 logger = logging.getLogger(__name__)
@@ -75,14 +75,6 @@ RAW: dict[str, Any] = {
 }
 
 
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def state_bytes(state: Any) -> bytes:
-    return json.dumps(state, sort_keys=True, separators=(",", ":")).encode()
-
-
 def table_name(processor: Processor) -> str:
     return f"{processor.name}-state"
 
@@ -94,129 +86,6 @@ def changelog_topic(app_id: str, processor: Processor) -> str:
 
 def tick_topic(app_id: str, processor: Processor) -> str:
     return f"{app_id}-{processor.name}-ticks"
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceRecord:
-    """One input record, as the stream delivered it or as SkippedRecordReader read it."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-    timestamp_ms: int
-
-
-class InputProgress:
-    """Which records of one partition an agent handled, and which its consumer fetched (pure bookkeeping).
-
-    faust-streaming 0.15.3 can drop records it fetched while a rebalance seeks partitions, and its
-    commit then passes them (it tolerates one missing record at the committed offset, and checks
-    nothing in a partition without a committed offset). A dropped record was fetched and never
-    handled; a transaction marker takes an offset but is never fetched. The consumer numbers its
-    fetches (rounds) and hands records to an agent's stream in fetch order, so a fetched record
-    that is not handled was skipped once the agent handles a later record of its partition, or
-    any record from a later fetch round. `last` is the offset last handled in `generation`.
-    """
-
-    def __init__(self) -> None:
-        self.generation: int | None = None
-        self.last = -1
-        self.fetched: dict[int, tuple[int, int]] = {}  # offset -> (generation, round), until handled
-
-    def note_fetched(self, offsets: Sequence[int], generation: int, fetch_round: int) -> None:
-        for offset in offsets:
-            self.fetched[offset] = (generation, fetch_round)
-
-    def begin(self, generation: int) -> None:
-        """A new consumer generation starts over: faust delivers nothing fetched before it and seeks anew."""
-        if generation != self.generation:
-            self.generation, self.last = generation, -1
-            self.fetched = {o: seen for o, seen in self.fetched.items() if seen[0] == generation}
-
-    def is_redelivery(self, offset: int) -> bool:
-        if offset <= self.last:
-            self.fetched.pop(offset, None)
-            return True
-        return False
-
-    def fetch_round(self, offset: int) -> int | None:
-        seen = self.fetched.get(offset)
-        return None if seen is None else seen[1]
-
-    def skipped_before(self, offset: int) -> list[int]:
-        """Offsets before `offset` fetched and never handled: skipped (forgotten here, the caller handles them)."""
-        if offset == self.last + 1:
-            return []
-        return self._take(lambda o, _: o < offset)
-
-    def skipped_in_rounds_before(self, fetch_round: int) -> list[int]:
-        """Offsets fetched in a round before `fetch_round` and never handled: skipped (forgotten here)."""
-        return self._take(lambda _, seen: seen[1] < fetch_round)
-
-    def handled(self, offset: int) -> None:
-        self.last = max(self.last, offset)
-        self.fetched.pop(offset, None)
-
-    def _take(self, chosen: Callable[[int, tuple[int, int]], bool]) -> list[int]:
-        taken = sorted(o for o, seen in self.fetched.items() if chosen(o, seen))
-        for offset in taken:
-            del self.fetched[offset]
-        return [o for o in taken if o > self.last]
-
-
-class SkippedRecordReader:
-    """Reads a range of one partition straight from the broker (read_committed), for records a stream skipped.
-
-    One consumer without a group, started on first use and shared by a worker's agents.
-    """
-
-    def __init__(self, broker_url: str, timeout_s: float = 60.0) -> None:
-        self.bootstrap = broker_url.replace(";", ",")
-        self.timeout_s = timeout_s
-        self._consumer: AIOKafkaConsumer | None = None
-        self._lock = asyncio.Lock()
-
-    async def read(self, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
-        """The records of `topic`[`partition`] with offsets in [start, end), in offset order."""
-        async with self._lock:
-            consumer = await self._started()
-            tp = TopicPartition(topic, partition)
-            consumer.assign([tp])
-            consumer.seek(tp, start)
-            records: list[SourceRecord] = []
-            deadline = time.monotonic() + self.timeout_s
-            while await consumer.position(tp) < end:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"reading {topic}[{partition}] offsets {start}..{end - 1} took over {self.timeout_s} s"
-                    )
-                batch = await consumer.getmany(tp, timeout_ms=500)
-                records += [
-                    SourceRecord(r.topic, r.partition, r.offset, r.key, r.value or b"", r.timestamp)
-                    for r in batch.get(tp, [])
-                    if start <= r.offset < end
-                ]
-            return records
-
-    async def _started(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap,
-                group_id=None,
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-                auto_offset_reset="earliest",
-            )
-            await consumer.start()
-            self._consumer = consumer
-        return self._consumer
-
-    async def close(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
 
 
 class ProcessorAgent:
@@ -236,6 +105,7 @@ class ProcessorAgent:
         skipped_records: SkippedRecordReader,
     ) -> None:
         self.app, self.processor, self.config, self.namespace = app, processor, config, namespace
+        self.host = ProcessorHost(processor, config, namespace, metrics)
         self.skipped_records = skipped_records
         self.partitions, self.clock_ms, self.metrics = partitions, clock_ms, metrics
         self.acknowledge_outputs = app.conf.processing_guarantee.value == "at_least_once"
@@ -261,13 +131,13 @@ class ProcessorAgent:
                 await self.handle_skipped_before_tick(message.partition, message.offset)
                 await self.tick(message.partition, int(event.value))
             else:
-                record = SourceRecord(
+                record = ConsumedRecord(
                     message.topic,
                     message.partition,
                     message.offset,
                     message.key,
                     message.value or b"",
-                    round(message.timestamp * 1000),  # faust gives seconds
+                    timestamp_ms=round(message.timestamp * 1000),  # faust gives seconds
                 )
                 await self.handle_in_order(record)
 
@@ -282,7 +152,7 @@ class ProcessorAgent:
         progress.begin(self.app.consumer_generation_id)
         return progress
 
-    async def handle_in_order(self, record: SourceRecord) -> None:
+    async def handle_in_order(self, record: ConsumedRecord) -> None:
         """Handle `record` after the records before it that the stream skipped; a redelivery not again."""
         progress = self.progress_of(record.topic, record.partition)
         if progress.is_redelivery(record.offset):
@@ -321,64 +191,39 @@ class ProcessorAgent:
             progress.handled(record.offset)
         cast(PipelineConsumer, self.app.consumer).acknowledge(topic, partition, offsets)
 
-    async def handle(self, record: SourceRecord) -> None:
-        try:
-            decoded = decode(record.value)
-        except EventDecodeError as error:
-            await self.dead_letter(record, str(error))
-        else:
-            key = (record.key or b"").decode() or str(decoded["envelope"].get("session_id") or "")
-            stored = self.table.get(key)
-            state = None if stored is None else json.loads(stored)
-            new_state, emits = self.processor.process(state, decoded, self.config)
-            await self.send_emits(emits)
-            self.store(key, new_state)
+    async def handle(self, record: ConsumedRecord) -> None:
+        step = self.host.handle(record, self.load)
+        await self.send_outputs(step.outputs)
+        if step.decoded:
+            self.store(step.key, step.state)
             self.metrics.count("records_processed", processor=self.processor.name)
 
     async def tick(self, partition: int, now_ms: int) -> None:
         """on_tick for every session of `partition` (the tick record's partition, owned by this worker)."""
-        owned = [key for key in self.table if self.partition_of(key) == partition]
-        for key in sorted(owned):
-            stored = self.table[key]
-            new_state, emits = self.processor.on_tick(json.loads(stored), now_ms, self.config)
-            await self.send_emits(emits)
-            if new_state is None or state_bytes(new_state) != stored:
-                self.store(key, new_state)
+        owned = sorted(key for key in self.table if self.partition_of(key) == partition)
+        changed, emits = self.host.tick([(key, state_from_bytes(self.table[key])) for key in owned], now_ms)
+        await self.send_outputs(self.host.encode(emits))
+        for key, new_state in changed.items():
+            self.store(key, new_state)
+
+    def load(self, key: str) -> State | None:
+        stored = self.table.get(key)
+        return None if stored is None else state_from_bytes(stored)
 
     def partition_of(self, key: str) -> int:
         # Kafka's default partitioner, as the producers of our topics use it (keys are session ids).
         return partition_for_key(key.encode(), self.partitions)
 
-    def store(self, key: str, state: Any) -> None:
+    def store(self, key: str, state: State | None) -> None:
         if state is None:
             if key in self.table:
                 del self.table[key]
         else:
             self.table[key] = state_bytes(state)
 
-    async def send_emits(self, emits: Sequence[Emit]) -> None:
-        for emit in emits:
-            session = emit.event["envelope"].get("session_id")
-            await self.send(
-                topic_name(self.namespace, emit.topic),
-                session.encode() if session else None,
-                encode(emit.event),
-            )
-            self.metrics.count("events_emitted", topic=emit.topic, processor=self.processor.name)
-
-    async def dead_letter(self, record: SourceRecord, error: str) -> None:
-        self.metrics.count("dead_lettered", topic=record.topic, processor=self.processor.name)
-        logger.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
-        event = dead_letter_event(
-            self.namespace,
-            record.topic,
-            record.partition,
-            record.offset,
-            record.value,
-            error,
-            record.timestamp_ms,
-        )
-        await self.send(dlq_topic(record.topic), record.key, encode(event))
+    async def send_outputs(self, outputs: Sequence[Output]) -> None:
+        for topic, record in outputs:
+            await self.send(topic, record.key, record.value)
 
     async def send(self, topic: str, key: bytes | None, value: bytes) -> None:
         channel = self._topics.get(topic)
@@ -399,78 +244,6 @@ class ProcessorAgent:
             self._owned = owned
         for partition in owned:
             await self.app.producer.send(self.tick_topic, None, now_ms, partition, None, None)
-
-
-class PipelineConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    async def _highwaters(self, partitions: list[Any]) -> Any:
-        """Changelog highwaters from the broker's last stable offset, not from the last fetch.
-
-        Under exactly_once, faust-streaming 0.15.3 takes them from the consumer's cached last stable
-        offset, None until the partition has been fetched since the assignment, so recovery sees
-        highwater -1: a worker holding a standby offset then crashes (ConsistencyError "persisted
-        offset ... is higher than the last offset", faust-streaming/faust#158; seen here), and by
-        the recovery code a new owner would skip restoring the partition's Table. `end_offsets` on
-        this read_committed consumer asks the broker; under at_least_once faust does that already.
-        """
-        return await self._ensure_consumer().end_offsets(partitions)
-
-
-class PipelineApp(faust.App):
-    """faust.App with the agents to tell about every fetch (ProcessorAgent.note_fetched)."""
-
-    def __init__(self, id: str, **options: Any) -> None:
-        super().__init__(id, **options)
-        self.fetch_listeners: list[Callable[[str, int, Sequence[int], int], None]] = []
-
-
-class PipelineConsumer(faust_aiokafka.Consumer):
-    fetch_round = 0
-
-    async def _wait_next_records(self, timeout: float) -> tuple[RecordMap | None, set[TP] | None]:
-        """faust's fetch, then every fetched offset to the agents (with this fetch's number), before any is delivered."""
-        records, active_partitions = await super()._wait_next_records(timeout)
-        if records:
-            self.fetch_round += 1
-            listeners = cast(PipelineApp, self.app).fetch_listeners
-            for tp, batch in records.items():
-                offsets = [record.offset for record in batch]
-                for listener in listeners:
-                    listener(tp.topic, tp.partition, offsets, self.fetch_round)
-        return records, active_partitions
-
-    def acknowledge(self, topic: str, partition: int, offsets: Sequence[int]) -> None:
-        """Mark records an agent handled outside faust's stream as acknowledged, as `Consumer.ack` does.
-
-        Without this, faust's commit of the partition would stop at the first of them for good.
-        """
-        tp = TopicPartition(topic, partition)  # what faust's messages carry, and what aiokafka commits
-        committed = self._committed_offset[tp]
-        for offset in offsets:  # on the event loop's thread, as faust's own acks from the agents
-            if (committed is None or offset >= committed) and offset not in self._acked_index[tp]:
-                self._acked_index[tp].add(offset)
-                self._acked[tp].append(offset)
-                self._n_acked += 1
-
-    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
-        return PipelineConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-    async def commit_and_end_transactions(self) -> None:
-        """The last commit at stop, which must not stop the worker from leaving its group.
-
-        faust-streaming 0.15.3 ends the transactions twice on stop (the app's wait for streams, then
-        the consumer's): offsets of records processed in between have no open transaction, the
-        commit raises IllegalOperation and the consumer never sends LeaveGroup, so its partitions
-        wait for the session timeout. Those records' Table writes failed with the same error; the
-        partitions' next owner processes them again from the committed offsets.
-        """
-        try:
-            await super().commit_and_end_transactions()
-        except IllegalOperation as error:
-            logger.warning("last offsets not committed at stop, the next owner reprocesses them: %s", error)
-
-
-class PipelineTransport(faust_aiokafka.Transport):
-    Consumer = PipelineConsumer
 
 
 def broker_urls(broker_url: str) -> list[str]:
@@ -598,6 +371,7 @@ def run_worker(
     Start as many as needed (on any machines) with the same `app_id`: they form one consumer
     group and share the partitions. Never returns (faust exits the process when the worker stops).
     """
+    check_faust_version()
     chosen = [processors] if not isinstance(processors, Sequence) else list(processors)
     asyncio.run(create_pipeline_topics(chosen, namespace, app_id, broker_url, partitions))
     loop = asyncio.new_event_loop()  # asyncio.run closed the previous one; faust's Worker owns this one

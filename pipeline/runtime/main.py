@@ -1,16 +1,17 @@
 """`orl pipeline`: builds the stages from settings and runs them over the event log.
 
-Each stage is one StreamRunner (one consumer group). With `--role all` every stage runs: on two or
-more cores the downstream ones in a second process (pipeline/runtime/stage_process.py), so both cores work.
-With a stage name (or several, comma-separated) only those run, in this process, so stages can be
-placed in separate processes by hand. Reads and writes the topics declared in pipeline/processors/topology.py.
+Each stage is one StreamRunner (one consumer group); every stage of `--role` runs in this process
+(one core). `--role all` runs the method's stages; a stage name, or several comma-separated, runs
+those only, so stages can be placed in separate processes: `orl up` runs the upstream and the
+downstream stages in two supervised processes on 2+ cores (orl/up.py, `pipeline_roles`). Each stage
+commits its outputs, state and offsets in one transaction, so which process runs it changes nothing
+about crash safety. Reads and writes the topics declared in pipeline/processors/topology.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 
 from connectors.event_log.base import EventLog
@@ -34,7 +35,6 @@ from pipeline.processors.topology import STAGES
 from pipeline.runtime.gc_tuning import tuned_for_streams
 from pipeline.runtime.settings import PipelineSettings
 from pipeline.runtime.shared_decodes import SharedDecodes
-from pipeline.runtime.stage_process import split_stages, start_stage_process, stop_stage_process, supervise
 from pipeline.runtime.stream_runner import StreamRunner
 from schemas.errors import ConfigError
 
@@ -79,9 +79,18 @@ def pipeline_config(settings: PipelineSettings) -> PipelineConfig:
     )
 
 
+def method_stage_names(method: str) -> list[str]:
+    """The stages a method uses, in topological order (binary has no hints and no teacher)."""
+    if method not in ("binary", "opd", "combined"):
+        raise ConfigError(f"--method must be binary, opd or combined, not {method!r}")
+    names = [stage.name for stage in STAGES]
+    if method == "binary":
+        names = [n for n in names if n not in ("hint_selector", "teacher")]
+    return names
+
+
 def build_stages(settings: PipelineSettings) -> list[Stage]:
-    if settings.method not in ("binary", "opd", "combined"):
-        raise ConfigError(f"--method must be binary, opd or combined, not {settings.method!r}")
+    names = method_stage_names(settings.method)
     if settings.teacher_kind not in TEACHER_KINDS:
         raise ConfigError(f"--teacher-kind must be one of {', '.join(TEACHER_KINDS)}")
     reward, hint = judge_configs(settings)
@@ -95,9 +104,6 @@ def build_stages(settings: PipelineSettings) -> list[Stage]:
     )
     teacher = TeacherStage(settings.server_url, settings.api_key, teacher_kind=settings.teacher_kind)
     by_name: dict[str, Stage] = {**PURE_PROCESSORS, "judge": judge, "teacher": teacher}
-    names = [stage.name for stage in STAGES]
-    if settings.method == "binary":
-        names = [n for n in names if n not in ("hint_selector", "teacher")]
     kinds = {stage.name: stage.kind for stage in STAGES}
     if settings.role in ("pure", "effect"):
         names = [n for n in names if kinds[n] == settings.role]
@@ -109,7 +115,10 @@ def build_stages(settings: PipelineSettings) -> list[Stage]:
                 f"--role must be all, pure, effect or stage names (comma-separated) from "
                 f"{', '.join(by_name)}; got {settings.role!r}"
             )
-        names = [name for name in by_name if name in chosen]  # topological order
+        unused = [name for name in chosen if name not in names]
+        if unused:
+            raise ConfigError(f"--method {settings.method} does not use the stage(s) {', '.join(unused)}")
+        names = [name for name in names if name in chosen]  # topological order
     return [by_name[name] for name in names]
 
 
@@ -137,38 +146,22 @@ def build_runners(
 
 
 async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
-    """Run the stages of `settings.role` until `stop`; with `--role all` on 2+ cores, the downstream
-    stages run in a child process (pipeline/runtime/stage_process.py), so the pipeline uses two cores."""
+    """Run the stages of `settings.role` in this process until `stop`; one failing stage stops the others."""
     stages = build_stages(settings)
-    here, there = split_stages([s.name for s in stages], settings.role, os.cpu_count())
-    child = await start_stage_process(settings, there) if there else None
-    try:
-        with tuned_for_streams():
-            await _run_here(settings, [s for s in stages if s.name in here], child, stop)
-    finally:
-        if child is not None:
-            await stop_stage_process(child)
-
-
-async def _run_here(
-    settings: PipelineSettings,
-    stages: list[Processor | EffectStage],
-    child: asyncio.subprocess.Process | None,
-    stop: asyncio.Event,
-) -> None:
-    async with open_event_log(settings.effective_log_url()) as log:
-        runners = build_runners(log, settings, stages)
-        logger.info("pipeline (%s) running stages: %s", settings.method, ", ".join(s.name for s in stages))
-        try:
-            async with asyncio.TaskGroup() as tasks:  # one failing stage stops the others
-                for runner in runners:
-                    tasks.create_task(runner.run(stop))
-                if child is not None:
-                    tasks.create_task(supervise(child, stop))
-        except BaseExceptionGroup as group:  # one failure: raise it as is (the CLI names OrlErrors)
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+    with tuned_for_streams():
+        async with open_event_log(settings.effective_log_url()) as log:
+            runners = build_runners(log, settings, stages)
+            logger.info(
+                "pipeline (%s) running stages: %s", settings.method, ", ".join(s.name for s in stages)
+            )
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    for runner in runners:
+                        tasks.create_task(runner.run(stop))
+            except BaseExceptionGroup as group:  # one failure: raise it as is (the CLI names OrlErrors)
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
 
 
 def run(settings: PipelineSettings) -> int:

@@ -3,7 +3,8 @@
 A reuse replay (pipeline/history/replay.py) has only pure stages and a recorded stream, so it needs none of
 StreamRunner's bookkeeping: each event is handed to every stage that reads its topic (in the order
 the stages are given, which is the topology's), and whatever a stage emits is handed on the same
-way, first in first out, as if it had gone through the log. State lives in dicts by session and
+way, first in first out, as if it had gone through the log. Each stage runs on the processor host
+(pipeline/runtime/host.py) like on the other runtimes. State lives in dicts by session and
 is gone when the process ends: a re-run starts again from the first event and, every output id
 being deterministic, derives the very same events.
 Reads and writes no topics itself.
@@ -17,6 +18,7 @@ from typing import Any
 
 from pipeline.processors.config import PipelineConfig
 from pipeline.processors.contract import Emit, Processor
+from pipeline.runtime.host import ProcessorHost
 
 
 class MemoryRunner:
@@ -26,6 +28,7 @@ class MemoryRunner:
         self.processors = list(processors)
         self.config = config
         self.states: dict[str, dict[str, Any]] = {p.name: {} for p in self.processors}
+        self.hosts = {p.name: ProcessorHost(p, config, namespace="") for p in self.processors}
         self._readers: dict[str, list[Processor]] = {}
         for processor in self.processors:
             for topic in processor.inputs:
@@ -45,11 +48,12 @@ class MemoryRunner:
 
     def tick(self, processor: Processor, now_ms: int) -> list[Emit]:
         """`processor`'s time-based work for every stored session, and everything its emits lead to."""
-        states = self.states[processor.name]
+        states, host = self.states[processor.name], self.hosts[processor.name]
         out: list[Emit] = []
-        for key, state in list(states.items()):
-            new_state, emits = processor.on_tick(state, now_ms, self.config)
-            self._store(states, key, new_state)
+        for key, state in list(states.items()):  # one session at a time: its emits go on before the next
+            changed, emits = host.tick([(key, state)], now_ms)
+            for changed_key, new_state in changed.items():
+                self._store(states, changed_key, new_state)
             for emit in emits:
                 out.append(emit)
                 out.extend(self.feed(emit.topic, emit.event))
@@ -58,7 +62,7 @@ class MemoryRunner:
     def _process(self, processor: Processor, event: dict[str, Any]) -> list[Emit]:
         states = self.states[processor.name]
         key = event["envelope"].get("session_id") or ""
-        new_state, emits = processor.process(states.get(key), event, self.config)
+        new_state, emits, _ = self.hosts[processor.name].step(states.get(key), event)
         self._store(states, key, new_state)
         return emits
 

@@ -13,8 +13,7 @@ class PipelineSettings(ConnectionSettings):
         "all",
         "ORL_PIPELINE_ROLE",
         "Stages to run: one of turn_linker, judge, vote_tally, hint_selector, teacher, "
-        "sample_builder, a comma-separated list of them, or 'all' (on 2+ cores, vote_tally, hint_selector "
-        "and sample_builder then run in a child process).",
+        "sample_builder, a comma-separated list of them, or 'all' (the method's stages), all in this process.",
     )
     runtime: str = setting(
         "embedded",

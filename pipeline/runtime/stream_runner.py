@@ -26,10 +26,9 @@ the dead-letter topics.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,18 +45,11 @@ from connectors.metrics import Metrics
 from pipeline.effects.contract import EffectCall, EffectStage
 from pipeline.processors.config import PipelineConfig
 from pipeline.processors.contract import Emit, Processor
-from pipeline.runtime.dead_letters import dead_letter_event
+from pipeline.runtime.host import Output, ProcessorHost, Step, state_bytes, state_from_bytes, wall_clock_ms
 from pipeline.runtime.shared_decodes import SharedDecodes
-from schemas.codec import encode
-from schemas.errors import EventDecodeError
-from schemas.topics import dlq_topic, topic_name
 
 logger = logging.getLogger(__name__)
 EFFECT_CALLS_PER_ROUND = 8  # rounds of this many calls per concurrent slot
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -68,9 +60,6 @@ class StreamRunner:
     namespace: str
     metrics: Metrics = field(default_factory=Metrics)
     clock_ms: Callable[[], int] = wall_clock_ms
-    # decided once: a Protocol isinstance check costs ~40 us, too much per record
-    _effect: EffectStage | None = None
-    _pure: Processor | None = None
     _watermark_ms: int | None = None  # the newest occurred_at read, and when (monotonic) it was read
     _watermark_read_s: float = 0.0
     tick_interval_s: float = 1.0
@@ -88,19 +77,13 @@ class StreamRunner:
     max_poll_records: int = 2000
     max_poll_records_cap: int = 16000
     _poll_size: int = 0
-    # None: a private cache, so the decode path is the same whether or not decodes are shared
-    decodes: SharedDecodes | None = None
+    decodes: SharedDecodes | None = None  # shared by the runners of one process (None: a private cache)
     _last_tick_s: float = 0.0
+    host: ProcessorHost = field(init=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.processor, EffectStage):
-            self._effect = self.processor
-        else:
-            self._pure = self.processor
+        self.host = ProcessorHost(self.processor, self.config, self.namespace, self.metrics, self.decodes)
         self._poll_size = self.max_poll_records
-        if self.decodes is None:
-            self.decodes = SharedDecodes()
-        self.decodes.subscribe(self._full(t) for t in self.processor.inputs)
 
     @property
     def group_id(self) -> str:
@@ -110,23 +93,18 @@ class StreamRunner:
     def changelog(self) -> str:
         return f"{self.namespace}.{self.processor.name}.changelog"
 
-    def _full(self, topic: str) -> str:
-        return topic_name(self.namespace, topic)
-
     async def prepare(self) -> None:
         """Create every topic this processor touches, then rebuild its state from the changelog."""
-        names = [self._full(t) for t in (*self.processor.inputs, *self.processor.outputs)]
-        names += [dlq_topic(self._full(t)) for t in self.processor.inputs]
-        specs = [TopicSpec(n, self.partitions) for n in names] + [TopicSpec(self.changelog, self.partitions)]
-        await self.log.create_topics(specs)
+        host = self.host
+        names = [*host.input_topics, *host.output_topics, *host.dead_letter_topics, self.changelog]
+        await self.log.create_topics([TopicSpec(name, self.partitions) for name in names])
         self.states = await read_changelog(self.log, self.changelog, f"{self.group_id}.restore")
         logger.info("%s: restored %d session states", self.processor.name, len(self.states))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process until `stop` is set (the embedded `orl pipeline` loop)."""
         await self.prepare()
-        consumer = self.log.consumer(self.group_id, [self._full(t) for t in self.processor.inputs])
-        async with consumer:
+        async with self.log.consumer(self.group_id, self.host.input_topics) as consumer:
             while not stop.is_set():
                 records = await consumer.poll(max_records=self._poll_size, timeout_s=0.2)
                 if records:
@@ -154,9 +132,7 @@ class StreamRunner:
         """Process everything available now, then return how many records were handled (tests, replay)."""
         await self.prepare()
         handled, idle = 0, 0
-        async with self.log.consumer(
-            self.group_id, [self._full(t) for t in self.processor.inputs]
-        ) as consumer:
+        async with self.log.consumer(self.group_id, self.host.input_topics) as consumer:
             while idle < idle_polls:
                 records = await consumer.poll(max_records=self._poll_size, timeout_s=0.2)
                 idle = 0 if records else idle + 1
@@ -175,36 +151,32 @@ class StreamRunner:
             self.on_commit(0, self.backlog)
 
     async def handle(self, records: list[ConsumedRecord]) -> None:
+        host, states = self.host, self.states
         pending = _Pending()
         calls: list[EffectCall] = []
         round_calls = EFFECT_CALLS_PER_ROUND * self.effect_concurrency
         since_s = time.monotonic()
         states_written = 0
-        decodes = self.decodes
-        assert decodes is not None
         for record in records:
             pending.records += 1
             pending.next_offsets[(record.topic, record.partition)] = record.offset + 1
-            try:
-                event = decodes.decode(record)
-            except EventDecodeError as error:
-                pending.outputs.append(self._dead_letter(record, str(error)))
+            step = host.handle(record, states.get)
+            if not step.decoded:
+                pending.outputs.extend(step.outputs)
                 continue
-            self._advance_watermark(event)
-            key = (record.key or b"").decode() or str(event["envelope"].get("session_id") or "")
-            new_state, emits, planned = self._step(self.states.get(key), event)
-            self._apply(key, new_state, pending.dirty)
-            pending.emits.extend(emits)
-            if planned:
-                calls.extend(planned)
+            self._advance_watermark(step)
+            self._apply(step.key, step.state, pending.dirty)
+            pending.outputs.extend(step.outputs)
+            if step.calls:
+                calls.extend(step.calls)
                 if len(calls) >= round_calls:
-                    pending.emits.extend(await self._perform(calls))
+                    pending.outputs.extend(host.encode(await self._perform(calls)))
                     calls = []
                     if time.monotonic() - since_s >= self.effect_commit_interval_s:
                         states_written += await self._commit(pending)  # the states are this prefix's
                         pending, since_s = _Pending(), time.monotonic()
         if calls:
-            pending.emits.extend(await self._perform(calls))
+            pending.outputs.extend(host.encode(await self._perform(calls)))
         states_written += await self._commit(pending)
         self.metrics.count("records_processed", len(records), processor=self.processor.name)
         self._poll_size = next_poll_size(
@@ -214,7 +186,7 @@ class StreamRunner:
     async def _commit(self, pending: _Pending) -> int:
         """Outputs, changed states and input offsets of the records handled so far, in one
         append_and_commit; returns the number of states written."""
-        outputs = pending.outputs + self._encode(pending.emits) + self._changelog_records(pending.dirty)
+        outputs = pending.outputs + self._changelog_records(pending.dirty)
         offsets = {
             TopicPartition(topic, partition): offset
             for (topic, partition), offset in pending.next_offsets.items()
@@ -224,17 +196,8 @@ class StreamRunner:
             self.on_commit(pending.records, self.backlog)
         return len(pending.dirty)
 
-    def _step(self, state: Any, event: dict[str, Any]) -> tuple[Any, list[Emit], list[EffectCall]]:
-        """One event through the stage: (new state, emits, calls to perform)."""
-        if self._effect is not None:
-            new_state, calls = self._effect.plan(state, event, self.config)
-            return new_state, [], calls
-        assert self._pure is not None
-        new_state, emits = self._pure.process(state, event, self.config)
-        return new_state, emits, []
-
     async def _perform(self, calls: list[EffectCall]) -> list[Emit]:
-        stage = self._effect
+        stage = self.host.effect
         assert stage is not None
         limit = asyncio.Semaphore(self.effect_concurrency)
 
@@ -267,24 +230,19 @@ class StreamRunner:
             return self.clock_ms()
         return self._watermark_ms + int((time.monotonic() - self._watermark_read_s) * 1000)
 
-    def _advance_watermark(self, event: dict[str, Any]) -> None:
-        occurred_at = int(event["envelope"]["occurred_at"])
+    def _advance_watermark(self, step: Step) -> None:
+        occurred_at = step.occurred_at
         if self._watermark_ms is None or occurred_at > self._watermark_ms:
             self._watermark_ms, self._watermark_read_s = occurred_at, time.monotonic()
 
     async def tick(self, now_ms: int) -> None:
         """Time-based work (idle timeouts) for every stored session, committed like a batch."""
-        emits_all: list[Emit] = []
+        changed, emits = self.host.tick(list(self.states.items()), now_ms)
         dirty: set[str] = set()
-        for key, state in list(self.states.items()):
-            # The contract (pipeline/processors/contract.py): a tick that changes a state emits something or
-            # returns another object, so unchanged states are recognised without serialising them.
-            new_state, emits = self.processor.on_tick(state, now_ms, self.config)
-            if emits or new_state is not state:
-                self._apply(key, new_state, dirty)
-            emits_all.extend(emits)
-        if emits_all or dirty:
-            outputs = self._encode(emits_all) + self._changelog_records(dirty)
+        for key, new_state in changed.items():
+            self._apply(key, new_state, dirty)
+        if emits or dirty:
+            outputs = self.host.encode(emits) + self._changelog_records(dirty)
             await self.log.append_and_commit(outputs, self.group_id, {})
 
     def _apply(self, key: str, new_state: Any, dirty: set[str]) -> None:
@@ -294,19 +252,7 @@ class StreamRunner:
             self.states[key] = new_state
         dirty.add(key)
 
-    def _encode(self, emits: Iterable[Emit]) -> list[tuple[str, OutgoingRecord]]:
-        out = []
-        per_topic: dict[str, int] = {}
-        for emit in emits:
-            session = emit.event["envelope"].get("session_id")
-            record = OutgoingRecord(value=encode(emit.event), key=session.encode() if session else None)
-            out.append((self._full(emit.topic), record))
-            per_topic[emit.topic] = per_topic.get(emit.topic, 0) + 1
-        for topic, count in per_topic.items():  # one metric update per topic, not per event
-            self.metrics.count("events_emitted", count, topic=topic, processor=self.processor.name)
-        return out
-
-    def _changelog_records(self, dirty: set[str]) -> list[tuple[str, OutgoingRecord]]:
+    def _changelog_records(self, dirty: set[str]) -> list[Output]:
         records = []
         for key in sorted(dirty):
             state = self.states.get(key)
@@ -314,28 +260,13 @@ class StreamRunner:
             records.append((self.changelog, OutgoingRecord(value=value, key=key.encode())))
         return records
 
-    def _dead_letter(self, record: ConsumedRecord, error: str) -> tuple[str, OutgoingRecord]:
-        self.metrics.count("dead_lettered", topic=record.topic, processor=self.processor.name)
-        logger.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
-        event = dead_letter_event(
-            self.namespace,
-            record.topic,
-            record.partition,
-            record.offset,
-            record.value,
-            error,
-            record.timestamp_ms,
-        )
-        return dlq_topic(record.topic), OutgoingRecord(value=encode(event), key=record.key)
-
 
 @dataclass
 class _Pending:
     """What a batch has handled and not yet committed."""
 
     records: int = 0
-    outputs: list[tuple[str, OutgoingRecord]] = field(default_factory=list)
-    emits: list[Emit] = field(default_factory=list)
+    outputs: list[Output] = field(default_factory=list)
     dirty: set[str] = field(default_factory=set)
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # plain tuples: cheap per record
 
@@ -361,13 +292,7 @@ async def read_changelog(log: EventLog, topic: str, group_id: str) -> dict[str, 
     for record in await read_to_end(log, topic, group_id):
         key = (record.key or b"").decode()
         if record.value:
-            states[key] = json.loads(record.value)
+            states[key] = state_from_bytes(record.value)
         else:
             states.pop(key, None)
     return states
-
-
-def state_bytes(state: Any) -> bytes:
-    """A changelog value. Keys keep their insertion order (no sort), so a restored state is the same
-    dict, order included, as the one that was stored; sorting would also cost a fifth more."""
-    return json.dumps(state, separators=(",", ":"), check_circular=False).encode()

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from pipeline.processors.config import LinkerConfig, PipelineConfig
 from pipeline.processors.registry import PURE_PROCESSORS
-from pipeline.runtime.faust_runtime import GUARANTEES, run_worker, wall_clock_ms
+from pipeline.runtime.faust_runtime import GUARANTEES, run_worker
+from pipeline.runtime.host import wall_clock_ms
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

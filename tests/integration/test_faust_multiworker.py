@@ -12,7 +12,7 @@ faust-streaming 0.15.3 drops records it fetched while a rebalance seeks the part
 commits past them (its commit tolerates a missing record at the committed offset, and checks
 nothing in a partition with no committed offset): about half the runs of this test lost one to 25
 outputs that way. The agents now learn every fetched offset and read records fetched but never
-handled back from the broker (pipeline.runtime.faust_runtime.InputProgress); the workers log each repair.
+handled back from the broker (pipeline.runtime.faust_patches.InputProgress); the workers log each repair.
 
 What noida-db 0.2.3 cannot do, so this test does not ask it (probed with plain aiokafka consumers
 and with these workers): it never expires a member that stops heartbeating while its group is

@@ -1,7 +1,7 @@
 """SkippedRecordReader on the Kafka test broker: the records of an offset range, never markers or aborted ones.
 
 A faust agent calls it for records its consumer fetched and its stream never delivered
-(pipeline.runtime.faust_runtime.InputProgress), so it must return exactly the committed records of the
+(pipeline.runtime.faust_patches.InputProgress), so it must return exactly the committed records of the
 range: the range may also hold transaction markers (no record) or records of aborted
 transactions (never handled). Writes the topic `sr.records` on the session's test broker.
 """
@@ -12,7 +12,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from pipeline.runtime.faust_runtime import SkippedRecordReader, SourceRecord
+from connectors.event_log.base import ConsumedRecord
+from pipeline.runtime.faust_patches import SkippedRecordReader
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 
@@ -61,7 +62,7 @@ async def test_reads_the_committed_records_of_a_range_and_nothing_else(kafka_boo
         await reader.close()
 
 
-def values(records: list[SourceRecord]) -> list[bytes]:
+def values(records: list[ConsumedRecord]) -> list[bytes]:
     return [record.value for record in records]
 
 

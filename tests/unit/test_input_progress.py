@@ -1,8 +1,8 @@
-"""InputProgress: which fetched records a faust agent's stream skipped (pipeline/runtime/faust_runtime.py)."""
+"""InputProgress: which fetched records a faust agent's stream skipped (pipeline/runtime/faust_patches.py)."""
 
 from __future__ import annotations
 
-from pipeline.runtime.faust_runtime import InputProgress
+from pipeline.runtime.faust_patches import InputProgress
 
 
 def handled_in_order(progress: InputProgress, offsets: list[int]) -> None:

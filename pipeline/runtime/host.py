@@ -1,0 +1,183 @@
+"""The processor host: what every runtime does with one stage's records, with no I/O of its own.
+
+decode -> key -> session state -> process (or plan) -> encoded outputs / dead letter -> changelog
+bytes, and the ticks' time-based work. The runtimes are I/O shells around it: StreamRunner (any
+EventLog), the faust agent (Kafka, faust Tables) and MemoryRunner (a replay held in memory) fetch
+records, keep the states where their runtime keeps them and write what the host hands back, so
+the three cannot drift apart in how they decode, key, dead-letter, encode or store a state.
+
+A changelog value is the state's compact JSON, keys in insertion order (not sorted: a restored
+state is then the very dict, order included, that was stored, and sorting costs a fifth more); an
+empty value deletes the session. A tick changes a state only by returning another object or
+emitting something (pipeline/processors/contract.py), so ticks never serialise unchanged states.
+Reads and writes no topics itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from connectors.event_log.base import ConsumedRecord, OutgoingRecord
+from connectors.metrics import Metrics
+from pipeline.effects.contract import EffectCall, EffectStage
+from pipeline.processors.config import PipelineConfig
+from pipeline.processors.contract import Emit, Processor
+from pipeline.processors.event_building import Event, State
+from pipeline.runtime.shared_decodes import SharedDecodes
+from schemas.codec import encode
+from schemas.errors import EventDecodeError
+from schemas.events import make_event
+from schemas.topics import dlq_topic, topic_name
+
+logger = logging.getLogger(__name__)
+
+DEAD_LETTER_PRODUCER = "pipeline/0.1.0"
+Output = tuple[str, OutgoingRecord]  # (full topic name, record)
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def state_bytes(state: State) -> bytes:
+    """A changelog value (see the module docstring)."""
+    return json.dumps(state, separators=(",", ":"), check_circular=False).encode()
+
+
+def state_from_bytes(value: bytes) -> State:
+    state: State = json.loads(value)
+    return state
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one input record did: the session's key and new state (None: deleted), its outputs
+    (encoded emits, or the dead letter of an undecodable record) and, for an effect stage, the calls
+    to perform, and the event's occurred_at. `decoded` is False for a dead-lettered record (no
+    state is touched)."""
+
+    key: str
+    state: State | None
+    outputs: list[Output]
+    calls: list[EffectCall]
+    occurred_at: int = 0
+    decoded: bool = True
+
+
+@dataclass
+class ProcessorHost:
+    """One stage (pure processor or effect stage) as every runtime runs it."""
+
+    stage: Processor | EffectStage
+    config: PipelineConfig
+    namespace: str  # for topic names; MemoryRunner hands the host decoded events and names no topic
+    metrics: Metrics = field(default_factory=Metrics)
+    # shared by the runners of one process (pipeline/runtime/shared_decodes.py); None: a private one
+    decodes: SharedDecodes | None = None
+    # decided once: a Protocol isinstance check costs ~40 us, too much per record
+    effect: EffectStage | None = None
+    pure: Processor | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stage, EffectStage):
+            self.effect = self.stage
+        else:
+            self.pure = self.stage
+        if self.decodes is not None:
+            self.decodes.subscribe(self.input_topics)
+
+    @property
+    def name(self) -> str:
+        return self.stage.name
+
+    @property
+    def input_topics(self) -> list[str]:
+        """The full names of the stage's input topics."""
+        return [topic_name(self.namespace, topic) for topic in self.stage.inputs]
+
+    @property
+    def output_topics(self) -> list[str]:
+        return [topic_name(self.namespace, topic) for topic in self.stage.outputs]
+
+    @property
+    def dead_letter_topics(self) -> list[str]:
+        return [dlq_topic(topic) for topic in self.input_topics]
+
+    def decode(self, record: ConsumedRecord) -> Event:
+        """The record's event; raises EventDecodeError (see `dead_letter`)."""
+        if self.decodes is None:  # a private cache: the decode path is the same as when shared
+            self.decodes = SharedDecodes()
+            self.decodes.subscribe(self.input_topics)
+        return self.decodes.decode(record)
+
+    @staticmethod
+    def key_of(record: ConsumedRecord, event: Event) -> str:
+        """The state key: the record key (the session id), else the event's session id."""
+        return (record.key or b"").decode() or str(event["envelope"].get("session_id") or "")
+
+    def handle(self, record: ConsumedRecord, state_of: Callable[[str], State | None]) -> Step:
+        """One input record; `state_of(key)` is the session's stored state (None: nothing stored)."""
+        try:
+            event = self.decode(record)
+        except EventDecodeError as error:
+            return Step("", None, [self.dead_letter(record, str(error))], [], decoded=False)
+        key = self.key_of(record, event)
+        new_state, emits, calls = self.step(state_of(key), event)
+        return Step(key, new_state, self.encode(emits), calls, int(event["envelope"]["occurred_at"]))
+
+    def step(self, state: State | None, event: Event) -> tuple[State | None, list[Emit], list[EffectCall]]:
+        """One decoded event through the stage: (new state, emits, calls to perform)."""
+        if self.effect is not None:
+            new_state, calls = self.effect.plan(state, event, self.config)
+            return new_state, [], calls
+        assert self.pure is not None
+        new_state, emits = self.pure.process(state, event, self.config)
+        return new_state, emits, []
+
+    def tick(
+        self, sessions: Iterable[tuple[str, State]], now_ms: int
+    ) -> tuple[dict[str, State | None], list[Emit]]:
+        """Time-based work for `sessions` (key, state): (the changed states by key, the emits)."""
+        changed: dict[str, State | None] = {}
+        emits_all: list[Emit] = []
+        for key, state in sessions:
+            new_state, emits = self.stage.on_tick(state, now_ms, self.config)
+            if emits or new_state is not state:
+                changed[key] = new_state
+            emits_all.extend(emits)
+        return changed, emits_all
+
+    def encode(self, emits: Iterable[Emit]) -> list[Output]:
+        """The emits as records keyed by session id, on their full topic names."""
+        out = []
+        per_topic: dict[str, int] = {}
+        for emit in emits:
+            session = emit.event["envelope"].get("session_id")
+            record = OutgoingRecord(value=encode(emit.event), key=session.encode() if session else None)
+            out.append((topic_name(self.namespace, emit.topic), record))
+            per_topic[emit.topic] = per_topic.get(emit.topic, 0) + 1
+        for topic, count in per_topic.items():  # one metric update per topic, not per event
+            self.metrics.count("events_emitted", count, topic=topic, processor=self.name)
+        return out
+
+    def dead_letter(self, record: ConsumedRecord, error: str) -> Output:
+        """The DeadLettered event for an undecodable record, on `<topic>.dlq`, with the original bytes."""
+        self.metrics.count("dead_lettered", topic=record.topic, processor=self.name)
+        logger.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
+        event = make_event(
+            "DeadLettered",
+            namespace=self.namespace,
+            producer=DEAD_LETTER_PRODUCER,
+            occurred_at_ms=record.timestamp_ms,
+            id_parts=[record.topic, record.partition, record.offset],
+            source_topic=record.topic,
+            source_partition=record.partition,
+            source_offset=record.offset,
+            original_bytes=record.value,
+            error=error,
+        )
+        return dlq_topic(record.topic), OutgoingRecord(value=encode(event), key=record.key)
