@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from connectors.object_store.base import ObjectNotFound, ObjectStore, ObjectStoreError, check_key
-from schemas.errors import OrlError
+from schemas.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,6 @@ CHECKPOINT_KINDS = ("full", "lora")
 _ROOT = "checkpoints"
 _VERSION_RE = re.compile(r"^\d+$")
 _HASH_CHUNK_BYTES = 1 << 20
-
-
-class CheckpointError(OrlError):
-    """A checkpoint could not be published (bad input, version already published)."""
 
 
 class CheckpointRejected(CheckpointError):

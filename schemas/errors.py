@@ -1,4 +1,42 @@
-"""The root of orl's exception hierarchy (here because `schemas` is the one package everybody may import)."""
+"""The root of orl's exception hierarchy (here because `schemas` is the one package everybody may import).
+
+Every exception class orl defines derives from `OrlError` (tests/unit/test_exception_hierarchy.py
+checks it), so an entry point can catch one class and print a clear message (`orl` does, in
+orl/cli.py). The tree (module in brackets where it is not this one):
+
+    OrlError
+    |-- ConfigError                      a setting, flag or URL is invalid
+    |-- ServiceUnavailable               a broker, object store or model server cannot be reached
+    |-- EventEncodeError
+    |   `-- UnknownEventTypeError
+    |-- EventDecodeError
+    |-- SchemaDefinitionError
+    |-- SchemaCompatibilityError
+    |-- CheckpointError                  a checkpoint cannot be published, verified or loaded
+    |   `-- CheckpointRejected           [connectors.checkpoint_store] verification failed
+    |-- ObjectStoreError                 [connectors.object_store.base]
+    |   `-- ObjectNotFound
+    |-- EventLogError                    [connectors.event_log.base]
+    |-- ModelFilesError                  [connectors.model_files]
+    |-- IngestError                      [connectors.environment.ingest_client]
+    |-- PayloadError                     [connectors.environment.outcome_events]
+    |-- PolicyError                      [serving.policy.base]
+    |-- ApiError                         [serving.openai_api] carries the HTTP status
+    |-- SpoolError                       [serving.spool]
+    |-- StageProcessError                [pipeline.runtime.stage_process]
+    |-- ReplayWorkerError                [pipeline.history.replay_workers]
+    |-- ImportFailed                     [pipeline.history.openclaw_import]
+    |-- NotFound                         [pipeline.history.audit]
+    |-- ArchiveError                     [pipeline.history.archive]
+    |-- TrainingError                    [trainer.loop] non-finite loss or gradient (every backend)
+    |-- LogprobInputError                [trainer.logprobs]
+    |-- LossInputError                   [trainer.losses]
+    |-- MegatronBackendError             [trainer.megatron_backend.hf_conversion]
+    |   `-- UnsupportedModelError
+    `-- DemoDataError                    [orl.demo.scoring]
+
+A new error class goes under `OrlError` or one of these; reuse one that already means the same thing.
+"""
 
 
 class OrlError(Exception):
@@ -31,3 +69,13 @@ class SchemaDefinitionError(OrlError):
 
 class SchemaCompatibilityError(OrlError):
     """A schema change would break reading events written with an earlier version."""
+
+
+class CheckpointError(OrlError):
+    """A checkpoint, or a policy folder, could not be published, verified or loaded; the message says why.
+
+    One class for the whole life of a checkpoint: the store refusing a publish (bad input, version
+    already published), the trainer or a serving backend refusing to load a folder (wrong kind,
+    missing files), the follower finding no such version. A serving backend that refuses a
+    checkpoint keeps serving the old policy.
+    """

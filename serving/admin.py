@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from connectors.checkpoint_store import CheckpointError
+from schemas.errors import CheckpointError
 from serving.checkpoint_follower import CheckpointFollower
 from serving.openai_api import bad_request
 

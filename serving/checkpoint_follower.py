@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from connectors.checkpoint_store import (
-    CheckpointError,
     download_and_verify,
     latest_checkpoint,
     version_prefix,
@@ -28,10 +27,9 @@ from connectors.event_log.base import EventLog
 from connectors.metrics import Metrics
 from connectors.object_store.base import ObjectStore
 from schemas.codec import decode
-from schemas.errors import EventDecodeError
+from schemas.errors import CheckpointError, EventDecodeError
 from schemas.topics import topic_name
 from serving.capture import EventRecorder
-from serving.policy.base import CheckpointError as BackendCheckpointError
 from serving.policy.base import PolicyBackend
 
 logger = logging.getLogger(__name__)
@@ -116,7 +114,7 @@ class CheckpointFollower:
             try:
                 await asyncio.to_thread(_fresh_download, self.store, ref, dest)
                 await self.backend.load_checkpoint(dest, ref.version, ref.kind)  # type: ignore[arg-type]
-            except (CheckpointError, BackendCheckpointError) as error:
+            except CheckpointError as error:  # the store's verdict or the backend's refusal
                 logger.warning("refused checkpoint %s v%d: %s", ref.run_id, ref.version, error)
                 self.metrics.count("checkpoints_rejected")
                 self.recorder.policy_rejected(

@@ -19,6 +19,8 @@ MAX_STOP_SEQUENCES = 4
 
 
 class ApiError(OrlError):
+    """A request rejected with an HTTP status and OpenAI's error shape (`error_body` renders it)."""
+
     def __init__(
         self,
         status: int,

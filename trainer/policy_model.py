@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from schemas.errors import OrlError
+from schemas.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,6 @@ ALL_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_p
 DEFAULT_LR = {"full": 1e-5, "lora": 5e-4}
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
-
-
-class PolicyModelError(OrlError):
-    """The policy could not be loaded or saved (bad folder, wrong kind, missing adapter files)."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +129,7 @@ def _load_base(model_dir: Path) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     if not (model_dir / "config.json").is_file():
-        raise PolicyModelError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
+        raise CheckpointError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
     model: nn.Module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return model
 
@@ -161,7 +157,7 @@ def _load_lora(base_dir: Path, init_dir: Path | None, lora: LoraSettings) -> Pol
     if init_dir is not None:
         missing = [name for name in ADAPTER_FILES if not (init_dir / name).is_file()]
         if missing:
-            raise PolicyModelError(f"{init_dir} is not a LoRA checkpoint: missing {missing}")
+            raise CheckpointError(f"{init_dir} is not a LoRA checkpoint: missing {missing}")
         module: nn.Module = PeftModel.from_pretrained(base, init_dir, is_trainable=True)
     else:
         config = LoraConfig(
@@ -196,7 +192,7 @@ def load_policy(
     elif kind == "lora":
         policy = _load_lora(base_dir, init, lora or LoraSettings())
     else:
-        raise PolicyModelError(f"unknown policy kind {kind!r} (full | lora)")
+        raise CheckpointError(f"unknown policy kind {kind!r} (full | lora)")
     count = sum(p.numel() for p in policy.trainable_parameters())
     log.info("policy loaded: kind=%s base=%s init=%s trainable_params=%d", kind, base_dir, init, count)
     return policy

@@ -18,6 +18,8 @@ from schemas.errors import OrlError
 
 
 class IngestError(OrlError):
+    """The ingest server refused a report; `status` is its HTTP status, the message its reason."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status

@@ -27,6 +27,7 @@ from pipeline.history.replay_shard import ReplayShard
 from pipeline.processors.config import PipelineConfig
 from pipeline.processors.contract import Processor
 from pipeline.runtime.gc_tuning import tuned_for_streams
+from schemas.errors import OrlError
 
 STOP_TIMEOUT_S = 10.0
 
@@ -39,7 +40,7 @@ def workers_for(setting: int) -> int:
     return setting if setting > 0 else max(1, min(os.cpu_count() or 1, DEFAULT_MAX_WORKERS))
 
 
-class ReplayWorkerError(RuntimeError):
+class ReplayWorkerError(OrlError):
     """A replay worker process failed or died."""
 
 

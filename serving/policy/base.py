@@ -40,10 +40,6 @@ class PolicyError(OrlError):
     """A generation or scoring request could not be served (bad input, backend failure)."""
 
 
-class CheckpointError(OrlError):
-    """A checkpoint could not be loaded; the old policy keeps serving."""
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one response. temperature 0 means greedy."""

@@ -32,9 +32,8 @@ from typing import Any
 
 import httpx
 
-from schemas.errors import OrlError, ServiceUnavailable
+from schemas.errors import CheckpointError, OrlError, ServiceUnavailable
 from serving.policy.base import (
-    CheckpointError,
     CheckpointKind,
     FinishReason,
     Generation,

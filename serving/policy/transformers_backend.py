@@ -29,9 +29,8 @@ from typing import Any
 import torch
 
 from connectors.compute import CoreBoard, available_cores
-from schemas.errors import ConfigError
+from schemas.errors import CheckpointError, ConfigError
 from serving.policy.base import (
-    CheckpointError,
     CheckpointKind,
     GenerationStream,
     PolicyBackend,

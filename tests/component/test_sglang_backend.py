@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.errors import ServiceUnavailable
-from serving.policy.base import CheckpointError, PolicyError, SamplingParams
+from schemas.errors import CheckpointError, ServiceUnavailable
+from serving.policy.base import PolicyError, SamplingParams
 from serving.policy.sglang_backend import SGLangBackend
 from tests.fixtures.fake_sglang import (
     EOS_ID,

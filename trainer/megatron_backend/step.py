@@ -32,7 +32,7 @@ from torch import Tensor
 from trainer.batch_loss import LossConfig, advantages, method_weights
 from trainer.batching import Batch, TrainingSample
 from trainer.logprobs import collate_samples, pad_right
-from trainer.loop import step_metrics
+from trainer.loop import TrainingError, step_metrics
 from trainer.losses import LossStats, center_rewards, total_loss
 from trainer.megatron_backend.hf_conversion import MegatronBackendError
 from trainer.megatron_backend.logprobs import response_logprobs_tp
@@ -40,10 +40,6 @@ from trainer.megatron_backend.model import MegatronPolicy
 from trainer.megatron_backend.parallel import ParallelContext, clip_gradients, dp_sum, sync_gradients
 
 _WEIGHTED_STATS = ("loss", "pg_loss", "kl", "clip_fraction", "advantage_mean")
-
-
-class NonFiniteStepError(MegatronBackendError):
-    """A non-finite loss or gradient norm: the step is not applied and the worker stops loudly."""
 
 
 @dataclass(frozen=True)
@@ -193,13 +189,13 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     result = shard_loss(policy, samples, config)
     if not math.isfinite(result.stats["loss"]):
-        raise NonFiniteStepError(f"non-finite loss {result.stats['loss']} on samples {batch.sample_ids}")
+        raise TrainingError(f"non-finite loss {result.stats['loss']} on samples {batch.sample_ids}")
     result.loss.backward()
     params = policy.trainable_parameters()
     sync_gradients(params, policy.parallel)
     grad_norm = clip_gradients(params, grad_clip if grad_clip > 0 else math.inf, policy.parallel)
     if not math.isfinite(grad_norm):
-        raise NonFiniteStepError(f"non-finite gradient norm on samples {batch.sample_ids}")
+        raise TrainingError(f"non-finite gradient norm on samples {batch.sample_ids}")
     optimizer.step()
     duration_s = time.perf_counter() - started
     metrics = {
