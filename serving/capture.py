@@ -12,13 +12,14 @@ handler awaits it before it answers. The other events are committed before their
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from connectors.environment.api import Observation
 from connectors.environment.outcome_events import outcome_event
 from schemas.codec import encode
+from schemas.event_types import Envelope, NextStateObserved
 from schemas.events import make_event
 from schemas.topics import topic_name
 from serving.openai_api import ChatRequest
@@ -141,7 +142,7 @@ class EventRecorder:
 
     def next_state_observed(
         self, observation: Observation, *, session_id: str, turn_id: str, source: str
-    ) -> dict[str, Any]:
+    ) -> NextStateObserved:
         """Spool what a connector observed after turn `turn_id` (feedback, a reward, a tool result); returns the event."""
         event = outcome_event(
             observation,
@@ -153,7 +154,7 @@ class EventRecorder:
             occurred_at_ms=self.clock_ms(),
         )
         self._put("next_states", event)
-        return event
+        return cast(NextStateObserved, event)
 
     def policy_activated(
         self, server_id: str, run_id: str, version: int, uri: str, swap_latency_ms: float
@@ -214,7 +215,7 @@ class EventRecorder:
             **fields,
         )
 
-    def _put(self, topic: str, event: dict[str, Any]) -> None:
+    def _put(self, topic: str, event: Mapping[str, Any]) -> None:
         if not self.enabled:
             return
         self.spool.put(self._topic(topic), _key(event), encode(event))
@@ -228,7 +229,8 @@ class EventRecorder:
         return full
 
 
-def _key(event: dict[str, Any]) -> bytes | None:
+def _key(event: Mapping[str, Any]) -> bytes | None:
     """The record key: the session (a session's events stay in order), else the server."""
-    key = event["envelope"]["session_id"] or event.get("server_id")
+    envelope: Envelope = event["envelope"]
+    key = envelope["session_id"] or event.get("server_id")
     return key.encode() if key else None

@@ -19,11 +19,12 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from connectors.event_log.base import ConsumedRecord, TopicPartition
 from schemas.codec import decode
 from schemas.errors import EventDecodeError, UnknownEventTypeError
+from schemas.event_types import SampleReady
 
 METHODS = ("binary", "opd", "combined")
 SEEN_IDS_KEPT = 100_000  # duplicate detection window (sample ids); far more than any redelivery spans
@@ -81,7 +82,7 @@ def _finite(values: Iterable[float]) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-def sample_problem(event: Mapping[str, Any]) -> str | None:
+def sample_problem(event: SampleReady) -> str | None:
     """Why a decoded SampleReady cannot be trained (a skip reason), or None if it can."""
     response = event["response_token_ids"]
     teacher = event["teacher_logprobs"]
@@ -102,8 +103,8 @@ def sample_problem(event: Mapping[str, Any]) -> str | None:
 
 
 def training_sample(pending: _Pending) -> TrainingSample:
-    event = pending.event
-    assert event is not None
+    assert pending.event is not None
+    event = cast(SampleReady, pending.event)
     teacher = event["teacher_logprobs"]
     return TrainingSample(
         sample_id=str(event["envelope"]["event_id"]),
@@ -151,7 +152,7 @@ class SampleBatcher:
             return "rejected"
         if pending.event_type != "SampleReady":
             return "unknown_event"
-        problem = sample_problem(pending.event)
+        problem = sample_problem(cast(SampleReady, pending.event))
         if problem is not None:
             return problem
         sample = training_sample(pending)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from connectors.checkpoint_store import (
     MANIFEST_NAME,
@@ -39,6 +39,7 @@ from connectors.event_log.reading import reached
 from connectors.object_store.base import ObjectStore
 from schemas.codec import decode, encode
 from schemas.errors import ConfigError, EventDecodeError
+from schemas.event_types import CheckpointPublished, TrainStepCompleted
 from schemas.events import make_event
 from schemas.topics import topic_name
 from trainer.settings import parse_init_from
@@ -154,7 +155,9 @@ def _number(metrics: Mapping[str, Any], name: str) -> float:
     return float("nan") if value is None else float(value)
 
 
-def step_events(manifest: Manifest, namespace: str, uri: str) -> list[tuple[str, dict[str, Any]]]:
+def step_events(
+    manifest: Manifest, namespace: str, uri: str
+) -> list[tuple[str, TrainStepCompleted | CheckpointPublished]]:
     """(topic, event) of TrainStepCompleted and CheckpointPublished, rebuilt from the manifest alone."""
     m = manifest.metrics
     common: dict[str, Any] = {
@@ -199,7 +202,10 @@ def step_events(manifest: Manifest, namespace: str, uri: str) -> list[tuple[str,
         ],
         sample_id_digest=manifest.sample_id_digest,
     )
-    return [(topic_name(namespace, "train_steps"), step), (topic_name(namespace, "checkpoints"), published)]
+    return [
+        (topic_name(namespace, "train_steps"), cast(TrainStepCompleted, step)),
+        (topic_name(namespace, "checkpoints"), cast(CheckpointPublished, published)),
+    ]
 
 
 async def append_step_events(log_: EventLog, manifest: Manifest, namespace: str, uri: str) -> None:

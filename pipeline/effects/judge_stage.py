@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -52,6 +52,7 @@ from pipeline.processors.turn_memory import (
     remember_turn_event,
     take_ready_triggers,
 )
+from schemas.event_types import NextStateObserved
 
 logger = logging.getLogger(__name__)
 PRODUCER = "pipeline.judge/1"
@@ -88,7 +89,7 @@ class JudgeStage:
             return state, []  # redelivered
         turn_id = turn_id_of(event)
         if event_type_of(event) == "NextStateObserved" and turn_id is not None:
-            add_trigger(state, turn_id, _next_state_view(event))
+            add_trigger(state, turn_id, _next_state_view(cast(NextStateObserved, event)))
         else:
             remember_turn_event(state, event)
             _forget_unjudged_fields(state, turn_id)
@@ -283,7 +284,7 @@ def _forget_unjudged_fields(state: State, turn_id: str | None) -> None:
             turn.pop(unused, None)
 
 
-def _next_state_view(event: Event) -> dict[str, Any]:
+def _next_state_view(event: NextStateObserved) -> dict[str, Any]:
     """The next state as judges and vote events need it (JSON-serialisable)."""
     return {
         "event_id": event_id_of(event),

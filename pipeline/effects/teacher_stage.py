@@ -16,7 +16,7 @@ import asyncio
 import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -39,6 +39,7 @@ from pipeline.processors.turn_memory import (
     remember_turn_event,
     take_ready_triggers,
 )
+from schemas.event_types import Envelope, HintSelected
 from schemas.messages import content_text
 
 logger = logging.getLogger(__name__)
@@ -77,10 +78,11 @@ class TeacherStage:
             return state, []
         turn_id = turn_id_of(event)
         if event_type_of(event) == "HintSelected" and turn_id is not None:
+            selected = cast(HintSelected, event)
             trigger = {
-                "hint": event["hint"],
-                "hint_event_id": event_id_of(event),
-                "envelope": event["envelope"],
+                "hint": selected["hint"],
+                "hint_event_id": event_id_of(selected),
+                "envelope": selected["envelope"],
             }
             add_trigger(state, turn_id, trigger)
         else:
@@ -92,7 +94,8 @@ class TeacherStage:
         return forget_if_idle(state, now_ms, RETENTION_MS), []
 
     async def perform(self, call: EffectCall) -> list[Emit]:
-        turn, hint, envelope = call.payload["turn"], call.payload["hint"], call.payload["envelope"]
+        turn, hint = call.payload["turn"], call.payload["hint"]
+        envelope: Envelope = call.payload["envelope"]  # the HintSelected's, kept in the trigger
         body = {
             "messages": messages_with_hint(turn["messages"], hint),
             "tools": turn.get("tools"),

@@ -8,42 +8,46 @@ Reads and writes no topics itself.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from schemas.event_types import Envelope
 from schemas.events import make_event
 
 Event = dict[str, Any]
 State = dict[str, Any]
+# What the envelope readers accept: an untyped event or any TypedDict of schemas.event_types.
+AnyEvent = Mapping[str, Any]
 
 
-def envelope_of(event: Event) -> dict[str, Any]:
-    envelope: dict[str, Any] = event["envelope"]
+def envelope_of(event: AnyEvent) -> Envelope:
+    envelope: Envelope = event["envelope"]
     return envelope
 
 
-def event_type_of(event: Event) -> str:
+def event_type_of(event: AnyEvent) -> str:
     return str(envelope_of(event)["event_type"])
 
 
-def event_id_of(event: Event) -> str:
+def event_id_of(event: AnyEvent) -> str:
     return str(envelope_of(event)["event_id"])
 
 
-def session_id_of(event: Event) -> str | None:
+def session_id_of(event: AnyEvent) -> str | None:
     session_id = envelope_of(event).get("session_id")
     return None if session_id is None else str(session_id)
 
 
-def turn_id_of(event: Event) -> str | None:
+def turn_id_of(event: AnyEvent) -> str | None:
     turn_id = envelope_of(event).get("turn_id")
     return None if turn_id is None else str(turn_id)
 
 
-def occurred_at_of(event: Event) -> int:
+def occurred_at_of(event: AnyEvent) -> int:
     return int(envelope_of(event)["occurred_at"])
 
 
-def producer_of(event: Event) -> str:
+def producer_of(event: AnyEvent) -> str:
     return str(envelope_of(event).get("producer", ""))
 
 
@@ -52,7 +56,7 @@ def producer_name(processor_name: str, logic_version: str) -> str:
     return f"pipeline.{processor_name}/{logic_version}"
 
 
-def emitted_by(event: Event, processor_name: str) -> bool:
+def emitted_by(event: AnyEvent, processor_name: str) -> bool:
     """Whether `event` was written by the named processor (processors skip their own outputs)."""
     return producer_of(event).startswith(f"pipeline.{processor_name}/")
 

@@ -15,7 +15,7 @@ each vote also holding its hint).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pipeline.processors import vote_collection
 from pipeline.processors.config import PipelineConfig
@@ -30,6 +30,7 @@ from pipeline.processors.event_building import (
     remember_event,
 )
 from pipeline.processors.topology import stage_named
+from schemas.event_types import HintVoteCast
 
 NAME = "hint_selector"
 LOGIC_VERSION = "1"
@@ -71,7 +72,7 @@ class HintSelector:
             state, event_id_of(event), config.seen_window
         ):
             return state, []
-        added = vote_collection.add_vote(state, event, extra_fields=("hint",))
+        added = vote_collection.add_vote(state, cast(HintVoteCast, event), extra_fields=("hint",))
         if added is None:
             return state, []
         key, judgement = added

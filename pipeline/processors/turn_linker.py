@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.processors import conversation_diff
 from pipeline.processors.config import PipelineConfig
 from pipeline.processors.contract import Emit, ProcessResult
 from pipeline.processors.event_building import (
+    AnyEvent,
     Event,
     State,
     build_event,
@@ -55,6 +57,7 @@ from pipeline.processors.event_building import (
 )
 from pipeline.processors.next_state_text import next_state_role, render_messages
 from pipeline.processors.topology import stage_named
+from schemas.event_types import NextStateObserved, RequestReceived, ResponseGenerated, SessionClosed
 
 logger = logging.getLogger(__name__)
 
@@ -108,11 +111,11 @@ def new_state(event: Event) -> State:
     }
 
 
-def touch(state: State, event: Event) -> None:
+def touch(state: State, event: AnyEvent) -> None:
     state["last_activity_ms"] = max(state["last_activity_ms"], occurred_at_of(event))
 
 
-def on_request(state: State, event: Event, config: PipelineConfig) -> list[Emit]:
+def on_request(state: State, event: RequestReceived, config: PipelineConfig) -> list[Emit]:
     touch(state, event)
     if state["closed"] and not belongs_to_closed_session(state, event):
         reopen(state)  # the user came back after the close: the session goes on
@@ -141,7 +144,7 @@ def on_request(state: State, event: Event, config: PipelineConfig) -> list[Emit]
     return flush_pending(state, config)
 
 
-def belongs_to_closed_session(state: State, request: Event) -> bool:
+def belongs_to_closed_session(state: State, request: RequestReceived) -> bool:
     """A request that occurred at or before an explicit close was only read after it: it is part of the session."""
     return state.get("closed_reason") == "explicit" and occurred_at_of(request) <= state["closed_at_ms"]
 
@@ -164,7 +167,11 @@ def last_main_turn(state: State) -> str | None:
 
 
 def link_conversation(
-    state: State, turn_id: str, messages: list[dict[str, Any]], trigger: Event, config: PipelineConfig
+    state: State,
+    turn_id: str,
+    messages: list[dict[str, Any]],
+    trigger: RequestReceived,
+    config: PipelineConfig,
 ) -> None:
     turn = state["turns"][turn_id]
     if turn["next_state"] != "none":
@@ -215,7 +222,7 @@ def next_state_event(state: State, turn_id: str, pending: dict[str, Any], config
     )
 
 
-def on_response(state: State, event: Event, config: PipelineConfig) -> list[Emit]:
+def on_response(state: State, event: ResponseGenerated, config: PipelineConfig) -> list[Emit]:
     touch(state, event)
     request_id = event["request_id"]
     for turn in state["turns"].values():
@@ -226,7 +233,7 @@ def on_response(state: State, event: Event, config: PipelineConfig) -> list[Emit
     return []
 
 
-def on_external_next_state(state: State, event: Event, config: PipelineConfig) -> list[Emit]:
+def on_external_next_state(state: State, event: NextStateObserved, config: PipelineConfig) -> list[Emit]:
     """A connector observed what followed a turn: the session is active, and the turn needs no session_end state."""
     touch(state, event)
     turn_id = turn_id_of(event)
@@ -239,7 +246,7 @@ def on_external_next_state(state: State, event: Event, config: PipelineConfig) -
     return []
 
 
-def on_session_closed(state: State, event: Event, config: PipelineConfig) -> list[Emit]:
+def on_session_closed(state: State, event: SessionClosed, config: PipelineConfig) -> list[Emit]:
     if state["closed"]:
         return []
     close(state, occurred_at_of(event), "explicit")
@@ -324,7 +331,8 @@ def close_idle_session(state: State, deadline_ms: int, config: PipelineConfig) -
     return [Emit("sessions", closed), *flush_pending(state, config)]
 
 
-HANDLERS = {
+# Dispatch on envelope.event_type: each handler takes the TypedDict of the event type it is filed under.
+HANDLERS: dict[str, Callable[[State, Any, PipelineConfig], list[Emit]]] = {
     "RequestReceived": on_request,
     "ResponseGenerated": on_response,
     "NextStateObserved": on_external_next_state,

@@ -11,16 +11,17 @@ Reads and writes no topics itself.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from pipeline.processors.event_building import (
-    Event,
+    AnyEvent,
     State,
     event_id_of,
     event_type_of,
     occurred_at_of,
     turn_id_of,
 )
+from schemas.event_types import RequestReceived, ResponseGenerated
 
 MAX_TURNS_PER_SESSION = 64
 
@@ -29,27 +30,38 @@ def new_turn_memory() -> State:
     return {"turns": {}, "seen": [], "last_activity_ms": 0}
 
 
-def remember_turn_event(state: State, event: Event) -> None:
+def remember_turn_event(state: State, event: AnyEvent) -> None:
     """Store what a RequestReceived (main turns only) or ResponseGenerated says about its turn."""
     state["last_activity_ms"] = max(state["last_activity_ms"], occurred_at_of(event))
     turn_id = turn_id_of(event)
     kind = event_type_of(event)
-    if turn_id is None or kind not in ("RequestReceived", "ResponseGenerated"):
+    if turn_id is None:
         return
-    if kind == "RequestReceived" and event["turn_kind"] != "main":
+    if kind == "RequestReceived":
+        _remember_request(state, turn_id, cast(RequestReceived, event))
+    elif kind == "ResponseGenerated":
+        _remember_response(state, turn_id, cast(ResponseGenerated, event))
+
+
+def _remember_request(state: State, turn_id: str, request: RequestReceived) -> None:
+    if request["turn_kind"] != "main":
         return
     turn = state["turns"].setdefault(turn_id, {})
-    if kind == "RequestReceived":
-        # Kept as the recorded JSON text: the state is serialised after every batch that touches it,
-        # and one string is far cheaper to write than the parsed messages (parsed in complete_turn).
-        turn["messages_json"] = event["messages_json"]
-        turn["tools"] = json.loads(event["tools_json"]) if event.get("tools_json") else None
-        turn["request_event_id"] = event_id_of(event)
-    else:
-        turn["response_text"] = event["response_text"]
-        turn["response_token_ids"] = list(event["response_token_ids"])
-        turn["temperature"] = float(event["sampling"]["temperature"])
-        turn["response_event_id"] = event_id_of(event)
+    # Kept as the recorded JSON text: the state is serialised after every batch that touches it,
+    # and one string is far cheaper to write than the parsed messages (parsed in complete_turn).
+    turn["messages_json"] = request["messages_json"]
+    tools_json = request.get("tools_json")
+    turn["tools"] = json.loads(tools_json) if tools_json else None
+    turn["request_event_id"] = event_id_of(request)
+    _bound(state)
+
+
+def _remember_response(state: State, turn_id: str, response: ResponseGenerated) -> None:
+    turn = state["turns"].setdefault(turn_id, {})
+    turn["response_text"] = response["response_text"]
+    turn["response_token_ids"] = list(response["response_token_ids"])
+    turn["temperature"] = float(response["sampling"]["temperature"])
+    turn["response_event_id"] = event_id_of(response)
     _bound(state)
 
 

@@ -13,18 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.processors.event_building import (
-    Event,
+    AnyEvent,
     State,
     envelope_of,
     event_id_of,
     occurred_at_of,
     turn_id_of,
 )
+from schemas.event_types import HintVoteCast, JudgeVoteCast
 
 Judgement = dict[str, Any]
+Vote = JudgeVoteCast | HintVoteCast
 
 
-def new_vote_state(event: Event) -> State:
+def new_vote_state(event: AnyEvent) -> State:
     envelope = envelope_of(event)
     return {
         "namespace": envelope["namespace"],
@@ -35,7 +37,7 @@ def new_vote_state(event: Event) -> State:
     }
 
 
-def judgement_key(event: Event) -> str:
+def judgement_key(event: Vote) -> str:
     parts = (
         turn_id_of(event) or "",
         event["next_state_event_id"],
@@ -45,7 +47,7 @@ def judgement_key(event: Event) -> str:
     return "|".join(parts)
 
 
-def add_vote(state: State, event: Event, extra_fields: tuple[str, ...] = ()) -> tuple[str, Judgement] | None:
+def add_vote(state: State, event: Vote, extra_fields: tuple[str, ...] = ()) -> tuple[str, Judgement] | None:
     """Store a vote in its judgement; None if the judgement is already decided or the index is taken."""
     state["last_activity_ms"] = max(state["last_activity_ms"], occurred_at_of(event))
     key = judgement_key(event)
@@ -53,7 +55,7 @@ def add_vote(state: State, event: Event, extra_fields: tuple[str, ...] = ()) -> 
     index = str(int(event["vote_index"]))
     if judgement["decided"] or index in judgement["votes"]:
         return None
-    vote = {
+    vote: dict[str, Any] = {
         "event_id": event_id_of(event),
         "score": event.get("score"),
         "occurred_at_ms": occurred_at_of(event),
@@ -63,7 +65,7 @@ def add_vote(state: State, event: Event, extra_fields: tuple[str, ...] = ()) -> 
     return key, judgement
 
 
-def new_judgement(event: Event) -> Judgement:
+def new_judgement(event: Vote) -> Judgement:
     return {
         "turn_id": turn_id_of(event),
         "judge_id": event["judge_id"],

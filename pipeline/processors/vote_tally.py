@@ -16,6 +16,7 @@ State per session: namespace, session_id, seen, last_activity_ms, judgements (ke
 from __future__ import annotations
 
 from collections import Counter
+from typing import cast
 
 from pipeline.processors import vote_collection
 from pipeline.processors.config import PipelineConfig
@@ -30,6 +31,7 @@ from pipeline.processors.event_building import (
     remember_event,
 )
 from pipeline.processors.topology import stage_named
+from schemas.event_types import JudgeVoteCast
 
 NAME = "vote_tally"
 LOGIC_VERSION = "1"
@@ -68,7 +70,7 @@ class VoteTally:
             state, event_id_of(event), config.seen_window
         ):
             return state, []
-        added = vote_collection.add_vote(state, event)
+        added = vote_collection.add_vote(state, cast(JudgeVoteCast, event))
         if added is None:
             return state, []
         key, judgement = added
