@@ -1,10 +1,9 @@
-"""What one judged main turn becomes for each training method: a sample, a rejection, or "wait".
+"""Layer 2 of sample_builder: what the recorded inputs decide, for one turn and for the session.
 
-Pure functions over the sample builder's turn record (see sample_builder). A record holds, once
-known: "response" (exact sampled token ids, their logprobs, the temperature used, the policy
-version), "reward" (RewardDecided), "hint" (HintSelected / HintRejected) and "teacher"
-(TeacherScored), each with its event id and occurred_at_ms.
-
+Pure functions over the session state and its turn records (sample_turns); they mark turns decided
+and the session finalized, drop decided turns' data, and return `Outcome`s that sample_events turns
+into events. Per training method, a judged main turn (request, response and a next state known)
+becomes a sample, a rejection, or waits:
 - binary: waits for the reward; +-1 -> sample with that reward; 0 -> rejected "reward_zero".
 - opd: waits for the hint outcome (and the teacher scores if a hint was selected); sample with the
   teacher logprobs and no reward; no hint -> rejected "no_valid_hint".
@@ -13,18 +12,29 @@ version), "reward" (RewardDecided), "hint" (HintSelected / HintRejected) and "te
   teacher_logprobs None (no spurious OPD term); neither -> rejected "no_signal".
 A response that cannot be trained on exactly (empty, logprobs not one per token, greedy sampling)
 and teacher logprobs not aligned with the response tokens are rejected instead of padded.
-Reads and writes no topics.
+
+At least one sample per session: when the session is closed and every main turn with a response is
+decided (or at the settle timeout, sample_builder.on_tick), a session without any SampleReady gets
+its last judged main turn (highest turn_index with a reward, or under opd with a hint outcome, and
+a trainable response) promoted, with reward = the mean of its valid judge votes if that is
+non-zero, else -promotion_reward (default 0.1). Why negative: a whole session without one positive
+or negative verdict (all ties / neutral / no usable hint) is mild evidence the assistant was not
+helpful, and unlike OpenClaw-RL's 0-reward promotion (a gradient no-op) the promoted sample then
+actually moves the policy, gently.
+Calls only sample_turns; reads and writes no topics.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import struct
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-TurnRecord = dict[str, Any]
+from pipeline.processors.config import SampleConfig
+from pipeline.processors.event_building import State
+from pipeline.processors.sample_turns import TurnRecord, new_turn, response_arrays, response_problem
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,51 +49,40 @@ class Decision:
 WAIT: Decision | None = None
 
 
-# A response record keeps its token arrays packed (sample_inputs.response_record): the state is
-# written after every batch that touches it, and two strings cost far less to write than hundreds
-# of numbers (JSON spends ~0.35 us on each float). The ids are JSON text, the logprobs the base64 of
-# little-endian doubles (exact for any float). They are unpacked when a sample is built.
-TOKEN_ARRAYS = ("prompt_token_ids", "response_token_ids", "response_logprobs")
+@dataclass(frozen=True)
+class Outcome:
+    """A decided turn. `turn` is its record as decided (the state may already hold only a marker);
+    `promoted_at_ms` is set for an at-least-one promotion: the close (or settle deadline) time."""
+
+    turn_id: str
+    turn: TurnRecord
+    decision: Decision
+    promoted_at_ms: int | None = None
 
 
-def pack_token_arrays(
-    prompt_ids: list[int], response_ids: list[int], logprobs: list[float]
-) -> dict[str, str]:
-    packed = struct.pack(f"<{len(logprobs)}d", *logprobs)
-    return {
-        "token_ids_json": json.dumps([prompt_ids, response_ids], separators=(",", ":")),
-        "logprobs_f64": base64.b64encode(packed).decode("ascii"),
-    }
+def settle(state: State, turn_id: str | None, samples: SampleConfig) -> list[Outcome]:
+    """What an input that touched `turn_id` (None: no turn) decides: that turn, then the session."""
+    outcomes = settle_turn(state, turn_id, samples) if turn_id is not None else []
+    if state["closed"] is not None and not state["finalized"] and all_settled(state):
+        outcomes += finalize(state, state["closed"]["occurred_at_ms"], samples)
+    return outcomes
 
 
-def response_arrays(response: dict[str, Any]) -> dict[str, list[Any]]:
-    """The token arrays of a response record (inline in a state stored before they were packed)."""
-    if "token_ids_json" not in response:
-        return {name: response[name] for name in TOKEN_ARRAYS}
-    prompt_ids, response_ids = json.loads(response["token_ids_json"])
-    raw = base64.b64decode(response["logprobs_f64"])
-    logprobs = list(struct.unpack(f"<{len(raw) // 8}d", raw))
-    return {"prompt_token_ids": prompt_ids, "response_token_ids": response_ids, "response_logprobs": logprobs}
-
-
-def arrays_problem(token_ids: list[int], logprobs: list[float], temperature: float) -> str | None:
-    """Why sampled tokens cannot become an exact training sample, or None."""
-    if not token_ids:
-        return "empty_response"
-    if len(logprobs) != len(token_ids):
-        return "logprobs_misaligned"
-    if temperature <= 0:
-        return "greedy_sampling"
-    return None
-
-
-def response_problem(response: dict[str, Any]) -> str | None:
-    """Why a response cannot become an exact training sample, or None (decided when recorded)."""
-    if "problem" in response:
-        problem: str | None = response["problem"]
-        return problem
-    arrays = response_arrays(response)
-    return arrays_problem(arrays["response_token_ids"], arrays["response_logprobs"], response["temperature"])
+def settle_turn(state: State, turn_id: str, samples: SampleConfig) -> list[Outcome]:
+    """Decide the turn if everything its method needs is known."""
+    turn = state["turns"].get(turn_id)
+    if turn is None or turn["decided"] or turn["kind"] != "main" or turn["response"] is None:
+        return []
+    if not turn["next_states"]:
+        return []
+    decision = decide_turn(turn, samples.method)
+    if decision is None:
+        return []
+    turn["decided"] = True
+    if decision.reason is None:
+        state["ready_count"] += 1
+    prune_decided_turns(state, samples)
+    return [Outcome(turn_id, turn, decision)]
 
 
 def teacher_problem(turn: TurnRecord) -> str | None:
@@ -142,52 +141,75 @@ def decide_turn(turn: TurnRecord, method: str) -> Decision | None:
     return Decision(reason=problem) if problem else decision
 
 
-# The inputs each method waits for: only these go into a sample's lineage and occurred_at, so
-# an input the method ignores (a hint under binary) never makes the output depend on arrival order.
-METHOD_INPUTS = {"binary": ("reward",), "opd": ("hint", "teacher"), "combined": ("reward", "hint", "teacher")}
+def all_settled(state: State) -> bool:
+    """Every main turn with a response is decided, and the session's last turn is known.
+
+    A close that names no last turn cannot tell whether more turns are still unread on other
+    topics: such a session is settled only by the timeout in sample_builder.on_tick.
+    """
+    turns = state["turns"]
+    for turn in turns.values():
+        if turn["kind"] == "main" and turn["response"] is not None and not turn["decided"]:
+            return False
+    last_turn_id = state["closed"]["last_turn_id"]
+    if last_turn_id is None:
+        return False
+    last = turns.get(last_turn_id)
+    return last is not None and last["kind"] is not None and (last["kind"] != "main" or last["decided"])
 
 
-def used_inputs(turn: TurnRecord, method: str) -> dict[str, dict[str, Any]]:
-    return {name: turn[name] for name in METHOD_INPUTS[method] if turn.get(name) is not None}
+def finalize(state: State, occurred_at_ms: int, samples: SampleConfig) -> list[Outcome]:
+    """The session is over: promote a turn if it earned no sample, then drop decided turns' data."""
+    state["finalized"] = True
+    outcomes: list[Outcome] = []
+    if samples.at_least_one and state["ready_count"] == 0:
+        turn_id = promotion_candidate(state["turns"])
+        if turn_id is None:
+            logger.info("session %s: no judged turn to promote", state["session_id"])
+        else:
+            turn = state["turns"][turn_id]
+            reward = promotion_reward(turn, samples.promotion_reward)
+            turn["decided"] = True
+            state["ready_count"] += 1
+            outcomes = [Outcome(turn_id, turn, Decision(reward=reward), promoted_at_ms=occurred_at_ms)]
+    prune_decided_turns(state, samples)
+    return outcomes
 
 
-def lineage(turn: TurnRecord, method: str, reward_event_id: str | None = None) -> dict[str, Any]:
-    """The ids a sample was built from; `reward_event_id` overrides the turn's (promotion)."""
-    used = {name: str(record["event_id"]) for name, record in used_inputs(turn, method).items()}
-    return {
-        "request_event_id": turn["request_event_id"],
-        "response_event_id": turn["response"]["event_id"],
-        "next_state_event_id": turn.get("next_state_event_id"),
-        "reward_event_id": reward_event_id if reward_event_id is not None else used.get("reward"),
-        "hint_event_id": used.get("hint"),
-        "teacher_event_id": used.get("teacher"),
-    }
+def promotion_candidate(turns: dict[str, TurnRecord]) -> str | None:
+    """The turn id to promote: the last judged main turn with a trainable response."""
+    judged = [
+        (turn["index"], turn_id)
+        for turn_id, turn in turns.items()
+        if turn.get("kind") == "main"
+        and turn.get("response") is not None
+        and (turn.get("reward") is not None or turn.get("hint") is not None)
+        and response_problem(turn["response"]) is None
+    ]
+    return max(judged)[1] if judged else None
 
 
-def sample_payload(
-    turn: TurnRecord, method: str, decision: Decision, *, promoted: bool, reward_event_id: str | None = None
-) -> dict[str, Any]:
-    """The SampleReady fields (besides the envelope) of a turn."""
-    response = turn["response"]
-    arrays = response_arrays(response)
-    teacher = turn["teacher"] if decision.use_teacher else None
-    return {
-        "method": method,
-        "prompt_token_ids": arrays["prompt_token_ids"],
-        "response_token_ids": arrays["response_token_ids"],
-        "old_logprobs": arrays["response_logprobs"],
-        "temperature": response["temperature"],
-        "reward": decision.reward,
-        "teacher_logprobs": teacher["teacher_logprobs"] if teacher else None,
-        "teacher_kind": teacher["teacher_kind"] if teacher else None,
-        "policy_version": response["policy_version"],
-        "promoted": promoted,
-        "off_policy": response["off_policy"],
-        "lineage": lineage(turn, method, reward_event_id),
-    }
+def promotion_reward(turn: TurnRecord, penalty: float) -> float:
+    """Mean of the turn's valid votes if non-zero, else -penalty."""
+    reward: dict[str, Any] | None = turn.get("reward")
+    valid = [vote for vote in (reward["votes"] if reward else []) if vote is not None]
+    mean = sum(valid) / len(valid) if valid else 0.0
+    return float(mean) if mean != 0 else -penalty
 
 
-def inputs_occurred_at_ms(turn: TurnRecord, method: str) -> int:
-    """The latest occurred_at among the inputs the method used: independent of their arrival order."""
-    times = [int(record["occurred_at_ms"]) for record in used_inputs(turn, method).values()]
-    return max([int(turn["response"]["occurred_at_ms"]), *times])
+def prune_decided_turns(state: State, samples: SampleConfig) -> None:
+    """Drop the data of decided turns, except the one a later promotion may still need.
+
+    The record is replaced, not cleared: an Outcome still holds the decided record for its event.
+    """
+    keep = None
+    if samples.at_least_one and state["ready_count"] == 0 and not state["finalized"]:
+        keep = promotion_candidate(state["turns"])
+    for turn_id, turn in state["turns"].items():
+        if turn["decided"] and turn_id != keep and turn["response"] is not None:
+            state["turns"][turn_id] = {
+                **new_turn(),
+                "index": turn["index"],
+                "kind": turn["kind"],
+                "decided": True,
+            }

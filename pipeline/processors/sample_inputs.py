@@ -1,10 +1,11 @@
-"""Recording the sample builder's inputs into its per-turn records (see sample_builder).
+"""Layer 1 of sample_builder: recording one input event into the session state (see sample_builder).
 
 Each recorder stores what a sample needs from one event type and returns the turn id it touched
-(None: nothing to decide yet). The first reward / hint outcome / teacher score of a turn wins;
+(None: no turn to decide). The first reward / hint outcome / teacher score of a turn wins;
 later ones (another judge, a re-judge in the same namespace) are logged and ignored. Decided
-turns ignore further inputs.
-Reads and writes no topics itself.
+turns ignore further inputs. SessionClosed records the close (and touches no turn).
+Calls only event_building (envelopes) and sample_turns (the record format); reads and writes no
+topics itself.
 """
 
 from __future__ import annotations
@@ -14,24 +15,15 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.processors.event_building import Event, State, event_id_of, occurred_at_of, turn_id_of
-from pipeline.processors.sample_decisions import TOKEN_ARRAYS, TurnRecord, arrays_problem, pack_token_arrays
+from pipeline.processors.sample_turns import (
+    TOKEN_ARRAYS,
+    TurnRecord,
+    arrays_problem,
+    new_turn,
+    pack_token_arrays,
+)
 
 logger = logging.getLogger(__name__)
-
-
-def new_turn() -> TurnRecord:
-    return {
-        "index": None,
-        "kind": None,
-        "request_event_id": None,
-        "response": None,
-        "next_states": [],
-        "next_state_event_id": None,
-        "reward": None,
-        "hint": None,
-        "teacher": None,
-        "decided": False,
-    }
 
 
 def open_turn(state: State, turn_id: str) -> TurnRecord:
@@ -51,7 +43,7 @@ def record_request(state: State, event: Event) -> str | None:
 
 
 def response_record(event: Event, packed: bool = True) -> dict[str, Any]:
-    """The exact sampled ids and their logprobs (`packed`: sample_decisions.pack_token_arrays), the
+    """The exact sampled ids and their logprobs (`packed`: sample_turns.pack_token_arrays), the
     temperature they were sampled at, and whether they can make an exact sample at all."""
     arrays = [list(event[name]) for name in TOKEN_ARRAYS]
     temperature = float(event["sampling"]["temperature"])
@@ -135,6 +127,17 @@ def record_teacher(state: State, event: Event) -> str | None:
     return set_first(state, event, "teacher", record)
 
 
+def record_close(state: State, event: Event) -> str | None:
+    """A (re)close: the session may now be finalized (sample_decisions.settle)."""
+    state["closed"] = {
+        "event_id": event_id_of(event),
+        "last_turn_id": event.get("last_turn_id"),
+        "occurred_at_ms": occurred_at_of(event),
+    }
+    state["finalized"] = False
+    return None
+
+
 INPUT_RECORDERS: dict[str, Callable[[State, Event], str | None]] = {  # ResponseGenerated: record_response
     "RequestReceived": record_request,
     "NextStateObserved": record_next_state,
@@ -142,4 +145,5 @@ INPUT_RECORDERS: dict[str, Callable[[State, Event], str | None]] = {  # Response
     "HintSelected": record_hint_selected,
     "HintRejected": record_hint_rejected,
     "TeacherScored": record_teacher,
+    "SessionClosed": record_close,
 }
