@@ -9,8 +9,11 @@ with `"type": "text"` or a `"text"` key. From that one definition come three tex
 - `message_text`: a message's readable content followed by its tool calls, one line each.
 
 And two ways to tell whether two message lists are the same conversation (why two: see
-`conversation_key` and `messages_digest`). Used by serving (chat template, session tracker) and the
-pipeline (next-state text, conversation diff). Reads and writes no topics.
+`conversation_key` and `messages_digest`), and the messages a chat template that knows no tools is
+given (`plain_template_messages`: tool calls as `<tool_call>` JSON blocks, tool results as user turns
+in `<tool_response>`, tool definitions in the system message; the Hermes / Qwen convention). Used by
+serving (chat template, session tracker) and the pipeline (next-state text, conversation diff, the
+token ids of imported turns). Reads and writes no topics.
 """
 
 from __future__ import annotations
@@ -149,3 +152,63 @@ def messages_digest(messages: Sequence[Message]) -> str:
     normalised = [[str(m.get("role", "")), message_text(m)] for m in messages]
     encoded = json.dumps(normalised, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def plain_template_messages(
+    messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
+) -> list[Message]:
+    """The messages as a chat template without tool roles gets them: role and prompt text only.
+
+    Raises UnsupportedContentError for a message without a role or with unsupported content.
+    """
+    out: list[Message] = []
+    for message in messages:
+        role = message.get("role")
+        if role is None:
+            raise UnsupportedContentError("every message needs a role")
+        text = prompt_text(message.get("content"))
+        if role == "tool":
+            out.append({"role": "user", "content": tool_response_text(message, text)})
+        elif role == "assistant" and message.get("tool_calls"):
+            out.append(
+                {"role": "assistant", "content": assistant_text_with_tool_calls(text, message["tool_calls"])}
+            )
+        else:
+            out.append({"role": role, "content": text})
+    if tools:
+        out = with_tool_definitions(out, tools)
+    return out
+
+
+def tool_response_text(message: Message, text: str) -> str:
+    """A tool result as the user turn a template without tool roles shows."""
+    name = message.get("name") or message.get("tool_call_id") or "tool"
+    return f'<tool_response name="{name}">\n{text}\n</tool_response>'
+
+
+def assistant_text_with_tool_calls(text: str, tool_calls: Any) -> str:
+    """An assistant reply and its tool calls, each call a `<tool_call>` JSON block on its own lines."""
+    blocks = []
+    for call in tool_calls or []:
+        function = tool_call_function(call)
+        arguments = parsed_arguments(function.get("arguments", {}))
+        blocks.append(
+            "<tool_call>\n"
+            + json.dumps({"name": function.get("name"), "arguments": arguments})
+            + "\n</tool_call>"
+        )
+    return "\n".join([text, *blocks]) if text else "\n".join(blocks)
+
+
+def with_tool_definitions(messages: list[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
+    """The tool signatures and how to call them, appended to the system message (or as the first one)."""
+    listing = "\n".join(json.dumps(tool) for tool in tools)
+    preamble = (
+        "You may call functions. Their signatures:\n<tools>\n"
+        + listing
+        + '\n</tools>\nTo call one, reply with <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>'
+    )
+    if messages and messages[0]["role"] == "system":
+        first = {"role": "system", "content": messages[0]["content"] + "\n\n" + preamble}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": preamble}, *messages]

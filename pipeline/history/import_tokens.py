@@ -1,9 +1,10 @@
 """Token ids and old logprobs for imported text-only turns (OpenClaw-RL records carry no sampled ids).
 
 The prompt is the record's messages rendered with the target model's chat template (generation
-prompt added), or, for records without messages, its `prompt_text` tokenized as is; the response is
-its text (plus the tool calls as JSON, the closest text form of what was generated) and the end of
-turn token when it finished normally. Old logprobs are either recomputed with the base model at
+prompt added) as serving renders them (`schemas.messages`: a template without tool roles gets tool
+calls and results in the Hermes form), or, for records without messages, its `prompt_text`
+tokenized as is; the response is its text with its tool calls as `<tool_call>` blocks (the form a
+model prompted that way generates) and the end of turn token when it finished normally. Old logprobs are either recomputed with the base model at
 the import temperature ("base") or left as 0.0 placeholders ("placeholder"); either way the
 responses are marked off-policy, and the trainer's default old-logprob mode (recompute) never reads
 them. Reads and writes no topics.
@@ -11,10 +12,10 @@ them. Reads and writes no topics.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Protocol
 
+from schemas import messages as chat_messages
 from schemas.errors import ConfigError
 
 LOGPROB_MODES = ("base", "placeholder")
@@ -30,10 +31,6 @@ class LogprobScorer(Protocol):
     def logprobs(self, prompt_ids: list[int], response_ids: list[int], temperature: float) -> list[float]: ...
 
 
-def response_text_with_tools(text: str, tool_calls: list[Any] | None) -> str:
-    return text + ("\n" + json.dumps(tool_calls, ensure_ascii=False) if tool_calls else "")
-
-
 class HFImportTokenizer:
     """The model's own tokenizer and chat template (transformers)."""
 
@@ -41,10 +38,14 @@ class HFImportTokenizer:
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(str(model_dir))
+        self._knows_tools = "tool" in str(self._tok.chat_template)
 
     def prompt_ids(self, messages: list[dict[str, Any]] | None, prompt_text: str) -> list[int]:
         if messages:
-            plain = [{"role": m.get("role", "user"), "content": _content_text(m)} for m in messages]
+            if self._knows_tools:
+                plain = [{**m, "content": chat_messages.prompt_text(m.get("content"))} for m in messages]
+            else:
+                plain = chat_messages.plain_template_messages([{"role": "user", **m} for m in messages])
             # As serving renders a prompt: the template's text, then its tokens (no extra special tokens).
             text = self._tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
             return [int(i) for i in self._tok(str(text), add_special_tokens=False)["input_ids"]]
@@ -53,23 +54,12 @@ class HFImportTokenizer:
     def response_ids(self, text: str, tool_calls: list[Any] | None, finished: bool) -> list[int]:
         ids = [
             int(i)
-            for i in self._tok.encode(response_text_with_tools(text, tool_calls), add_special_tokens=False)
+            for i in self._tok.encode(
+                chat_messages.assistant_text_with_tool_calls(text, tool_calls), add_special_tokens=False
+            )
         ]
         eos = self._tok.eos_token_id
         return ids + [int(eos)] if finished and isinstance(eos, int) else ids
-
-
-def _content_text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        text = content
-    elif isinstance(content, list):  # OpenAI content parts: keep the text parts
-        text = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    else:
-        text = ""
-    if message.get("tool_calls"):
-        text += "\n" + json.dumps(message["tool_calls"], ensure_ascii=False)
-    return text
 
 
 class BaseModelScorer:

@@ -1,25 +1,18 @@
 """Render OpenAI chat messages (and tools) to prompt token ids with the model's chat template.
 
 Both backends take token ids, so the server tokenizes once, here, and records exactly those ids.
-Templates that do not know tools (SmolLM2 ships plain ChatML) still get sensible prompts: tool
-definitions go into the system message, assistant tool calls become `<tool_call>` JSON blocks and
-tool results become user turns wrapped in `<tool_response>` (the Hermes / Qwen convention).
+Templates that do not know tools (SmolLM2 ships plain ChatML) still get sensible prompts
+(`schemas.messages.plain_template_messages`: tool definitions in the system message, assistant tool
+calls as `<tool_call>` JSON blocks, tool results as user turns in `<tool_response>`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from schemas.messages import (
-    Message,
-    UnsupportedContentError,
-    parsed_arguments,
-    prompt_text,
-    tool_call_function,
-)
+from schemas.messages import Message, UnsupportedContentError, plain_template_messages, prompt_text
 from serving.policy.base import PolicyError
 
 
@@ -57,7 +50,7 @@ class ChatTemplate:
             msgs = [_plain_content(m) for m in messages]
             kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
         else:
-            msgs = _without_tool_roles(messages, tools)
+            msgs = _plain_template_messages(messages, tools)
             kwargs = {}
         text = self._tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kwargs)
         return str(text)
@@ -90,48 +83,11 @@ def _plain_content(message: Message) -> Message:
     return {**message, "content": _prompt_content_text(message.get("content"))}
 
 
-def _without_tool_roles(messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> list[Message]:
-    out: list[Message] = []
-    for m in messages:
-        role = m.get("role")
-        if role is None:
-            raise PolicyError("every message needs a role")
-        text = _prompt_content_text(m.get("content"))
-        if role == "tool":
-            out.append({"role": "user", "content": _tool_response(m, text)})
-        elif role == "assistant" and m.get("tool_calls"):
-            out.append({"role": "assistant", "content": _with_tool_calls(text, m["tool_calls"])})
-        else:
-            out.append({"role": role, "content": text})
-    if tools:
-        out = _with_tool_definitions(out, tools)
-    return out
-
-
-def _tool_response(message: Message, text: str) -> str:
-    name = message.get("name") or message.get("tool_call_id") or "tool"
-    return f'<tool_response name="{name}">\n{text}\n</tool_response>'
-
-
-def _with_tool_calls(text: str, tool_calls: list[dict[str, Any]]) -> str:
-    blocks = []
-    for call in tool_calls:
-        fn = tool_call_function(call)
-        args = parsed_arguments(fn.get("arguments", {}))
-        blocks.append(
-            "<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>"
-        )
-    return "\n".join([text, *blocks]) if text else "\n".join(blocks)
-
-
-def _with_tool_definitions(messages: list[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
-    listing = "\n".join(json.dumps(t) for t in tools)
-    preamble = (
-        "You may call functions. Their signatures:\n<tools>\n"
-        + listing
-        + '\n</tools>\nTo call one, reply with <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>'
-    )
-    if messages and messages[0]["role"] == "system":
-        first = {"role": "system", "content": messages[0]["content"] + "\n\n" + preamble}
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": preamble}, *messages]
+def _plain_template_messages(
+    messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None
+) -> list[Message]:
+    """`schemas.messages.plain_template_messages`; a bad message is a PolicyError."""
+    try:
+        return plain_template_messages(messages, tools)
+    except UnsupportedContentError as error:
+        raise PolicyError(str(error)) from error

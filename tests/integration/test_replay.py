@@ -300,3 +300,27 @@ def test_imported_old_logprobs_can_be_recomputed_by_the_base_model(base_model_di
         assert len(logprobs) == len(response["response_token_ids"]) > 0
         assert all(lp <= 0.0 for lp in logprobs) and any(lp < 0.0 for lp in logprobs)
         assert response["policy_spans"] == [{"start_token": 0, "policy_version": 0}]
+
+
+@pytest.mark.model
+def test_imported_tool_turns_get_the_token_ids_serving_records(base_model_dir: Path) -> None:
+    """An imported conversation with tool calls and a tool result is tokenized as the server renders
+    it (SmolLM2's template knows no tool roles: Hermes-style blocks), and its tool-call response as
+    the assistant turn serving would render after it."""
+    from pipeline.history.import_tokens import HFImportTokenizer
+    from serving.policy.chat_template import ChatTemplate
+
+    call = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": [{"type": "text", "text": "What is here?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+    ]
+    tokenizer = HFImportTokenizer(base_model_dir)
+    template = ChatTemplate.from_dir(base_model_dir)
+    assert tokenizer.prompt_ids(messages, "") == template.render(messages)
+    response = tokenizer.response_ids("", [call], finished=True)
+    assert template.decode(response, skip_special_tokens=False) == (
+        '<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call><|im_end|>'
+    )

@@ -132,3 +132,25 @@ def test_a_string_and_its_text_parts_match(texts: list[str]) -> None:
     assert conversation_key([joined]) == conversation_key([{"role": "user", "content": parts}])
     one_part = {"role": "user", "content": [{"type": "text", "text": "".join(texts)}]}
     assert messages_digest([joined]) == messages_digest([one_part])
+
+
+def test_a_template_without_tool_roles_gets_hermes_blocks() -> None:
+    from schemas.messages import plain_template_messages
+
+    call = {"id": "c1", "function": {"name": "ls", "arguments": '{"path": "."}'}}
+    tool = {"type": "function", "function": {"name": "ls"}}
+    plain = plain_template_messages(
+        [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": "looking", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+        ],
+        [tool],
+    )
+    assert [m["role"] for m in plain] == ["system", "user", "assistant", "user"]
+    assert plain[0]["content"].startswith("You may call functions.") and '"name": "ls"' in plain[0]["content"]
+    assert (
+        plain[2]["content"]
+        == 'looking\n<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>'
+    )
+    assert plain[3]["content"] == '<tool_response name="c1">\na.txt\n</tool_response>'

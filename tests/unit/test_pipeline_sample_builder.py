@@ -176,11 +176,7 @@ def builder_inputs(method: str) -> tuple[list[Event], list[Event]]:
     log = run(method, {"sb-t0": [UP] * 3, "sb-t1": [ZERO] * 3}, {"sb-t1": [HINT] * 3})
     inputs = stage_named("sample_builder").inputs
     events = [e for e in c.events] + [e.event for e in log if e.topic in inputs]
-    produced = [
-        e.event
-        for e in log
-        if e.event["envelope"]["producer"].startswith("pipeline.sample_builder")
-    ]
+    produced = [e.event for e in log if e.event["envelope"]["producer"].startswith("pipeline.sample_builder")]
     return [
         e for e in events if not e["envelope"]["producer"].startswith("pipeline.sample_builder")
     ], produced
