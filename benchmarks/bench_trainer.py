@@ -196,7 +196,6 @@ def time_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 def measure_memory(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     """One side alone for one step (its own process): peak RSS; the trainer also times a publish."""
     from connectors.object_store.local_store import LocalObjectStore
-    from trainer.faults import FaultPlan
     from trainer.loop import publish_step, train_step
 
     batches = make_batches(1, args.samples, args.prompt_tokens, args.response_tokens)
@@ -209,7 +208,7 @@ def measure_memory(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         store = LocalObjectStore(Path(tmp) / "objects")
-        publish_step(store, settings, policy, 1, batch, step, Path(tmp), FaultPlan("", 0))
+        publish_step(store, settings, policy, 1, batch, step, Path(tmp))
         publish_s = time.perf_counter() - start
     return {"peak_rss_gb": peak_rss_gb(), "publish_s": publish_s}
 

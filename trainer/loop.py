@@ -46,7 +46,6 @@ from schemas.topics import topic_name
 from trainer.batch_loss import LossConfig, batch_loss
 from trainer.batching import Batch, SampleBatcher
 from trainer.core_sharing import fit_threads_every_layer
-from trainer.faults import FaultPlan
 from trainer.flush_request import FlushRequest
 from trainer.policy_model import LoraSettings, PolicyKind, PolicyModel, load_policy
 from trainer.resume import (
@@ -65,7 +64,9 @@ POLL_MAX_RECORDS = 256
 
 
 class TrainingError(OrlError):
-    """A step could not be taken (non-finite loss or gradient): the worker stops loudly."""
+    """A step could not be taken (non-finite loss or gradient): not applied, the worker stops loudly.
+
+    Raised by every backend's step (torch here, `trainer.megatron_backend.step`)."""
 
 
 @dataclass(frozen=True)
@@ -159,13 +160,12 @@ def publish_step(
     batch: Batch,
     step: StepResult,
     work_dir: Path,
-    faults: FaultPlan,
 ) -> Manifest:
     """Save the policy to a temp folder and publish it as `version` (files first, manifest last)."""
     with tempfile.TemporaryDirectory(prefix=f"v{version:08d}-", dir=work_dir) as tmp:
         policy.save(Path(tmp))
         return publish_checkpoint(
-            faults.wrap(store, version),
+            store,
             settings.run_id,
             version,
             Path(tmp),
@@ -307,7 +307,6 @@ class TorchStepRunner:
     policy: PolicyModel
     optimizer: torch.optim.Optimizer
     work_dir: Path
-    faults: FaultPlan
     board: CoreBoard
 
     async def train(self, batch: Batch) -> StepResult:
@@ -332,7 +331,6 @@ class TorchStepRunner:
             batch,
             step,
             self.work_dir,
-            self.faults,
         )
 
     async def waiting(self) -> None:
@@ -357,7 +355,6 @@ async def run_trainer(
     optimizer = torch.optim.AdamW(
         policy.trainable_parameters(), lr=settings.effective_lr(), betas=(0.9, 0.999), weight_decay=0.0
     )
-    faults = FaultPlan(settings.fault_after, settings.fault_version)
     board = CoreBoard(settings.data_dir / "cores", settings.threads or available_cores())
     fit_threads_every_layer(policy.module, board)
     log.info(
@@ -366,8 +363,8 @@ async def run_trainer(
         board.cores,
         settings.data_dir,
     )
-    runner = TorchStepRunner(settings, store, policy, optimizer, work_dir, faults, board)
-    return await consume_and_train(settings, log_, store, runner, point, faults, metrics or Metrics(), flush)
+    runner = TorchStepRunner(settings, store, policy, optimizer, work_dir, board)
+    return await consume_and_train(settings, log_, store, runner, point, metrics or Metrics(), flush)
 
 
 async def consume_and_train(
@@ -376,7 +373,6 @@ async def consume_and_train(
     store: ObjectStore,
     runner: StepRunner,
     point: ResumePoint,
-    faults: FaultPlan,
     metrics: Metrics,
     flush: FlushRequest | None = None,
 ) -> int:
@@ -421,17 +417,14 @@ async def consume_and_train(
                 continue
 
             # Loss, backward, optimizer step (the runner keeps the consumer heartbeating meanwhile).
-            faults.arm(version + 1)
             step = await runner.train(batch)
             if point.init_from is not None:  # every version of the run records where the run started
                 step = StepResult({**step.metrics, "init_from": dict(point.init_from)})
             version += 1
-            faults.hit("after_step", version)
 
             # Publish: weights and manifest (the resume point), then the events, then the group offsets.
             publish_started = time.perf_counter()
             manifest = await runner.publish(version, batch, step)
-            faults.hit("after_manifest", version)
             await append_step_events(log_, manifest, settings.namespace, folder_uri(store, manifest))
             await stream.commit(batch.consumed_offsets)
 

@@ -46,7 +46,6 @@ OLD_LOGPROBS_MODES = ("recompute", "rollout")
 KINDS = ("lora", "full")
 BACKENDS = ("torch", "megatron")
 MEGATRON_DEVICES = ("cuda", "cpu")
-FAULT_POINTS = ("", "after_step", "mid_upload", "after_manifest")
 _INIT_FROM_RE = re.compile(r"^(?P<run>[^/]+)/(?P<version>\d+|latest)$")
 
 
@@ -140,16 +139,6 @@ class TrainSettings(ConnectionSettings):
     seed: int = setting(0, "ORL_TRAIN_SEED", "torch seed (the LoRA adapter's initialisation).")
     lora_r: int = setting(16, "ORL_TRAIN_LORA_R", "LoRA rank.")
     lora_alpha: int = setting(32, "ORL_TRAIN_LORA_ALPHA", "LoRA alpha.")
-    fault_after: str = setting(
-        "",
-        "ORL_TRAIN_FAULT_AFTER",
-        "TEST ONLY: SIGKILL this process at a point: after_step | mid_upload | after_manifest (empty: never).",
-    )
-    fault_version: int = setting(
-        0,
-        "ORL_TRAIN_FAULT_VERSION",
-        "TEST ONLY: the version whose step triggers --fault-after (0: the first).",
-    )
 
     def effective_lr(self) -> float:
         from trainer.policy_model import default_lr
@@ -222,10 +211,6 @@ def check_settings(settings: TrainSettings) -> None:
         ),
         (settings.max_steps < 0, f"--max-steps must be >= 0, not {settings.max_steps}"),
         (settings.poll_timeout_s <= 0, f"--poll-timeout-s must be > 0, not {settings.poll_timeout_s}"),
-        (
-            settings.fault_after not in FAULT_POINTS,
-            f"--fault-after must be one of {FAULT_POINTS[1:]} or empty, not {settings.fault_after!r}",
-        ),
         (
             not settings.run_id or "/" in settings.run_id,
             f"--run-id must be one key segment, not {settings.run_id!r}",

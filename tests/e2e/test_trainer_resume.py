@@ -2,8 +2,9 @@
 
 A child trainer process (tests/e2e/trainer_crash_main.py, the real `orl train` entry point) reads a
 samples topic worth 5 steps (N = 2, rejected samples interleaved) and is killed again and again:
-by its own test-only fault points (mid_upload, after_manifest, after_step) and once from outside at
-an arbitrary moment. After the final clean run, the manifests' sample ids are exactly the topic's
+at named crash points (mid_upload, after_manifest, after_step: the child wraps its object store in
+tests/support/crashing_store.py, nothing in the trainer knows) and once from outside at an arbitrary
+moment. After the final clean run, the manifests' sample ids are exactly the topic's
 samples in order (no duplicate, no gap), each version's parent is the previous one, no incomplete
 checkpoint remains and every version has exactly one TrainStepCompleted and CheckpointPublished.
 """

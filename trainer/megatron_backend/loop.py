@@ -43,7 +43,6 @@ from connectors.model_files import resolve_model
 from connectors.object_store.base import ObjectStore
 from connectors.object_store.factory import open_object_store
 from trainer.batching import Batch
-from trainer.faults import FaultPlan
 from trainer.loop import (
     StepResult,
     check_resumable,
@@ -147,7 +146,6 @@ class MegatronStepRunner:
     policy: MegatronPolicy
     optimizer: torch.optim.Optimizer
     work_dir: Path
-    faults: FaultPlan
     _last_command_s: float = field(default_factory=time.monotonic)
 
     def _send(self, message: dict[str, Any]) -> None:
@@ -169,9 +167,7 @@ class MegatronStepRunner:
         checkpoint = gather_checkpoint(self.policy)
         if checkpoint is None:
             raise MegatronBackendError("rank 0 must hold the gathered weights")
-        return publish_step(
-            self.store, self.settings, checkpoint, version, batch, step, self.work_dir, self.faults
-        )
+        return publish_step(self.store, self.settings, checkpoint, version, batch, step, self.work_dir)
 
     async def train(self, batch: Batch) -> StepResult:
         return await asyncio.to_thread(self._step, batch)
@@ -204,9 +200,8 @@ async def _lead(settings: TrainSettings, parallel: ParallelContext, model_dir: P
         policy, optimizer = await asyncio.to_thread(
             _load, settings, parallel, model_dir, point.checkpoint_dir
         )
-        faults = FaultPlan(settings.fault_after, settings.fault_version)
-        runner = MegatronStepRunner(settings, store, policy, optimizer, work_dir, faults)
-        steps = await consume_and_train(settings, log_, store, runner, point, faults, Metrics())
+        runner = MegatronStepRunner(settings, store, policy, optimizer, work_dir)
+        steps = await consume_and_train(settings, log_, store, runner, point, Metrics())
         runner.stop()
     return steps
 
