@@ -383,7 +383,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=1, help="partitions of every topic")
     parser.add_argument("--close", action="store_true", help="end every session with SessionClosed")
     parser.add_argument(
-        "--one-process", action="store_true", help="embedded: every stage in this process (no downstream process)"
+        "--one-process",
+        action="store_true",
+        help="embedded: every stage in this process (no downstream process)",
     )
     parser.add_argument("--judge", default="user_reply", help="rule judge (entry point name)")
     parser.add_argument("--effect-concurrency", type=int, default=4, help="concurrent judge calls")

@@ -8,6 +8,7 @@ environment once at start-up; library code only ever receives the frozen object.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,14 +61,15 @@ class ConnectionSettings:
         return self.store_url or f"file://{(self.data_dir / 'objects').resolve()}"
 
 
-def settings_env(settings: object) -> dict[str, str]:
-    """The settings as the environment variables that give them back (the one way a child process
-    gets its settings: `orl.cli` reads them like any other environment). Tuples are comma-joined,
-    booleans true/false, None empty."""
+def settings_env(settings: object, only: Iterable[str] | None = None) -> dict[str, str]:
+    """The settings (the fields named in `only`, else all) as the environment variables that give them
+    back: the one way a child process gets its settings (`orl.cli` reads them like any environment).
+    Tuples are comma-joined, booleans true/false, None empty."""
+    chosen = None if only is None else set(only)
     env = {}
     for f in dataclasses.fields(settings):  # type: ignore[arg-type]
         name, value = f.metadata.get("env"), getattr(settings, f.name)
-        if not name:
+        if not name or (chosen is not None and f.name not in chosen):
             continue
         if isinstance(value, bool):
             env[name] = "true" if value else "false"

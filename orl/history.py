@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -28,7 +29,8 @@ from connectors.event_log.factory import open_event_log
 from connectors.model_files import resolve_model
 from connectors.object_store.base import ObjectStore
 from connectors.object_store.factory import open_object_store
-from connectors.settings import ConnectionSettings, setting
+from connectors.settings import ConnectionSettings, setting, settings_env
+from orl.settings_binding import flag_name
 from pipeline.history import archive as archive_tools
 from pipeline.history.audit import NotFound, audit_id, audit_session, render_chain
 from pipeline.history.audit_index import AuditIndex, index_path
@@ -49,7 +51,7 @@ from pipeline.history.replay_workers import workers_for
 from pipeline.runtime.main import build_stages, pipeline_config
 from pipeline.runtime.settings import PipelineSettings
 from schemas.errors import ConfigError
-from trainer.settings import parse_init_from
+from trainer.settings import TrainSettings, parse_init_from
 
 SOURCES = ("log", "archive", "openclaw")
 
@@ -225,23 +227,22 @@ def run_replay(settings: ReplaySettings) -> int:
     _check(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     code = asyncio.run(_replay(settings))
-    run_id = settings.train_run_id or settings.target_namespace
-    command = [sys.executable, "-m", "orl.cli", "train", "--namespace", settings.target_namespace,
-               "--run-id", run_id, "--data-dir", str(settings.data_dir), "--model", settings.model,
-               "--max-staleness", "-1"]  # fmt: skip
-    if settings.log_url:
-        command += ["--log-url", settings.log_url]
-    if settings.store_url:
-        command += ["--store-url", settings.store_url]
-    if settings.train_from:
-        command += ["--init-from", settings.train_from]
-    shown = "orl " + " ".join(command[3:])
+    train = TrainSettings(
+        data_dir=settings.data_dir, log_url=settings.log_url, store_url=settings.store_url,
+        namespace=settings.target_namespace, model=settings.model, run_id=settings.train_run_id or settings.target_namespace,
+        init_from=settings.train_from, max_staleness=-1, max_steps=settings.train_steps, idle_exit_s=30.0,
+    )  # fmt: skip
+    given = ["data_dir", "namespace", "run_id", "model", "max_staleness"]
+    given += [name for name in ("log_url", "store_url", "init_from") if getattr(train, name)]
+    shown = "orl train " + " ".join(f"{flag_name(name)} {getattr(train, name)}" for name in given)
     if settings.train_steps <= 0:
         print(f"to train a new model on it: {shown} [--max-steps N]")
         return code
-    command += ["--max-steps", str(settings.train_steps), "--idle-exit-s", "30"]
+    given += ["max_steps", "idle_exit_s"]
     print(f"training: {shown} --max-steps {settings.train_steps}")
-    return subprocess.call(command)
+    # the child gets its settings in its environment, as every orl child process does
+    env = {**os.environ, **settings_env(train, only=given)}
+    return subprocess.call([sys.executable, "-m", "orl.cli", "train"], env=env)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ orl/cli.py). The tree (module in brackets where it is not this one):
     |-- PolicyError                      [serving.policy.base]
     |-- ApiError                         [serving.openai_api] carries the HTTP status
     |-- SpoolError                       [serving.spool]
-    |-- StageProcessError                [pipeline.runtime.stage_process]
     |-- ReplayWorkerError                [pipeline.history.replay_workers]
     |-- ImportFailed                     [pipeline.history.openclaw_import]
     |-- NotFound                         [pipeline.history.audit]

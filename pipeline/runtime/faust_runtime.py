@@ -116,6 +116,10 @@ class ProcessorAgent:
         self._topics: dict[str, TopicT] = {}
         self._owned: list[int] = []
         self.progress: dict[tuple[str, int], InputProgress] = {}  # per (topic, partition) of inputs and ticks
+        # The decoded state beside the Table's bytes it came from (a restore brings new bytes: decoded
+        # again), and each session's partition: ticks would otherwise redo both for every session.
+        self._decoded: dict[str, tuple[bytes, State]] = {}
+        self._partitions_of: dict[str, int] = {}
         app.fetch_listeners.append(self.note_fetched)
         source = app.topic(*self.inputs, self.tick_topic, partitions=partitions, **RAW)
         # CrashingSupervisor: an unexpected error stops the worker loudly instead of restarting the
@@ -196,30 +200,47 @@ class ProcessorAgent:
         await self.send_outputs(step.outputs)
         if step.decoded:
             self.store(step.key, step.state)
-            self.metrics.count("records_processed", processor=self.processor.name)
+        self.host.report_metrics(1)
 
     async def tick(self, partition: int, now_ms: int) -> None:
         """on_tick for every session of `partition` (the tick record's partition, owned by this worker)."""
         owned = sorted(key for key in self.table if self.partition_of(key) == partition)
-        changed, emits = self.host.tick([(key, state_from_bytes(self.table[key])) for key in owned], now_ms)
+        sessions = [(key, state) for key in owned if (state := self.load(key)) is not None]
+        changed, emits = self.host.tick(sessions, now_ms)
         await self.send_outputs(self.host.encode(emits))
         for key, new_state in changed.items():
             self.store(key, new_state)
+        self.host.report_metrics(0)
 
     def load(self, key: str) -> State | None:
+        """The session's state: decoded once per stored value (ticks read every session every second)."""
         stored = self.table.get(key)
-        return None if stored is None else state_from_bytes(stored)
+        if stored is None:
+            return None
+        cached = self._decoded.get(key)
+        if cached is not None and cached[0] is stored:  # the very bytes this worker stored or decoded
+            return cached[1]
+        state = state_from_bytes(stored)
+        self._decoded[key] = (stored, state)
+        return state
 
     def partition_of(self, key: str) -> int:
         # Kafka's default partitioner, as the producers of our topics use it (keys are session ids).
-        return partition_for_key(key.encode(), self.partitions)
+        partition = self._partitions_of.get(key)
+        if partition is None:
+            partition = self._partitions_of[key] = partition_for_key(key.encode(), self.partitions)
+        return partition
 
     def store(self, key: str, state: State | None) -> None:
         if state is None:
+            self._decoded.pop(key, None)
+            self._partitions_of.pop(key, None)
             if key in self.table:
                 del self.table[key]
         else:
-            self.table[key] = state_bytes(state)
+            value = state_bytes(state)
+            self.table[key] = value
+            self._decoded[key] = (value, state)
 
     async def send_outputs(self, outputs: Sequence[Output]) -> None:
         for topic, record in outputs:

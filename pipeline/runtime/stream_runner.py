@@ -178,7 +178,7 @@ class StreamRunner:
         if calls:
             pending.outputs.extend(host.encode(await self._perform(calls)))
         states_written += await self._commit(pending)
-        self.metrics.count("records_processed", len(records), processor=self.processor.name)
+        host.report_metrics(len(records))
         self._poll_size = next_poll_size(
             self._poll_size, len(records), states_written, self.max_poll_records, self.max_poll_records_cap
         )
@@ -244,6 +244,7 @@ class StreamRunner:
         if emits or dirty:
             outputs = self.host.encode(emits) + self._changelog_records(dirty)
             await self.log.append_and_commit(outputs, self.group_id, {})
+            self.host.report_metrics(0)
 
     def _apply(self, key: str, new_state: Any, dirty: set[str]) -> None:
         if new_state is None:
