@@ -17,6 +17,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from connectors.checkpoint_store import (
     download_and_verify,
@@ -28,6 +29,7 @@ from connectors.metrics import Metrics
 from connectors.object_store.base import ObjectStore
 from schemas.codec import decode
 from schemas.errors import CheckpointError, EventDecodeError
+from schemas.event_types import CheckpointPublished
 from schemas.topics import topic_name
 from serving.capture import EventRecorder
 from serving.policy.base import PolicyBackend
@@ -179,11 +181,12 @@ def _checkpoint_ref(value: bytes) -> CheckpointRef | None:
         return None
     if event["envelope"]["event_type"] != "CheckpointPublished":
         return None
+    published = cast(CheckpointPublished, event)
     return CheckpointRef(
-        event["run_id"],
-        event["version"],
-        event["kind"],
-        event["manifest_key"],
-        event["manifest_sha256"],
-        event["envelope"]["occurred_at"],
+        published["run_id"],
+        published["version"],
+        published["kind"],
+        published["manifest_key"],
+        published["manifest_sha256"],
+        published["envelope"]["occurred_at"],
     )

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 from connectors.checkpoint_store import checkpoint_ancestors, checkpoint_descendants
 from connectors.event_log.base import Consumer, EventLog, TopicPartition
@@ -28,8 +28,19 @@ from pipeline.history.audit_index import AuditIndex
 from pipeline.history.namespace_io import catalog_topics, partition_count
 from schemas.codec import decode
 from schemas.errors import OrlError
+from schemas.event_types import (
+    CheckpointPublished,
+    HintVoteCast,
+    JudgeVoteCast,
+    PolicyActivated,
+    ResponseGenerated,
+    TrainStepCompleted,
+)
 
 Event = dict[str, Any]
+Vote = JudgeVoteCast | HintVoteCast
+# The events a version chain starts from (audit_id dispatches on their event_type).
+VersionEvent = TrainStepCompleted | CheckpointPublished | PolicyActivated
 SERVED_SHOWN = 5
 TEXT_SHOWN = 400
 
@@ -77,7 +88,7 @@ def _short(text: str | None) -> str | None:
     return text[:TEXT_SHOWN] + f"... [{len(text) - TEXT_SHOWN} more characters]"
 
 
-def _vote_view(vote: Event) -> dict[str, Any]:
+def _vote_view(vote: Vote) -> dict[str, Any]:
     return {
         "event_id": vote["envelope"]["event_id"],
         "type": vote["envelope"]["event_type"],
@@ -96,11 +107,11 @@ def _vote_view(vote: Event) -> dict[str, Any]:
     }
 
 
-def _event_view(event: Event) -> dict[str, Any]:
+def _event_view(event: Mapping[str, Any]) -> dict[str, Any]:
     """An event's fields for the chain, with token arrays summarised."""
     kind = event["envelope"]["event_type"]
     if kind in ("JudgeVoteCast", "HintVoteCast"):
-        return _vote_view(event)
+        return _vote_view(cast(Vote, event))
     view: dict[str, Any] = {"event_id": event["envelope"]["event_id"], "type": kind}
     for name, value in event.items():
         if name == "envelope":
@@ -155,13 +166,13 @@ async def _turn_chain(index: AuditIndex, fetch: EventFetcher, turn_id: str) -> d
 async def _training_of(index: AuditIndex, fetch: EventFetcher, sample_id: str) -> list[dict[str, Any]]:
     """The steps that consumed a sample, each with its checkpoint and what that version served."""
     steps = []
-    for step_id in index.linking_to(sample_id, "consumed"):
-        step = await fetch.get(index, step_id)
+    for step_id in index.linking_to(sample_id, "consumed"):  # train steps
+        step = cast(TrainStepCompleted, await fetch.get(index, step_id))
         steps.append(await _step_view(index, fetch, step))
     return steps
 
 
-async def _step_view(index: AuditIndex, fetch: EventFetcher, step: Event) -> dict[str, Any]:
+async def _step_view(index: AuditIndex, fetch: EventFetcher, step: TrainStepCompleted) -> dict[str, Any]:
     version, run_id = int(step["policy_version"]), step["run_id"]
     checkpoints = [await fetch.get(index, cid) for cid in index.by_version(version, "checkpoint", run_id)]
     return {
@@ -175,7 +186,7 @@ async def _step_view(index: AuditIndex, fetch: EventFetcher, step: Event) -> dic
 async def _served(index: AuditIndex, fetch: EventFetcher, version: int, run_id: str) -> dict[str, Any]:
     """What a run's version served once a server activated it (none if no server did)."""
     served = index.by_version(version, "served", run_id, SERVED_SHOWN)
-    shown = [await fetch.get(index, rid) for rid in served]
+    shown = [cast(ResponseGenerated, await fetch.get(index, rid)) for rid in served]
     return {
         "policy_version": version,
         "responses": index.count_version(version, "served", run_id),
@@ -192,12 +203,18 @@ async def _served(index: AuditIndex, fetch: EventFetcher, version: int, run_id: 
 
 
 async def _version_chain(
-    index: AuditIndex, fetch: EventFetcher, event: Event, store: ObjectStore | None
+    index: AuditIndex, fetch: EventFetcher, event: VersionEvent, store: ObjectStore | None
 ) -> dict[str, Any]:
     """For a train step or checkpoint: the samples behind it (with their turns) and what it served."""
     kind = event["envelope"]["event_type"]
-    version = int(event["policy_version"] if kind == "TrainStepCompleted" else event["version"])
-    steps = [await fetch.get(index, sid) for sid in index.by_version(version, "trained", event["run_id"])]
+    if kind == "TrainStepCompleted":
+        version = int(cast(TrainStepCompleted, event)["policy_version"])
+    else:
+        version = int(cast(CheckpointPublished | PolicyActivated, event)["version"])
+    steps = [
+        cast(TrainStepCompleted, await fetch.get(index, sid))
+        for sid in index.by_version(version, "trained", event["run_id"])
+    ]
     samples = []
     for step in steps:
         for sample_id in step["sample_ids"]:
@@ -210,7 +227,8 @@ async def _version_chain(
         "samples": samples,
     }
     if store is not None and kind == "CheckpointPublished":
-        chain["started_from"] = _lineage(checkpoint_ancestors, store, event["manifest_key"])
+        checkpoint = cast(CheckpointPublished, event)
+        chain["started_from"] = _lineage(checkpoint_ancestors, store, checkpoint["manifest_key"])
     return chain
 
 
@@ -232,7 +250,8 @@ async def audit_id(
     kind = index.event_type(any_id)
     async with EventFetcher(log, index.namespace) as fetch:
         if kind in ("TrainStepCompleted", "CheckpointPublished", "PolicyActivated"):
-            return await _version_chain(index, fetch, await fetch.get(index, any_id), store)
+            event = cast(VersionEvent, await fetch.get(index, any_id))
+            return await _version_chain(index, fetch, event, store)
         turn_id = index.turn_of(any_id) if kind else (any_id if index.is_turn(any_id) else None)
         if turn_id is None:
             if kind is None:
@@ -259,14 +278,14 @@ async def audit_session(
     async with EventFetcher(log, index.namespace) as fetch:
         for sample_id in samples:
             for step_id in index.linking_to(sample_id, "consumed"):
-                step = await fetch.get(index, step_id)
+                step = cast(TrainStepCompleted, await fetch.get(index, step_id))
                 key = (step["run_id"], int(step["policy_version"]))
                 entry = influenced.setdefault(
                     key, {"run_id": key[0], "version": key[1], "train_step": step["step"], "samples": []}
                 )
                 entry["samples"].append(sample_id)
                 for cid in index.by_version(key[1], "checkpoint", key[0]):
-                    checkpoint = await fetch.get(index, cid)
+                    checkpoint = cast(CheckpointPublished, await fetch.get(index, cid))
                     entry["checkpoint_uri"] = checkpoint["uri"]
                     entry["checkpoint_event_id"] = cid
                     entry["manifest_key"] = checkpoint["manifest_key"]

@@ -17,6 +17,7 @@ from connectors.event_log.base import ConsumedRecord, EventLog, EventLogError, O
 from connectors.event_log.reading import reached
 from pipeline.processors.topology import STAGES
 from schemas.codec import HEADER_LEN, MARKER, decode, encode
+from schemas.event_types import Envelope
 from schemas.registry import default_registry
 from schemas.topics import TOPICS, dlq_topic, topic_for_event, topic_name
 
@@ -226,7 +227,7 @@ class EncodedEvent(NamedTuple):
 
 def encoded(event: Event) -> EncodedEvent:
     """The event encoded, keyed by its session as every orl producer keys its records."""
-    envelope = event["envelope"]
+    envelope: Envelope = event["envelope"]
     session = envelope.get("session_id")
     key = session.encode() if session else None
     return EncodedEvent(envelope["event_id"], envelope["event_type"], key, encode(event))

@@ -34,6 +34,7 @@ from typing import Any
 
 from pipeline.history.import_tokens import ImportTokenizer, LogprobScorer
 from schemas.errors import OrlError
+from schemas.event_types import Envelope
 from schemas.events import make_event
 from schemas.messages import Message
 
@@ -280,7 +281,7 @@ def judge_votes(record: dict[str, Any]) -> list[tuple[str, int | None, str, str 
 
 
 def vote_events(record: dict[str, Any], next_state: Event) -> list[Event]:
-    envelope = next_state["envelope"]
+    envelope: Envelope = next_state["envelope"]
     events, counters = [], {"reward": 0, "hint": 0}
     for kind, score, raw, hint, parse_error in judge_votes(record):
         index = counters[kind]

@@ -66,6 +66,7 @@ from pipeline.runtime.gc_tuning import tuned_for_streams
 from pipeline.runtime.stream_runner import StreamRunner
 from schemas.codec import encode, event_type_of
 from schemas.errors import ConfigError
+from schemas.event_types import Envelope
 from schemas.topics import topic_for_event, topic_name
 
 logger = logging.getLogger(__name__)
@@ -192,8 +193,9 @@ def event_source(events: list[Event]) -> ReplaySource:
     """Events built in memory (an import), encoded once, as they will be stored."""
     by_topic: dict[str, list[RawRecord]] = {}
     for event in events:
-        key = (event["envelope"].get("session_id") or "").encode() or None
-        by_topic.setdefault(topic_for_event(event["envelope"]["event_type"]), []).append((key, encode(event)))
+        envelope: Envelope = event["envelope"]
+        key = (envelope.get("session_id") or "").encode() or None
+        by_topic.setdefault(topic_for_event(envelope["event_type"]), []).append((key, encode(event)))
 
     async def read(chosen: Sequence[str]) -> AsyncIterator[list[RawRecord]]:
         for topic in chosen:

@@ -17,7 +17,7 @@ import zlib
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from pipeline.history.namespace_io import (
     VOTE_TYPES,
@@ -32,6 +32,7 @@ from pipeline.processors.config import PipelineConfig
 from pipeline.processors.contract import Emit, Processor
 from pipeline.runtime.memory_runner import MemoryRunner
 from schemas.codec import decode, encode, event_type_of
+from schemas.event_types import HintVoteCast, JudgeVoteCast
 from schemas.events import make_event
 from schemas.topics import topic_for_event
 
@@ -85,7 +86,7 @@ def count_votes(values: Iterable[bytes]) -> RecordedVotes:
         if fields is None:
             if event_type_of(value) not in VOTE_TYPES:
                 continue  # a hint decision on the hints topic
-            event = decode(value)  # an older writer schema
+            event = cast(JudgeVoteCast | HintVoteCast, decode(value))  # an older writer schema
             fields = (
                 event["envelope"]["event_type"], event["judge_kind"], event["judge_config_version"],
                 int(event["vote_index"]),

@@ -25,6 +25,7 @@ waiting_responses (responses that came before their request), ready_count, close
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from pipeline.processors import sample_decisions, sample_events, sample_inputs
 from pipeline.processors.config import PipelineConfig
@@ -41,6 +42,7 @@ from pipeline.processors.event_building import (
 )
 from pipeline.processors.sample_events import NAME
 from pipeline.processors.topology import stage_named
+from schemas.event_types import ResponseGenerated
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,8 @@ class SampleBuilder:
             return state, []
         event_type = event_type_of(event)
         if event_type == "ResponseGenerated":
-            turn_id = sample_inputs.record_response(state, event, packed=config.compact_states)
+            response = cast(ResponseGenerated, event)
+            turn_id = sample_inputs.record_response(state, response, packed=config.compact_states)
         else:
             recorder = sample_inputs.INPUT_RECORDERS.get(event_type)
             if recorder is None:

@@ -13,6 +13,7 @@ samples and rewards events that sample_builder emits.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pipeline.processors.config import PipelineConfig
@@ -20,6 +21,7 @@ from pipeline.processors.contract import Emit
 from pipeline.processors.event_building import Event, State, build_event, event_id_of, producer_name
 from pipeline.processors.sample_decisions import Decision, Outcome
 from pipeline.processors.sample_turns import TurnRecord, response_arrays
+from schemas.event_types import Lineage
 
 NAME = "sample_builder"
 LOGIC_VERSION = "1"
@@ -128,7 +130,7 @@ def used_inputs(turn: TurnRecord, method: str) -> dict[str, dict[str, Any]]:
     return {name: turn[name] for name in METHOD_INPUTS[method] if turn.get(name) is not None}
 
 
-def lineage(turn: TurnRecord, method: str, reward_event_id: str | None = None) -> dict[str, Any]:
+def lineage(turn: TurnRecord, method: str, reward_event_id: str | None = None) -> Lineage:
     """The ids a sample was built from; `reward_event_id` overrides the turn's (promotion)."""
     used = {name: str(record["event_id"]) for name, record in used_inputs(turn, method).items()}
     return {
@@ -141,7 +143,7 @@ def lineage(turn: TurnRecord, method: str, reward_event_id: str | None = None) -
     }
 
 
-def lineage_parts(sample_lineage: dict[str, Any]) -> tuple[str, ...]:
+def lineage_parts(sample_lineage: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(sample_lineage[key] or "" for key in sorted(sample_lineage))
 
 

@@ -14,13 +14,23 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.processors.event_building import Event, State, event_id_of, occurred_at_of, turn_id_of
+from pipeline.processors.event_building import AnyEvent, State, event_id_of, occurred_at_of, turn_id_of
 from pipeline.processors.sample_turns import (
     TOKEN_ARRAYS,
     TurnRecord,
     arrays_problem,
     new_turn,
     pack_token_arrays,
+)
+from schemas.event_types import (
+    HintRejected,
+    HintSelected,
+    NextStateObserved,
+    RequestReceived,
+    ResponseGenerated,
+    RewardDecided,
+    SessionClosed,
+    TeacherScored,
 )
 
 logger = logging.getLogger(__name__)
@@ -31,7 +41,7 @@ def open_turn(state: State, turn_id: str) -> TurnRecord:
     return turn
 
 
-def record_request(state: State, event: Event) -> str | None:
+def record_request(state: State, event: RequestReceived) -> str | None:
     turn_id = turn_id_of(event) or event["request_id"]
     turn = open_turn(state, turn_id)
     turn.update(index=int(event["turn_index"]), kind=event["turn_kind"], request_event_id=event_id_of(event))
@@ -42,16 +52,19 @@ def record_request(state: State, event: Event) -> str | None:
     return turn_id
 
 
-def response_record(event: Event, packed: bool = True) -> dict[str, Any]:
+def response_record(event: ResponseGenerated, packed: bool = True) -> dict[str, Any]:
     """The exact sampled ids and their logprobs (`packed`: sample_turns.pack_token_arrays), the
     temperature they were sampled at, and whether they can make an exact sample at all."""
-    arrays = [list(event[name]) for name in TOKEN_ARRAYS]
+    # In TOKEN_ARRAYS order; named one by one so that mypy checks the field names.
+    prompt_ids, response_ids = list(event["prompt_token_ids"]), list(event["response_token_ids"])
+    logprobs = list(event["response_logprobs"])
+    arrays = (prompt_ids, response_ids, logprobs)
     temperature = float(event["sampling"]["temperature"])
     return {
         "event_id": event_id_of(event),
         "occurred_at_ms": occurred_at_of(event),
         **(pack_token_arrays(*arrays) if packed else dict(zip(TOKEN_ARRAYS, arrays, strict=True))),
-        "problem": arrays_problem(arrays[1], arrays[2], temperature),
+        "problem": arrays_problem(response_ids, logprobs, temperature),
         "temperature": temperature,
         "policy_version": int(event["policy_version"]),
         # More than one policy produced the tokens (a checkpoint swap mid-response).
@@ -59,7 +72,7 @@ def response_record(event: Event, packed: bool = True) -> dict[str, Any]:
     }
 
 
-def record_response(state: State, event: Event, packed: bool = True) -> str | None:
+def record_response(state: State, event: ResponseGenerated, packed: bool = True) -> str | None:
     turn_id = state["request_turns"].get(event["request_id"])
     if turn_id is None:
         state["waiting_responses"][event["request_id"]] = response_record(event, packed)
@@ -70,7 +83,7 @@ def record_response(state: State, event: Event, packed: bool = True) -> str | No
     return turn_id
 
 
-def record_next_state(state: State, event: Event) -> str | None:
+def record_next_state(state: State, event: NextStateObserved) -> str | None:
     """Next states are kept by (occurred_at, id); the earliest is the sample's lineage next state.
 
     RewardDecided does not name the next state it judged, so waiting for one here also makes
@@ -86,7 +99,7 @@ def record_next_state(state: State, event: Event) -> str | None:
     return turn_id
 
 
-def set_first(state: State, event: Event, part: str, record: dict[str, Any]) -> str | None:
+def set_first(state: State, event: AnyEvent, part: str, record: dict[str, Any]) -> str | None:
     turn_id = turn_id_of(event)
     if turn_id is None:
         return None
@@ -100,7 +113,7 @@ def set_first(state: State, event: Event, part: str, record: dict[str, Any]) -> 
     return turn_id
 
 
-def record_reward(state: State, event: Event) -> str | None:
+def record_reward(state: State, event: RewardDecided) -> str | None:
     record = {
         "reward": float(event["reward"]),
         "votes": list(event["votes"]),
@@ -109,15 +122,15 @@ def record_reward(state: State, event: Event) -> str | None:
     return set_first(state, event, "reward", record)
 
 
-def record_hint_selected(state: State, event: Event) -> str | None:
+def record_hint_selected(state: State, event: HintSelected) -> str | None:
     return set_first(state, event, "hint", {"selected": True, "reason": None})
 
 
-def record_hint_rejected(state: State, event: Event) -> str | None:
+def record_hint_rejected(state: State, event: HintRejected) -> str | None:
     return set_first(state, event, "hint", {"selected": False, "reason": event["reason"]})
 
 
-def record_teacher(state: State, event: Event) -> str | None:
+def record_teacher(state: State, event: TeacherScored) -> str | None:
     record = {
         "hint_event_id": event["hint_event_id"],
         "teacher_kind": event["teacher_kind"],
@@ -127,7 +140,7 @@ def record_teacher(state: State, event: Event) -> str | None:
     return set_first(state, event, "teacher", record)
 
 
-def record_close(state: State, event: Event) -> str | None:
+def record_close(state: State, event: SessionClosed) -> str | None:
     """A (re)close: the session may now be finalized (sample_decisions.settle)."""
     state["closed"] = {
         "event_id": event_id_of(event),
@@ -138,7 +151,8 @@ def record_close(state: State, event: Event) -> str | None:
     return None
 
 
-INPUT_RECORDERS: dict[str, Callable[[State, Event], str | None]] = {  # ResponseGenerated: record_response
+# Dispatch on envelope.event_type: each recorder takes the TypedDict of the event type it is filed under.
+INPUT_RECORDERS: dict[str, Callable[[State, Any], str | None]] = {  # ResponseGenerated: record_response
     "RequestReceived": record_request,
     "NextStateObserved": record_next_state,
     "RewardDecided": record_reward,
