@@ -232,7 +232,7 @@ def run_replay(settings: ReplaySettings) -> int:
         namespace=settings.target_namespace, model=settings.model, run_id=settings.train_run_id or settings.target_namespace,
         init_from=settings.train_from, max_staleness=-1, max_steps=settings.train_steps, idle_exit_s=30.0,
     )  # fmt: skip
-    given = ["data_dir", "namespace", "run_id", "model", "max_staleness"]
+    given = ["namespace", "run_id", "data_dir", "model", "max_staleness"]
     given += [name for name in ("log_url", "store_url", "init_from") if getattr(train, name)]
     shown = "orl train " + " ".join(f"{flag_name(name)} {getattr(train, name)}" for name in given)
     if settings.train_steps <= 0:
