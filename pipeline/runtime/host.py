@@ -110,27 +110,31 @@ class ProcessorHost:
     def dead_letter_topics(self) -> list[str]:
         return [dlq_topic(topic) for topic in self.input_topics]
 
-    def decode(self, record: ConsumedRecord) -> Event:
-        """The record's event; raises EventDecodeError (see `dead_letter`)."""
-        if self.decodes is None:  # a private cache: the decode path is the same as when shared
-            self.decodes = SharedDecodes()
-            self.decodes.subscribe(self.input_topics)
-        return self.decodes.decode(record)
-
-    @staticmethod
-    def key_of(record: ConsumedRecord, event: Event) -> str:
-        """The state key: the record key (the session id), else the event's session id."""
-        return (record.key or b"").decode() or str(event["envelope"].get("session_id") or "")
+    def _private_decodes(self) -> SharedDecodes:
+        """A cache of this stage's own: the decode path is the same as when decodes are shared."""
+        self.decodes = SharedDecodes()
+        self.decodes.subscribe(self.input_topics)
+        return self.decodes
 
     def handle(self, record: ConsumedRecord, state_of: Callable[[str], State | None]) -> Step:
-        """One input record; `state_of(key)` is the session's stored state (None: nothing stored)."""
+        """One input record; `state_of(key)` is the session's stored state (None: nothing stored).
+
+        The state key is the record key (the session id), else the event's session id. The hot path
+        of every runtime (once per record per stage), so `step` is inlined.
+        """
         try:
-            event = self.decode(record)
+            decodes = self.decodes if self.decodes is not None else self._private_decodes()  # it has a len()
+            event = decodes.decode(record)
         except EventDecodeError as error:
             return Step("", None, [self.dead_letter(record, str(error))], [], decoded=False)
-        key = self.key_of(record, event)
-        new_state, emits, calls = self.step(state_of(key), event)
-        return Step(key, new_state, self.encode(emits), calls, int(event["envelope"]["occurred_at"]))
+        envelope = event["envelope"]
+        key = (record.key or b"").decode() or str(envelope.get("session_id") or "")
+        if self.effect is not None:
+            new_state, calls = self.effect.plan(state_of(key), event, self.config)
+            return Step(key, new_state, [], calls, envelope["occurred_at"])
+        assert self.pure is not None
+        new_state, emits = self.pure.process(state_of(key), event, self.config)
+        return Step(key, new_state, self.encode(emits) if emits else [], [], envelope["occurred_at"])
 
     def step(self, state: State | None, event: Event) -> tuple[State | None, list[Emit], list[EffectCall]]:
         """One decoded event through the stage: (new state, emits, calls to perform)."""
