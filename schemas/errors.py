@@ -12,6 +12,7 @@ orl/cli.py). The tree (module in brackets where it is not this one):
     |-- EventDecodeError
     |-- SchemaDefinitionError
     |-- SchemaCompatibilityError
+    |-- UnsupportedContentError          [schemas.messages] a chat message content orl cannot read
     |-- CheckpointError                  a checkpoint cannot be published, verified or loaded
     |   `-- CheckpointRejected           [connectors.checkpoint_store] verification failed
     |-- ObjectStoreError                 [connectors.object_store.base]
