@@ -1,4 +1,7 @@
-"""`orl samples`: list the samples the pipeline produced (and the rejections, with their reasons)."""
+"""`orl samples`: list the samples the pipeline produced (and the rejections, with their reasons), and
+how the judge's votes went: an LLM judge whose votes mostly fail to parse gives no real reward.
+
+Reads the namespace's samples and judge_votes topics."""
 
 from __future__ import annotations
 
@@ -37,14 +40,49 @@ def sample_row(event: dict) -> dict[str, object]:
     }
 
 
+@dataclass(frozen=True)
+class VoteSummary:
+    """The reward judge's votes in a namespace: how many, by kind, and how many LLM votes failed to parse."""
+
+    rule: int = 0
+    llm: int = 0
+    llm_unparsed: int = 0
+
+    def line(self) -> str:
+        if not self.rule + self.llm:
+            return "judge votes: none yet"
+        text = f"judge votes: {self.rule + self.llm} ({self.rule} by rules, {self.llm} by an LLM judge"
+        if self.llm:
+            share = self.llm_unparsed / self.llm
+            text += f", {self.llm_unparsed} of them failed to parse ({share:.0%})"
+            if share >= 0.5:
+                text += (
+                    "; most LLM votes give no reward: use a capable judge (--judge-url) or --judge reaction"
+                )
+        return text + ")"
+
+
+def vote_summary(votes: list[dict]) -> VoteSummary:
+    rule = [v for v in votes if v["judge_kind"] == "rule"]
+    llm = [v for v in votes if v["judge_kind"] != "rule"]
+    return VoteSummary(len(rule), len(llm), sum(v["parse_error"] is not None for v in llm))
+
+
 async def read_samples(log_url: str, namespace: str) -> list[dict]:
     async with open_event_log(log_url) as log:
         records = await read_to_end(log, topic_name(namespace, "samples"))
     return [sample_row(decode(record.value)) for record in records]
 
 
+async def read_vote_summary(log_url: str, namespace: str) -> VoteSummary:
+    async with open_event_log(log_url) as log:
+        records = await read_to_end(log, topic_name(namespace, "judge_votes"))
+    return vote_summary([decode(record.value) for record in records])
+
+
 def list_samples(settings: SamplesSettings) -> int:
     rows = asyncio.run(read_samples(settings.effective_log_url(), settings.namespace))
+    votes = asyncio.run(read_vote_summary(settings.effective_log_url(), settings.namespace))
     ready = sum(r["status"] == "ready" for r in rows)
     shown = rows[-settings.limit :]
     if settings.json:
@@ -64,4 +102,5 @@ def list_samples(settings: SamplesSettings) -> int:
             else f"reason={r['reason']}"
         )
         print(f"{r['sample_id']}  {r['status']:<8} {r['method']:<8} {r['turn_id']}  {detail}")
+    print(votes.line())
     return 0

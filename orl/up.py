@@ -40,8 +40,21 @@ class UpSettings(ConnectionSettings):
         "", "ORL_ADMIN_KEY", "Admin key (default: generated into keys.json).", secret=True
     )
     method: str = setting("combined", "ORL_METHOD", "Training signal: binary | opd | combined.")
-    judge: str = setting("llm", "ORL_JUDGE", "Reward judge: llm or a rule judge name.")
-    hint_judge: str = setting("llm", "ORL_HINT_JUDGE", "Hint extractor: llm or a rule extractor name.")
+    judge: str = setting(
+        "auto",
+        "ORL_JUDGE",
+        "Reward judge: auto (llm with --judge-url, else the 'reaction' rule judge), llm, or a rule judge name.",
+    )
+    hint_judge: str = setting(
+        "auto",
+        "ORL_HINT_JUDGE",
+        "Hint extractor: auto (llm with --judge-url, else the 'user_hint' rules), llm, or a rule extractor name.",
+    )
+    judge_url: str = setting(
+        "", "ORL_JUDGE_URL", "OpenAI-compatible /v1 base URL of a judge model (default: none; see --judge)."
+    )
+    judge_api_key: str = setting("", "ORL_JUDGE_API_KEY", "API key of the judge endpoint.", secret=True)
+    judge_model: str = setting("", "ORL_JUDGE_MODEL", "Model name sent to the judge endpoint.")
     run_id: str = setting("live", "ORL_RUN_ID", "Name of the training run (checkpoints/<run_id>/...).")
     batch_size: int = setting(16, "ORL_TRAIN_BATCH_SIZE", "Effective samples per training step.")
     components: tuple[str, ...] = setting(
@@ -58,6 +71,48 @@ class UpSettings(ConnectionSettings):
         "ORL_PRECISION",
         "Numerics of server and trainer: auto (bf16 only where native) | bf16 | fp32.",
     )
+
+
+@dataclass(frozen=True)
+class RewardSignal:
+    """Where the stack's rewards and hints come from, as the pipeline is told (ORL_JUDGE, ORL_HINT_JUDGE)."""
+
+    judge: str
+    hint_judge: str
+    description: str
+
+
+def reward_signal(settings: UpSettings) -> RewardSignal:
+    """`auto` resolved: an LLM judge when a judge endpoint is given; else rules that need no model.
+
+    A small served model (SmolLM2-135M on a CPU) cannot judge: most of its votes do not parse. So
+    without --judge-url the stack judges by rules over the next state (explicit feedback, outcome
+    connectors, then the user's next message) and says so at start.
+    """
+    judge = settings.judge if settings.judge != "auto" else ("llm" if settings.judge_url else "reaction")
+    hint = (
+        settings.hint_judge
+        if settings.hint_judge != "auto"
+        else ("llm" if settings.judge_url else "user_hint")
+    )
+    where = f"the judge endpoint {settings.judge_url}" if settings.judge_url else "the served model itself"
+    parts = []
+    if judge == "llm":
+        parts.append(f"LLM judge on {where}")
+    elif judge == "reaction":
+        parts.append(
+            "rule judge 'reaction' (explicit feedback from /v1/feedback and /v1/rewards and outcome connectors "
+            "first, else keywords of the user's next message)"
+        )
+    else:
+        parts.append(f"rule judge {judge!r}")
+    parts.append(f"LLM hint extractor on {where}" if hint == "llm" else f"hint extractor {hint!r}")
+    description = "reward signal: " + "; ".join(parts)
+    if not settings.judge_url:
+        description += "; no --judge-url given"
+        if "llm" in (judge, hint):
+            description += ": the served model judges itself, and a small model's votes mostly fail to parse"
+    return RewardSignal(judge, hint, description)
 
 
 def stack_cores(settings: UpSettings) -> int:
@@ -123,8 +178,11 @@ def component_env(settings: UpSettings) -> dict[str, str]:
         "ORL_API_KEY": api_key,
         "ORL_SERVER_URL": f"http://127.0.0.1:{settings.port}/v1",
         "ORL_METHOD": settings.method,
-        "ORL_JUDGE": settings.judge,
-        "ORL_HINT_JUDGE": settings.hint_judge,
+        "ORL_JUDGE": reward_signal(settings).judge,
+        "ORL_HINT_JUDGE": reward_signal(settings).hint_judge,
+        "ORL_JUDGE_URL": settings.judge_url,
+        "ORL_JUDGE_API_KEY": settings.judge_api_key,
+        "ORL_JUDGE_MODEL": settings.judge_model,
         "ORL_RUN_ID": settings.run_id,
         "ORL_TRAIN_BATCH_SIZE": str(settings.batch_size),
         "ORL_THREADS": str(stack_cores(settings)),
@@ -229,6 +287,8 @@ class Supervisor:
 def up(settings: UpSettings) -> int:
     """Entry point of `orl up`."""
     logger.info(compute_budget(settings))
+    reward_line = reward_signal(settings).description
+    logger.info(reward_line)
     prepare_model_once(settings)
     supervisor = Supervisor(stack_launches(settings, component_env(settings)), settings.data_dir / "logs")
     stopping = False
@@ -247,6 +307,7 @@ def up(settings: UpSettings) -> int:
     print(
         f"logs in {settings.data_dir / 'logs'}; samples: orl samples --data-dir {settings.data_dir}; Ctrl-C stops"
     )
+    print(reward_line)
     try:
         while not stopping:
             supervisor.check()

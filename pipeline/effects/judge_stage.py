@@ -24,6 +24,7 @@ import httpx
 from pipeline.effects.contract import EffectCall, PlanResult
 from pipeline.effects.judging import (
     JudgeConfig,
+    ParseWatch,
     build_hint_judge_messages,
     build_reward_judge_messages,
     judge_user_message,
@@ -77,6 +78,8 @@ class JudgeStage:
     # Rule judges run inline until one call is slow (see _rule_vote); the versions are hashed once.
     _rule_inline: bool = field(default=True, repr=False)
     _config_versions: dict[str, str] = field(default_factory=dict, repr=False)
+    # per LLM judge id: how many of its votes failed to parse (a log warning when most of the recent do)
+    parse_watches: dict[str, ParseWatch] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for kind, judge in (("reward", self.reward_judge), ("hint", self.hint_judge)):
@@ -208,6 +211,12 @@ class JudgeStage:
         latency_ms: float,
     ) -> Emit:
         score, hint, error = _parse(kind, judge, raw)
+        if judge.kind == "llm":
+            warning = self.parse_watches.setdefault(judge.judge_id, ParseWatch()).record(
+                judge.judge_id, error
+            )
+            if warning:
+                logger.warning(warning)
         fields: dict[str, Any] = dict(
             judge_id=judge.judge_id,
             judge_kind=judge.kind,

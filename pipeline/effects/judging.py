@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipeline.processors.config import content_version
@@ -167,3 +167,45 @@ def parse_hint_vote(text: str) -> tuple[int | None, str | None, str | None]:
     if score not in (-1, 1):
         return None, hint, f"decision {boxed} is not 1 or -1"
     return score, hint, None
+
+
+PARSE_WATCH_WINDOW = 20  # the last this many LLM votes
+PARSE_WATCH_THRESHOLD = 0.5  # unparsed fraction over the window that is reported
+
+
+@dataclass
+class ParseWatch:
+    """How many of an LLM judge's recent votes failed to parse; says when that crosses the threshold.
+
+    A judge model too small for the prompt (the served SmolLM2-135M judging itself) mostly writes no
+    valid `\\boxed{}`: those votes count as failed, and rewards quietly become ties and rejections.
+    `record` returns a warning once when the fraction over the last `window` votes reaches
+    `threshold`, and again only after it fell below and rose again. Counts since start are kept too.
+    """
+
+    window: int = PARSE_WATCH_WINDOW
+    threshold: float = PARSE_WATCH_THRESHOLD
+    votes: int = 0
+    unparsed: int = 0
+    _recent: list[bool] = field(default_factory=list)  # True: failed to parse
+    _warned: bool = False
+
+    def record(self, judge_id: str, parse_error: str | None) -> str | None:
+        failed = parse_error is not None
+        self.votes += 1
+        self.unparsed += failed
+        self._recent = [*self._recent[-(self.window - 1) :], failed]
+        if len(self._recent) < self.window:
+            return None
+        fraction = sum(self._recent) / len(self._recent)
+        if fraction < self.threshold:
+            self._warned = False
+            return None
+        if self._warned:
+            return None
+        self._warned = True
+        return (
+            f"judge {judge_id}: {sum(self._recent)} of its last {len(self._recent)} votes failed to parse "
+            f"({self.unparsed} of {self.votes} since start; last error: {parse_error}): its rewards are mostly "
+            "ties and rejections. Use a capable judge (--judge-url) or a rule judge (--judge reaction)"
+        )

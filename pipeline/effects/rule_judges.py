@@ -2,9 +2,15 @@
 
 A rule judge is a callable `(request_messages, response_text, next_state) -> (score, explanation)`
 with score in {-1, 0, 1} or None (cannot tell). Plugins register one under the entry-point group
-"orl.judges" (e.g. `[project.entry-points."orl.judges"] my_judge = "pkg.mod:judge"`); the
-built-in `outcome` judge scores from a NextStateObserved's structured outcome. The judge effect
-stage casts one JudgeVoteCast (judge_kind "rule") per rule judge; vote_tally turns it into a
+"orl.judges" (e.g. `[project.entry-points."orl.judges"] my_judge = "pkg.mod:judge"`). Built in:
+
+- `outcome`: the next state's structured outcome (an explicit reward, thumbs, tests, an exit code);
+- `user_reply`: the user's next message, by keywords (pipeline/effects/reply_rules.py);
+- `reaction`: `outcome` when the next state carries one, else `user_reply`: every signal that is
+  real without a capable judge model (`orl up`'s default when no judge endpoint is given).
+
+And one hint extractor, `user_hint` (directive corrections in the user's next message). The judge
+effect stage casts one JudgeVoteCast (judge_kind "rule") per rule judge; vote_tally turns it into a
 RewardDecided with reason "outcome".
 Reads and writes no topics.
 """
@@ -15,6 +21,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
+from pipeline.effects.reply_rules import user_hint_extractor, user_reply_judge
 from schemas.errors import ConfigError
 from schemas.messages import Message
 
@@ -62,7 +69,21 @@ def _tests_verdict(outcome: dict[str, Any]) -> tuple[int, str] | None:
     return 0, summary
 
 
-BUILT_IN_RULE_JUDGES: dict[str, RuleJudge] = {"outcome": outcome_judge}
+def reaction_judge(
+    request_messages: list[Message], response_text: str, next_state: dict[str, Any]
+) -> tuple[int | None, str]:
+    """The next state's outcome when it carries one (feedback routes, connectors), else the user's reply."""
+    if next_state.get("outcome"):
+        return outcome_judge(request_messages, response_text, next_state)
+    return user_reply_judge(request_messages, response_text, next_state)
+
+
+BUILT_IN_RULE_JUDGES: dict[str, RuleJudge] = {
+    "outcome": outcome_judge,
+    "user_reply": user_reply_judge,
+    "reaction": reaction_judge,
+}
+BUILT_IN_HINT_EXTRACTORS: dict[str, HintExtractor] = {"user_hint": user_hint_extractor}
 
 
 def load_rule_judge(name: str) -> RuleJudge:
@@ -74,8 +95,12 @@ def load_rule_judge(name: str) -> RuleJudge:
 
 
 def load_hint_extractor(name: str) -> HintExtractor:
-    """A rule-based hint extractor registered under the "orl.hint_extractors" entry-point group."""
-    extractor: HintExtractor = _load_entry_point(HINT_ENTRY_POINT_GROUP, name, [])
+    """A built-in hint extractor, or one registered under the "orl.hint_extractors" entry-point group."""
+    if name in BUILT_IN_HINT_EXTRACTORS:
+        return BUILT_IN_HINT_EXTRACTORS[name]
+    extractor: HintExtractor = _load_entry_point(
+        HINT_ENTRY_POINT_GROUP, name, sorted(BUILT_IN_HINT_EXTRACTORS)
+    )
     return extractor
 
 

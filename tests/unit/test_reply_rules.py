@@ -1,4 +1,4 @@
-"""orl.demo.demo_judges against every reply the simulated user can produce."""
+"""The user_reply / user_hint rule judges (pipeline/effects/reply_rules.py) against every reply the demo's simulated user can produce."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from orl.demo.demo_judges import user_hint_extractor, user_reply_judge
 from orl.demo.scenarios import STUDENT, TEACHER, Scenario
 from orl.demo.scoring import (
     BOLD,
@@ -21,6 +20,7 @@ from orl.demo.scoring import (
     TEMPLATE,
 )
 from orl.demo.simulated_user import DIRECTIVES, SATISFIED_REPLIES, redo_variants
+from pipeline.effects.reply_rules import user_hint_extractor, user_reply_judge
 
 STUDENT_VIOLATIONS = (LENGTH, BOLD, LIST, HEADER, FINAL_ANSWER, OFF_TOPIC)
 TEACHER_VIOLATIONS = (LENGTH, BOLD, LIST, HEADER, TEMPLATE, NOT_SPECIFIC, NOT_FRIENDLY)

@@ -1,9 +1,10 @@
-"""Rule judges for the demo: read the user's next message like the PRM and hint-judge prompts do, no LLM.
+"""Rule judges over the user's next message: read it like the PRM and hint-judge prompts do, no LLM.
 
-SmolLM2-135M cannot judge reliably on a CPU, so the demo registers these two plain callables (entry-point
-group "orl.judges") in place of the model judges. Like the real judges, they take their signal from the
-user's reaction (the next state), never from the response's style: `request_messages` and
-`response_text` are accepted for the common judge signature and deliberately ignored.
+A small model on a CPU cannot judge reliably (SmolLM2-135M's votes mostly fail to parse), so these
+built-in rule judges (pipeline/effects/rule_judges.py) are what `orl up` and the demo use without a
+judge endpoint. Like the real judges, they take their signal from the user's reaction (the next
+state), never from the response's style: `request_messages` and `response_text` are accepted for
+the common judge signature and deliberately ignored.
 
 - `user_reply_judge`: +1 when the reply is satisfied (thanks, "exactly", "perfect"), -1 when it asks for a
   redo or corrects (redo, "try again", "too long", "don't ..."), else 0. A correction wins over thanks
