@@ -212,3 +212,46 @@ def with_tool_definitions(messages: list[Message], tools: Sequence[dict[str, Any
         first = {"role": "system", "content": messages[0]["content"] + "\n\n" + preamble}
         return [first, *messages[1:]]
     return [{"role": "system", "content": preamble}, *messages]
+
+
+def conversation_link_keys(messages: Sequence[Message]) -> list[str]:
+    """The key of every prefix of `messages` (item i: `messages[: i + 1]`), for linking a resent conversation.
+
+    Lenient as `message_key`, and on one thing more: a tool result is known by which call of the
+    preceding assistant message it answers, not by its id, since clients rewrite the ids of calls
+    they resend (OpenClaw turns `call_a9567d24` into `calla9567d24`, in the call and its result alike).
+    A chain of hashes, so all prefixes cost one pass; a third rule beside `conversation_key` and
+    `messages_digest`, held in memory only (the session tracker), so it may change between releases.
+    """
+    keys: list[str] = []
+    running = hashlib.sha256()
+    calls: list[Any] = []  # the tool calls of the latest assistant message
+    for message in messages:
+        key = message_key(message)
+        if message.get("role") == "tool":
+            key["tool_call_id"] = tool_call_reference(message.get("tool_call_id"), calls)
+        elif message.get("role") == "assistant":
+            calls = list(message.get("tool_calls") or [])
+        # Compact JSON escapes every newline, so one after each message keeps the chain unambiguous.
+        running.update(json.dumps(key, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+        keys.append(running.hexdigest())
+    return keys
+
+
+def tool_call_reference(tool_call_id: Any, calls: Sequence[Any]) -> int | str | None:
+    """Which of `calls` a tool result answers: its index, by id, then by the id's letters and digits only.
+
+    An id that names none of the calls stays as its letters and digits (None when it is not a string).
+    """
+    if not isinstance(tool_call_id, str):
+        return None
+    ids = [call.get("id") if isinstance(call, dict) else None for call in calls]
+    if tool_call_id in ids:
+        return ids.index(tool_call_id)
+    wanted = _id_letters_and_digits(tool_call_id)
+    loose = [_id_letters_and_digits(i) if isinstance(i, str) else None for i in ids]
+    return loose.index(wanted) if wanted in loose else wanted
+
+
+def _id_letters_and_digits(call_id: str) -> str:
+    return "".join(ch for ch in call_id if ch.isalnum())

@@ -124,6 +124,7 @@ class _ApiHandlers:
             header_session=request.headers.get("x-session-id"),
             body_session=req.session_id,
             user=req.user,
+            cache_key=req.prompt_cache_key,
             main=main,
         )
         request_id = "chatcmpl-" + uuid.uuid4().hex

@@ -66,6 +66,7 @@ class ChatRequest:
     seed: int | None
     session_id: str | None
     user: str | None
+    prompt_cache_key: str | None  # a session hint: stock OpenClaw sends `<sessionId>:0`
 
     def forced_tool(self) -> str | None:
         """The function name when tool_choice names one function."""
@@ -92,6 +93,7 @@ def parse_chat_request(raw: bytes, *, max_tokens_limit: int) -> ChatRequest:
         seed=_seed(body.get("seed")),
         session_id=_optional_str(body, "session_id"),
         user=_optional_str(body, "user"),
+        prompt_cache_key=_optional_str(body, "prompt_cache_key"),
     )
 
 

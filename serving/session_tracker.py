@@ -1,10 +1,19 @@
 """Which session and turn a chat request belongs to (pure logic, no I/O).
 
 A session comes from, in order: the `X-Session-Id` header, a `session_id` key in the body, OpenAI's
-`user` field. When none is given, a request is linked to the earlier main turn whose messages plus
-its response are a prefix of the new request's messages: that is how a stock client (any SDK, a chat
-UI, OpenClaw without the fork) resends a conversation, so its turns link without any header. The
-comparison is `schemas.messages.conversation_key`, lenient on what clients change in an echoed reply.
+`user` field, the `prompt_cache_key` field (stock OpenClaw sends `<sessionId>:0` there when its
+provider sets `compat.supportsPromptCacheKey`). When none is given, a request is linked to the earlier
+main turn whose messages plus its response are a prefix of the new request's messages: that is how a
+stock client (any SDK, a chat UI, OpenClaw without the fork) resends a conversation, so its turns
+link without any header. The comparison is `schemas.messages.conversation_link_keys`, lenient on what
+clients change in an echoed reply (whitespace, text parts, `null` vs "" content, JSON formatting of
+arguments, tool-call ids).
+
+Stock OpenClaw ends every request with a user message of internal context that it does not keep in
+its history, so its next request resends the earlier one without it. A response is therefore also
+remembered after the request minus its trailing user messages, as long as what is left still ends in
+a user or tool message. A conversation two sessions both answered alike (same key, different
+sessions) links to neither: a new session is safer than a turn chained into another conversation.
 Turn indexes are given at arrival, so concurrent requests in one session are ordered by request.
 """
 
@@ -15,7 +24,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from schemas.messages import Message, conversation_key
+from schemas.messages import Message, conversation_key, conversation_link_keys
+
+# conversation_key stays importable from here, where its tests and callers found it before.
+__all__ = ["SessionTracker", "TurnAssignment", "conversation_key"]
+
+# What a conversation key maps to once two different sessions have claimed it.
+_AMBIGUOUS = ("", "")
 
 
 @dataclass(frozen=True)
@@ -24,7 +39,7 @@ class TurnAssignment:
     turn_id: str
     turn_index: int
     previous_turn_id: str | None
-    link_method: str  # header | body | user | prefix | new
+    link_method: str  # header | body | user | cache_key | prefix | new
 
 
 @dataclass
@@ -50,9 +65,10 @@ class SessionTracker:
         header_session: str | None = None,
         body_session: str | None = None,
         user: str | None = None,
+        cache_key: str | None = None,
         main: bool = True,
     ) -> TurnAssignment:
-        session_id, method = self._explicit_session(header_session, body_session, user)
+        session_id, method = self._explicit_session(header_session, body_session, user, cache_key)
         linked_turn: str | None = None
         if session_id is None:
             found = self._find_prefix(messages)
@@ -74,8 +90,15 @@ class SessionTracker:
         self, assignment: TurnAssignment, messages: Sequence[Message], reply: Message
     ) -> None:
         """Remember a main turn's conversation so the client's next request (which repeats it) links to it."""
-        key = conversation_key([*messages, reply])
-        self._by_conversation[key] = (assignment.session_id, assignment.turn_id)
+        for sent in _resendable_requests(messages):
+            self._remember(conversation_link_keys([*sent, reply])[-1], assignment)
+
+    def _remember(self, key: str, assignment: TurnAssignment) -> None:
+        known = self._by_conversation.get(key)
+        if known is not None and known[0] != assignment.session_id:
+            self._by_conversation[key] = _AMBIGUOUS
+        else:
+            self._by_conversation[key] = (assignment.session_id, assignment.turn_id)
         self._by_conversation.move_to_end(key)
         while len(self._by_conversation) > self.max_conversations:
             self._by_conversation.popitem(last=False)
@@ -91,7 +114,7 @@ class SessionTracker:
         return state is not None and not state.closed
 
     def _explicit_session(
-        self, header: str | None, body: str | None, user: str | None
+        self, header: str | None, body: str | None, user: str | None, cache_key: str | None
     ) -> tuple[str | None, str]:
         if header:
             return header, "header"
@@ -99,16 +122,19 @@ class SessionTracker:
             return body, "body"
         if user:
             return f"user:{user}", "user"
+        if cache_key:
+            return f"cache:{cache_key}", "cache_key"
         return None, "new"
 
     def _find_prefix(self, messages: Sequence[Message]) -> tuple[str, str] | None:
         # The longest earlier conversation wins: try prefixes ending in an assistant message, longest first.
+        keys = conversation_link_keys(messages)
         for end in range(len(messages) - 1, 0, -1):
             if messages[end - 1].get("role") != "assistant":
                 continue
-            found = self._by_conversation.get(conversation_key(messages[:end]))
+            found = self._by_conversation.get(keys[end - 1])
             if found is not None:
-                return found
+                return None if found == _AMBIGUOUS else found
         return None
 
     def _session(self, session_id: str) -> _SessionState:
@@ -119,3 +145,19 @@ class SessionTracker:
         while len(self._sessions) > self.max_conversations:
             self._sessions.popitem(last=False)
         return state
+
+
+def _resendable_requests(messages: Sequence[Message]) -> list[Sequence[Message]]:
+    """The request as sent, then without 1, 2, ... of its trailing user messages.
+
+    Only while what is left still ends in a user or tool message: a client resends a conversation
+    without the context it appended last, never an assistant reply without the message it answered.
+    """
+    forms: list[Sequence[Message]] = [messages]
+    end = len(messages)
+    while end > 1 and messages[end - 1].get("role") == "user":
+        end -= 1
+        if messages[end - 1].get("role") not in ("user", "tool"):
+            break
+        forms.append(messages[:end])
+    return forms

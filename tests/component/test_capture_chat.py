@@ -24,6 +24,7 @@ from serving.capture import EventRecorder
 from serving.policy.chat_template import ChatTemplate
 from serving.settings import ServeSettings
 from serving.spool import EventSpool
+from tests.unit.openclaw_requests import SYSTEM_PROMPT, body, internal_context, resent_assistant, user
 
 KEY = "chat-key"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -128,3 +129,48 @@ async def test_capture_off_records_nothing_and_still_answers(server: Server) -> 
     server.state.recorder.enabled = False
     reply = await server.chat(stream=True)
     assert reply.status_code == 200 and server.spooled() == []
+
+
+def streamed_message(reply: httpx.Response) -> dict[str, Any]:
+    """The assistant message a streamed reply adds up to: its content and tool calls."""
+    content, calls = "", []
+    for line in reply.text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        for choice in json.loads(line.removeprefix("data: "))["choices"]:
+            content += choice["delta"].get("content") or ""
+            calls += [
+                {k: v for k, v in c.items() if k != "index"} for c in choice["delta"].get("tool_calls", [])
+            ]
+    return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+
+
+@pytest.mark.parametrize("cache_key", [None, "4f1c2b7e-session:0"])
+async def test_stock_openclaw_turns_share_one_session(server: Server, cache_key: str | None) -> None:
+    # As OpenClaw sends them: streaming, 12 tools, a trailing internal-context message each time,
+    # the server's tool call resent with an altered id and compact arguments; no session header.
+    system = {"role": "system", "content": SYSTEM_PROMPT}
+    ask = user("Which files are in the project?")
+    call_text = '<tool_call>\n{"name": "exec", "arguments": {"command": "ls", "timeout": 30}}\n</tool_call>'
+    server.state.backend = EchoBackend(text=call_text, context_window=65536)
+    first = await server.chat(**body([system, ask, internal_context(0)], cache_key))
+    reply = streamed_message(first)
+    call_id = reply["tool_calls"][0]["id"]
+    assert "_" in call_id  # so that OpenClaw's resend changes it
+    history = [
+        system,
+        ask,
+        resent_assistant(reply),
+        {"role": "tool", "tool_call_id": call_id.replace("_", ""), "content": "a.txt"},
+    ]
+    server.state.backend = EchoBackend(text="There is one file, a.txt.", context_window=65536)
+    second = await server.chat(**body([*history, internal_context(1)], cache_key))
+    history += [resent_assistant(streamed_message(second)), user("Thanks!")]
+    third = await server.chat(**body([*history, internal_context(2)], cache_key))
+    assert [r.status_code for r in (first, second, third)] == [200, 200, 200]
+    requests = [e for e in server.spooled() if e["envelope"]["event_type"] == "RequestReceived"]
+    assert len({r["envelope"]["session_id"] for r in requests}) == 1
+    assert [r["turn_index"] for r in requests] == [0, 1, 2]
+    expected = ["new", "prefix", "prefix"] if cache_key is None else ["cache_key"] * 3
+    assert [r["link_method"] for r in requests] == expected
+    assert [r["previous_turn_id"] for r in requests[1:]] == [r["envelope"]["turn_id"] for r in requests[:2]]
