@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -30,7 +31,19 @@ from serving.policy.chat_template import ChatTemplate
 from serving.request_guards import guard, read_body
 from serving.session_tracker import SessionTracker, TurnAssignment
 from serving.settings import ServeSettings
-from serving.tool_calls import forced_call, forced_call_prefix, parse_reply
+from serving.tool_calls import (
+    ForcedCallStream,
+    PlainReplyStream,
+    ReplyDelta,
+    ReplyStream,
+    ToolCallSplitter,
+    forced_call,
+    forced_call_prefix,
+    merged_tool_calls,
+    parse_reply,
+)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -278,27 +291,68 @@ class _Turn:
             "usage": _usage(generation),
         }
 
-    async def sse(self, stream: Any) -> AsyncIterator[bytes]:
-        buffered = bool(self.req.tools)  # tool calls are only known once the text is complete
+    async def sse(self, stream: GenerationStream) -> AsyncIterator[bytes]:
+        """The reply as server-sent events: content as it is generated, each tool call once it is whole.
+
+        What may be shown when is `serving.tool_calls`' decision; the streamed content and calls add
+        up to the message that `finish` records (checked here: a mismatch is logged and counted).
+        """
+        reply = self._reply_stream()
+        generated: list[str] = []
+        shown: list[ReplyDelta] = []
         yield _sse(self._chunk({"role": "assistant", "content": ""}, None))
         try:
             async for step in stream:
-                if step.text and not buffered:
-                    yield _sse(self._chunk({"content": step.text}, None))
+                generated.append(step.text)
+                shown.append(reply.feed(step.text))
+                for chunk in self._delta_chunks(shown[-1]):
+                    yield chunk
             generation = stream.generation
         finally:
             await stream.aclose()
+        fed = "".join(generated)
+        tail = [reply.feed(generation.text[len(fed) :])] if generation.text.startswith(fed) else []
+        tail.append(reply.finish())  # the text held back to the end, and an unclosed last call
         body = await self.finish(generation)
-        message = body["choices"][0]["message"]
-        if buffered:
-            delta = {k: v for k, v in message.items() if k in ("content", "tool_calls") and v}
-            if "tool_calls" in delta:
-                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
-            yield _sse(self._chunk(delta, None))
+        for delta in tail:
+            for chunk in self._delta_chunks(delta):
+                yield chunk
+        shown.extend(tail)
+        self._check_streamed(shown, body["choices"][0]["message"])
         yield _sse(self._chunk({}, body["choices"][0]["finish_reason"]))
         if self.req.include_usage:
             yield _sse({**self._chunk({}, None), "choices": [], "usage": body["usage"]})
         yield b"data: [DONE]\n\n"
+
+    def _reply_stream(self) -> ReplyStream:
+        forced = self.req.forced_tool()
+        if forced:
+            return ForcedCallStream(forced, self.request_id)
+        if not self.req.tools or self.req.tool_choice == "none":
+            return PlainReplyStream()
+        return ToolCallSplitter(self.request_id)
+
+    def _delta_chunks(self, delta: ReplyDelta) -> list[bytes]:
+        chunks = [_sse(self._chunk({"content": delta.content}, None))] if delta.content else []
+        if delta.tool_calls:
+            chunks.append(_sse(self._chunk({"tool_calls": list(delta.tool_calls)}, None)))
+        return chunks
+
+    def _check_streamed(self, shown: list[ReplyDelta], message: dict[str, Any]) -> None:
+        """Log and count a stream that does not add up to the recorded message (a bug, never expected)."""
+        content = "".join(delta.content for delta in shown)
+        calls = merged_tool_calls(call for delta in shown for call in delta.tool_calls)
+        if content != (message["content"] or "") or calls != message.get("tool_calls", []):
+            logger.error(
+                "request %s: the streamed reply differs from the recorded one (%d vs %d content chars, "
+                "%d vs %d tool calls)",
+                self.request_id,
+                len(content),
+                len(message["content"] or ""),
+                len(calls),
+                len(message.get("tool_calls", [])),
+            )
+            self.state.metrics.count("stream_reply_mismatches")
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
         return {

@@ -105,6 +105,31 @@ def test_streaming_sends_tokens_and_usage_last(server: ServeProcess) -> None:
     assert text
 
 
+def test_streaming_with_tools_offered_sends_tokens_and_adds_up_to_the_recorded_reply(
+    server: ServeProcess,
+) -> None:
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    stream = client(server).chat.completions.create(
+        model="orl-policy",
+        messages=[{"role": "user", "content": "Count from one to five in words."}],
+        tools=tools,
+        max_tokens=16,
+        temperature=0.0,
+        stream=True,
+    )
+    chunks = list(stream)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    content = "".join(d.content or "" for d in deltas)
+    calls = [call.model_dump(exclude_none=True) for d in deltas for call in d.tool_calls or []]
+    responses = wait_for_events(server, "responses", lambda e: e["request_id"] == chunks[0].id)
+    assert len(responses) == 1
+    assert responses[0]["response_text"] == content
+    recorded_calls = json.loads(responses[0]["tool_calls_json"] or "[]")
+    assert [{"index": i, **call} for i, call in enumerate(recorded_calls)] == calls
+    if not calls:  # a plain answer: it came token by token, not as one chunk at the end
+        assert len([d for d in deltas if d.content]) > 1, content
+
+
 def test_tool_call_round_trip(server: ServeProcess) -> None:
     tools = [
         {
