@@ -89,7 +89,7 @@ class RequestReceived(TypedDict):
     turn_kind: str
     turn_index: int
     previous_turn_id: str | None
-    # How the turn was linked to its session: header | body | user | prefix | new
+    # How the turn was linked to its session: header | body | user | cache_key | prefix | new
     link_method: str
     # The OpenAI messages list as JSON.
     messages_json: str
