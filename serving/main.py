@@ -75,6 +75,7 @@ def build_backend(settings: ServeSettings) -> tuple[PolicyBackend, ChatTemplate]
         model_name=settings.served_model_name,
         autocast_dtype=resolved_numerics(settings.precision, "cpu").autocast_dtype,
         max_batch_size=settings.max_batch_size,
+        prefix_cache_bytes=settings.prefix_cache_mib << 20,
         core_board=CoreBoard(settings.data_dir / "cores", settings.threads or available_cores()),
     )
     return backend, template

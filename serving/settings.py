@@ -33,6 +33,13 @@ class ServeSettings(ConnectionSettings):
         "decode step of 1 / 8 / 16 rows took 60 / 98 / 117 ms (decoding is memory-bound: every step reads "
         "the weights once, however many rows).",
     )
+    prefix_cache_mib: int = setting(
+        1024,
+        "ORL_PREFIX_CACHE_MIB",
+        "Prompt KV kept for reuse by later prompts that start the same way, in MiB (transformers backend; 0: "
+        "off). SmolLM2-135M needs 45 KiB per token, so 1024 holds about 23k tokens: two or three 8k-token "
+        "agent conversations.",
+    )
     threads: int = setting(
         0,
         "ORL_THREADS",

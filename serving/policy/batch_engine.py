@@ -6,6 +6,14 @@ of each row, and each row's position. New rows are prefilled on their own and me
 running batch at a step boundary (continuous batching); finished rows leave at once, and leading
 columns that became pure padding are trimmed. The transformer body runs under bf16 autocast; the
 LM head runs in fp32 so logprobs are not rounded to bf16.
+
+Prefix cache: after a prompt is prefilled its KV is kept in `PrefixCache` (an LRU bounded by bytes,
+emptied when the batch adopts another model). A new row whose prompt shares at least
+`MIN_PREFIX_TOKENS` leading tokens with a kept prompt starts from that KV and prefills only the rest,
+on its own (its prefix cannot be left-padded into a group), then joins the batch like any row. Agent
+clients resend the whole conversation every turn, so turn k+1 reuses turn k's prompt up to the point
+where they differ. Holding the tensors is safe: DynamicCache replaces its layers' tensors (torch.cat,
+indexing, slicing) and never writes into them.
 """
 
 from __future__ import annotations
@@ -14,8 +22,10 @@ import contextlib
 import random
 import threading
 import time
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from transformers import DynamicCache
@@ -98,12 +108,103 @@ def _left_pad(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     return torch.cat([x.new_zeros(shape), x], dim=dim)
 
 
+MIN_PREFIX_TOKENS = 64  # a shorter shared prefix saves less than a separate prefill costs
+# An entry a newer one repeats but for its last few tokens is dropped: at worst a retry of the older
+# request prefills this many tokens again, and a session keeps one entry rather than one per turn.
+SUPERSEDED_TAIL_TOKENS = 256
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [1, heads, T, head_dim]
+V = TypeVar("V")
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case for a resent prefix: one C-level comparison
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
+
+
+@dataclass
+class _Kept(Generic[V]):
+    tokens: list[int]
+    value: V
+    nbytes: int
+
+
+class PrefixCache(Generic[V]):
+    """Values (a prompt's KV) kept per token sequence, found by the longest common token prefix.
+
+    Least recently used entries go first once the kept bytes exceed `budget_bytes`; an entry larger
+    than the budget is not kept, nor one that a kept entry starts with. Storing a sequence drops every
+    entry it supersedes: one sharing at least `min_tokens` with it and fewer than `superseded_tail`
+    tokens after that (a prefix, or the previous turn of a conversation whose trailing message the
+    client dropped)."""
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        min_tokens: int = MIN_PREFIX_TOKENS,
+        superseded_tail: int = SUPERSEDED_TAIL_TOKENS,
+    ) -> None:
+        self.budget_bytes = budget_bytes
+        self.min_tokens = min_tokens
+        self.superseded_tail = superseded_tail
+        self._kept: OrderedDict[int, _Kept[V]] = OrderedDict()
+        self._next_key = 0
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def longest_prefix(self, tokens: Sequence[int]) -> tuple[V, int] | None:
+        """The kept value sharing the most leading tokens with `tokens` (at least `min_tokens`), and how many."""
+        best: tuple[int, int] | None = None
+        for key, kept in self._kept.items():
+            shared = common_prefix_length(kept.tokens, tokens)
+            if shared >= self.min_tokens and (best is None or shared > best[1]):
+                best = (key, shared)
+        if best is None:
+            return None
+        self._kept.move_to_end(best[0])
+        return self._kept[best[0]].value, best[1]
+
+    def put(self, tokens: Sequence[int], value: V, nbytes: int) -> None:
+        """Keep `value` for `tokens`, evicting superseded then least recently used entries."""
+        if not self.accepts(len(tokens), nbytes):
+            return
+        for key, kept in list(self._kept.items()):
+            shared = common_prefix_length(kept.tokens, tokens)
+            if shared == len(tokens):  # a kept entry already starts with all of `tokens`
+                self._kept.move_to_end(key)
+                return
+            if shared >= self.min_tokens and len(kept.tokens) - shared < self.superseded_tail:
+                self._drop(key)
+        while self._kept and self.nbytes + nbytes > self.budget_bytes:
+            self._drop(next(iter(self._kept)))
+        self._kept[self._next_key] = _Kept(list(tokens), value, nbytes)
+        self._next_key += 1
+        self.nbytes += nbytes
+
+    def accepts(self, length: int, nbytes: int) -> bool:
+        """Whether `put` would keep a value of `nbytes` for `length` tokens."""
+        return self.min_tokens <= length and nbytes <= self.budget_bytes
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self.nbytes = 0
+
+    def _drop(self, key: int) -> None:
+        self.nbytes -= self._kept.pop(key).nbytes
+
+
 class ActiveBatch:
     """The rows decoding together on one model, with their shared KV cache."""
 
-    def __init__(self, autocast_dtype: torch.dtype | None, pad_id: int) -> None:
+    def __init__(self, autocast_dtype: torch.dtype | None, pad_id: int, prefix_cache_bytes: int = 0) -> None:
         self.autocast_dtype = autocast_dtype
         self.pad_id = pad_id
+        self.prefixes: PrefixCache[KV] = PrefixCache(prefix_cache_bytes)
+        self.prefill_tokens: Counter[str] = Counter()  # "computed" and "reused" prompt tokens
         self.model: Any = None
         self.version = 0
         self.rows: list[Row] = []
@@ -115,15 +216,22 @@ class ActiveBatch:
     def admit(self, rows: list[Row], model: Any, version: int) -> None:
         """Prefill `rows` and merge them in; an empty batch adopts `model` (a swap point)."""
         if not self.rows:
+            if model is not self.model:
+                self.prefixes.clear()  # KV computed by other weights
             self.model, self.version = model, version
         if model is not self.model:
             raise RuntimeError("rows may only join a batch running the same model")
+        fresh: list[Row] = []
         for row in rows:
             row.version = self.version
-        cache, mask, first_logits = self._prefill(rows)
-        firsts = [self._take(row, first_logits[i]) for i, row in enumerate(rows)]
-        pos = mask.sum(dim=1)
-        self._merge(rows, cache, mask, torch.tensor(firsts, dtype=torch.long), pos)
+            # at least the last prompt token is computed: its logits give the first new token
+            found = self.prefixes.longest_prefix(row.prompt_ids[:-1]) if self.prefixes.budget_bytes else None
+            if found is None:
+                fresh.append(row)
+            else:
+                self._join([row], *self._prefill_after(row, *found))
+        if fresh:
+            self._join(fresh, *self._prefill(fresh))
         self._drop_finished()
 
     def step(self) -> None:
@@ -153,6 +261,51 @@ class ActiveBatch:
             row.stream.publish_threadsafe(error)
         self._select([])
 
+    def _join(
+        self, rows: list[Row], cache: DynamicCache, mask: torch.Tensor, first_logits: torch.Tensor
+    ) -> None:
+        """Keep the prompts' KV, take each row's first token and merge the rows into the batch."""
+        self._keep_prefixes(rows, cache, mask)
+        firsts = [self._take(row, first_logits[i]) for i, row in enumerate(rows)]
+        pos = mask.sum(dim=1)
+        self._merge(rows, cache, mask, torch.tensor(firsts, dtype=torch.long), pos)
+
+    def _keep_prefixes(self, rows: list[Row], cache: DynamicCache, mask: torch.Tensor) -> None:
+        if not self.prefixes.budget_bytes:
+            return
+        width = mask.shape[1]
+        for i, row in enumerate(rows):
+            pad = width - len(row.prompt_ids)
+            kv = [
+                (layer.keys[i : i + 1, :, pad:], layer.values[i : i + 1, :, pad:])
+                for layer in _kv_layers(cache)
+            ]
+            nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+            if not self.prefixes.accepts(len(row.prompt_ids), nbytes):
+                continue
+            if len(rows) > 1 or pad:  # a view would pin the whole group's tensors: keep a copy
+                kv = [(k.clone(), v.clone()) for k, v in kv]
+            self.prefixes.put(row.prompt_ids, kv, nbytes)
+
+    def _prefill_after(
+        self, row: Row, kv: KV, reused: int
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """Prefill `row` alone on the kept KV of its first `reused` prompt tokens."""
+        past = [(k[:, :, :reused], v[:, :, :reused]) for k, v in kv]
+        cache = DynamicCache(past, config=self.model.config)  # copies on the first update (torch.cat)
+        total = len(row.prompt_ids)
+        hidden = hidden_states(
+            self.model,
+            self.autocast_dtype,
+            input_ids=torch.tensor([row.prompt_ids[reused:]], dtype=torch.long),
+            attention_mask=torch.ones(1, total, dtype=torch.long),
+            position_ids=torch.arange(reused, total)[None, :],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        self.prefill_tokens.update(computed=total - reused, reused=reused)
+        return cache, torch.ones(1, total, dtype=torch.long), lm_logits(self.model, hidden[:, -1, :])
+
     def _prefill(self, rows: list[Row]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
         longest = max(len(r.prompt_ids) for r in rows)
         ids = [[self.pad_id] * (longest - len(r.prompt_ids)) + r.prompt_ids for r in rows]
@@ -168,6 +321,7 @@ class ActiveBatch:
             past_key_values=cache,
             use_cache=True,
         )
+        self.prefill_tokens.update(computed=sum(len(r.prompt_ids) for r in rows))
         return cache, mask_B_T, lm_logits(self.model, hidden[:, -1, :])
 
     def _merge(

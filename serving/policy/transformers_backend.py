@@ -12,6 +12,11 @@ so the server shares the cores fairly with a trainer computing on the same machi
 `score(use_base=True)`; a "full" checkpoint is a folder with `model.safetensors`, a "lora"
 checkpoint is a peft adapter folder merged into a copy of the base. Both are built off the hot path
 (in a thread) and swapped in at a batch boundary. Reads checkpoint folders; writes nothing.
+
+Prefix cache (`batch_engine.PrefixCache`): prompts' KV is kept, up to `prefix_cache_bytes`, so a
+client that resends its conversation prefills only the new tokens; a swap empties it. SmolLM2-135M
+keeps 45 KiB per token (30 layers x keys and values x 3 heads x 64 x fp32, under bf16 autocast too),
+so 1 GiB holds about 23k tokens: two or three 8k-token agent prompts.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ log = logging.getLogger(__name__)
 
 _Job = Callable[[], Any]
 IDLE_AFTER_S = 0.5  # no work for this long: the worker marks itself idle on the core board
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 
 class TransformersBackend(PolicyBackend):
@@ -62,6 +68,7 @@ class TransformersBackend(PolicyBackend):
         max_batch_size: int = 16,
         num_threads: int | None = None,
         core_board: CoreBoard | None = None,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         if device != "cpu":
             raise ConfigError(
@@ -69,6 +76,9 @@ class TransformersBackend(PolicyBackend):
             )
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefix_cache_bytes < 0:
+            raise ConfigError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
+        self._prefix_cache_bytes = prefix_cache_bytes
         self._model_dir = Path(model_dir)
         self._name = model_name or self._model_dir.name
         self._autocast_dtype = autocast_dtype
@@ -98,11 +108,13 @@ class TransformersBackend(PolicyBackend):
         self._thread = threading.Thread(target=self._worker, name="orl-policy-worker", daemon=True)
         self._thread.start()
         log.info(
-            "transformers backend serving %s from %s (%s, %d threads alone, a fair share while others compute)",
+            "transformers backend serving %s from %s (%s, %d threads alone, a fair share while others compute; "
+            "prefix cache %d MiB)",
             self._name,
             self._model_dir,
             "bf16 autocast" if self._autocast_dtype is not None else "fp32",
             self._board.cores,
+            self._prefix_cache_bytes >> 20,
         )
 
     async def close(self) -> None:
@@ -125,7 +137,9 @@ class TransformersBackend(PolicyBackend):
         self._context_window = int(base.config.max_position_embeddings)
         self._eos_ids = self._template.eos_token_ids | _config_eos_ids(base)
         pad = self._template.tokenizer.pad_token_id
-        self._batch = ActiveBatch(self._autocast_dtype, pad if pad is not None else min(self._eos_ids))
+        self._batch = ActiveBatch(
+            self._autocast_dtype, pad if pad is not None else min(self._eos_ids), self._prefix_cache_bytes
+        )
 
     # -- properties --------------------------------------------------------------------------
 
@@ -146,6 +160,17 @@ class TransformersBackend(PolicyBackend):
         if self._template is None:
             raise PolicyError("the backend is not started")
         return self._template
+
+    @property
+    def prefill_token_counts(self) -> dict[str, int]:
+        """Prompt tokens prefilled so far: "computed" by the model and "reused" from the prefix cache."""
+        counts = self._batch.prefill_tokens if self._batch is not None else {}
+        return {"computed": counts.get("computed", 0), "reused": counts.get("reused", 0)}
+
+    @property
+    def prefix_cache_size(self) -> tuple[int, int]:
+        """(prompts, bytes) kept in the prefix cache now."""
+        return (len(self._batch.prefixes), self._batch.prefixes.nbytes) if self._batch is not None else (0, 0)
 
     @property
     def max_batch_size_seen(self) -> int:
@@ -304,6 +329,8 @@ class TransformersBackend(PolicyBackend):
         assert self._swap is not None
         model, version, future = self._swap
         self._model, self._version, self._swap = model, version, None
+        if self._batch is not None:
+            self._batch.prefixes.clear()  # the old weights' KV; free it now, not at the next admission
         future.set_result(None)
 
     def _advance(self, batch: ActiveBatch, admit: list[Row]) -> None:
