@@ -13,7 +13,7 @@ so the server shares the cores fairly with a trainer computing on the same machi
 checkpoint is a peft adapter folder merged into a copy of the base. Both are built off the hot path
 (in a thread) and swapped in at a batch boundary. Reads checkpoint folders; writes nothing.
 
-Prefix cache (`batch_engine.PrefixCache`): prompts' KV is kept, up to `prefix_cache_bytes`, so a
+Prefix cache (`serving.policy.prefix_cache.PrefixCache`): prompts' KV is kept, up to `prefix_cache_bytes`, so a
 client that resends its conversation prefills only the new tokens; a swap empties it. SmolLM2-135M
 keeps 45 KiB per token (30 layers x keys and values x 3 heads x 64 x fp32, under bf16 autocast too),
 so 1 GiB holds about 23k tokens: two or three 8k-token agent prompts.

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from serving.policy.base import Generation, SamplingParams
-from serving.policy.batch_engine import common_prefix_length
+from serving.policy.prefix_cache import common_prefix_length
 from serving.policy.transformers_backend import TransformersBackend
 from tests.integration.test_transformers_backend import AGREEMENT, diffs, save_perturbed
 from tests.unit.openclaw_requests import TOOLS, internal_context, user

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serving.policy.batch_engine import PrefixCache, common_prefix_length
+from serving.policy.prefix_cache import PrefixCache, common_prefix_length
 
 
 def test_common_prefix_length():
