@@ -32,6 +32,7 @@ next_state ("none" | "pending" | "emitted"), external).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Callable
@@ -87,6 +88,8 @@ class TurnLinker:
     def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
         if state["closed"]:
             if state.get("session_end") and now_ms - state["closed_at_ms"] >= CLOSE_GRACE_S * 1000:
+                # a new object (the contract): settling changes the state even when it emits nothing
+                state = copy.deepcopy(state)
                 return state, settle_session_end(state, config)
             expired = now_ms - state["closed_at_ms"] >= config.linker.closed_retention_s * 1000
             return (None, []) if expired else (state, [])

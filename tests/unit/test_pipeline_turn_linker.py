@@ -228,3 +228,22 @@ def test_any_interleaving_of_the_topics_gives_the_same_next_states(rnd: random.R
         interleaved.extend(queues[topic][:count])
         del queues[topic][:count]
     assert run_then_settle(interleaved, c.now_ms) == run_then_settle(c.events, c.now_ms)
+
+
+def test_settling_a_close_after_its_grace_period_returns_a_new_state() -> None:
+    """The processor contract: a tick that changes a state emits something or returns another object.
+
+    A close naming no known main turn waits CLOSE_GRACE_S for the turn; settling it clears the
+    pending session end even when nothing is emitted (here: no main turn ever came), so the tick must
+    hand back a new object, or runtimes that detect change by identity never store it.
+    """
+    c = Conversation("grace")
+    c.close(name_last_turn=False)
+    states, _ = run_processor(TURN_LINKER, c.events, CONFIG)
+    (state,) = states.values()
+    assert state["session_end"] is not None
+    before = json.dumps(state, sort_keys=True)
+    new_state, emits = TURN_LINKER.on_tick(state, c.now_ms + int(CLOSE_GRACE_S * 1000), CONFIG)
+    assert emits == []
+    assert new_state is not state and new_state["session_end"] is None
+    assert json.dumps(state, sort_keys=True) == before  # the stored state was not changed in place
