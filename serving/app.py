@@ -303,6 +303,12 @@ class _Turn:
         yield _sse(self._chunk({"role": "assistant", "content": ""}, None))
         try:
             async for step in stream:
+                if (
+                    not generated
+                ):  # prefill done: what a prefix-cache hit shortens (the client may see it later)
+                    self.state.metrics.observe(
+                        "time_to_first_token_seconds", time.perf_counter() - self.started
+                    )
                 generated.append(step.text)
                 shown.append(reply.feed(step.text))
                 for chunk in self._delta_chunks(shown[-1]):

@@ -119,7 +119,9 @@ async def test_text_streams_before_a_call_and_the_stream_adds_up_to_the_recorded
     response = recorded_response(spool)
     assert response["response_text"] == want.content == "Let me add that."
     assert json.loads(response["tool_calls_json"]) == want.tool_calls
-    assert "stream_reply_mismatches" not in (await client.get("/metrics")).text
+    metrics = (await client.get("/metrics")).text
+    assert "stream_reply_mismatches" not in metrics
+    assert "orl_time_to_first_token_seconds_count 1.0" in metrics  # one streamed reply, timed once
 
 
 async def test_with_tool_choice_none_the_reply_is_plain_text(app: Any) -> None:
