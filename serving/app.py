@@ -174,16 +174,21 @@ class _ApiHandlers:
                 "prompt plus response exceed the context window", code="context_length_exceeded"
             )
         version = self.state.backend.policy_version
-        logprobs = await self.state.backend.score(
-            prompt_ids, req.response_token_ids, req.temperature, use_base=req.use_base
-        )
-        return JSONResponse(
-            {
-                "prompt_token_ids": prompt_ids,
-                "logprobs": logprobs,
-                "policy_version": 0 if req.use_base else version,
-            }
-        )
+        body: dict[str, Any] = {
+            "prompt_token_ids": prompt_ids,
+            "policy_version": 0 if req.use_base else version,
+        }
+        backend = self.state.backend
+        if req.top_k:
+            scores = await backend.score_top_k(
+                prompt_ids, req.response_token_ids, req.temperature, req.top_k, use_base=req.use_base
+            )
+            body.update(logprobs=scores.logprobs, top_ids=scores.top_ids, top_logprobs=scores.top_logprobs)
+        else:
+            body["logprobs"] = await backend.score(
+                prompt_ids, req.response_token_ids, req.temperature, use_base=req.use_base
+            )
+        return JSONResponse(body)
 
     def _prompt_ids(self, req: ChatRequest) -> list[int]:
         try:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.errors import OrlError
+from serving.policy.base import MAX_TOP_K
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_SEQUENCES = 4
@@ -99,13 +100,15 @@ def parse_chat_request(raw: bytes, *, max_tokens_limit: int) -> ChatRequest:
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """POST /v1/orl/score: logprobs of `response_token_ids` after the rendered `messages`."""
+    """POST /v1/orl/score: logprobs of `response_token_ids` after the rendered `messages`, and with
+    `top_k` > 0 each position's `top_k` most likely ids and their logprobs (top-K distillation)."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     response_token_ids: list[int]
     temperature: float
     use_base: bool
+    top_k: int  # 0: no top-K logprobs
 
 
 def parse_score_request(raw: bytes, *, vocab_size: int) -> ScoreRequest:
@@ -130,7 +133,17 @@ def parse_score_request(raw: bytes, *, vocab_size: int) -> ScoreRequest:
         response_token_ids=ids,
         temperature=temperature,
         use_base=_bool(body, "use_base", False),
+        top_k=_top_k(body),
     )
+
+
+def _top_k(body: dict[str, Any]) -> int:
+    value = body.get("top_k", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request("'top_k' must be an integer", param="top_k", code="invalid_type")
+    if not 0 <= value <= MAX_TOP_K:
+        raise bad_request(f"'top_k' must be between 0 and {MAX_TOP_K}; got {value}", param="top_k")
+    return value
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

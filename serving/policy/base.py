@@ -15,6 +15,9 @@ Logprob semantics (the trainer relies on them):
 * `score(prompt, response, T)` returns log p(response[i] | prompt, response[:i]) at temperature T
   (T == 0 means T = 1), one value per response token; `use_base=True` scores with the frozen base
   weights (the "frozen reference" teacher) whatever checkpoint is live.
+* `score_top_k(prompt, response, T, top_k)` returns the same logprobs plus, per response position,
+  the `top_k` most likely token ids and their logprobs at the same temperature, most likely first
+  (the teacher's distribution for top-K distillation; `top_k` in 1..MAX_TOP_K).
 
 Hot swap: `load_checkpoint` never refuses or aborts a request. Generations already running finish on
 the weights they started with; generations admitted after the swap use the new ones. Each
@@ -34,6 +37,7 @@ from schemas.errors import OrlError
 
 FinishReason = Literal["stop", "length", "abort"]
 CheckpointKind = Literal["full", "lora"]
+MAX_TOP_K = 100  # top-K logprobs per position: T x K numbers travel on every teacher event
 
 
 class PolicyError(OrlError):
@@ -79,6 +83,15 @@ class Generation:
     finish_reason: FinishReason
     policy_version: int
     latency_ms: float
+
+
+@dataclass(frozen=True)
+class TopKScores:
+    """A scored response: the response tokens' logprobs and, per position, the K most likely ids."""
+
+    logprobs: list[float]  # [T]
+    top_ids: list[list[int]]  # [T][K], most likely first
+    top_logprobs: list[list[float]]  # [T][K], at the same temperature as `logprobs`
 
 
 _StreamItem = TokenStep | Generation | BaseException
@@ -187,6 +200,18 @@ class PolicyBackend(abc.ABC):
     ) -> list[float]:
         """Logprobs of `response_ids` after `prompt_ids`; one per response token."""
 
+    async def score_top_k(
+        self,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        temperature: float,
+        top_k: int,
+        *,
+        use_base: bool = False,
+    ) -> TopKScores:
+        """`score`, plus each response position's `top_k` most likely token ids and their logprobs."""
+        raise PolicyError(f"the {type(self).__name__} backend does not return top-K logprobs")
+
     @abc.abstractmethod
     async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
         """Hot-swap to the checkpoint at `path` ("full" safetensors folder or "lora" peft adapter)."""
@@ -195,6 +220,12 @@ class PolicyBackend(abc.ABC):
 def effective_temperature(temperature: float) -> float:
     """The temperature logprobs are taken at: greedy (0) reports T = 1 logprobs."""
     return temperature if temperature > 0 else 1.0
+
+
+def check_top_k(top_k: int) -> None:
+    """Refuse a top-K outside 1..MAX_TOP_K."""
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise PolicyError(f"top_k must be between 1 and {MAX_TOP_K}, got {top_k}")
 
 
 def check_prompt(prompt_ids: list[int], context_window: int) -> None:

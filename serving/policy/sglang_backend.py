@@ -5,7 +5,8 @@ so the recorded ids are exactly what the model saw) and `return_logprob`, readin
 logprobs from `meta_info.output_token_logprobs` (`[logprob, token_id, text]`). Streaming reads SSE
 `data:` chunks; `meta_info.completion_tokens` tells which entries are new, so cumulative and
 incremental streams both work. Scoring: a prefill-only `/generate` (max_new_tokens 0) reading the
-response suffix of `meta_info.input_token_logprobs`.
+response suffix of `meta_info.input_token_logprobs`, and with a top-K also `top_logprobs_num` and the
+suffix of `meta_info.input_top_logprobs` (replies parsed in `sglang_replies`).
 
 Hot swap (reference/peers.md 4.1): full checkpoints via `POST /update_weights_from_disk` with
 `weight_version` and `abort_all_requests=false` (a version bump never aborts running requests);
@@ -35,18 +36,28 @@ import httpx
 from schemas.errors import CheckpointError, OrlError, ServiceUnavailable
 from serving.policy.base import (
     CheckpointKind,
-    FinishReason,
     Generation,
     GenerationStream,
     PolicyBackend,
     PolicyError,
     SamplingParams,
     TokenStep,
+    TopKScores,
     check_prompt,
+    check_top_k,
     effective_temperature,
 )
 from serving.policy.chat_template import ChatTemplate
 from serving.policy.detokenizer import IncrementalDecoder
+from serving.policy.sglang_replies import (
+    finish_reason,
+    ids_and_logprobs,
+    new_output_entries,
+    response_logprobs,
+    response_top_logprobs,
+    served_version,
+    version_number,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +101,7 @@ class SGLangBackend(PolicyBackend):
             self._context_window = _context_window_of(self._tokenizer_dir)
         self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
         body = await self._request("GET", "/get_weight_version")
-        self._version = _version_number(body.get("weight_version"), default=0)
+        self._version = version_number(body.get("weight_version"), default=0)
         log.info("SGLang backend %s at %s, weight version %d", self._name, self._url, self._version)
 
     async def close(self) -> None:
@@ -143,14 +154,14 @@ class SGLangBackend(PolicyBackend):
         started = asyncio.get_running_loop().time()
         out = await self._request("POST", "/generate", body)
         meta = out.get("meta_info") or {}
-        ids, logprobs = _ids_and_logprobs(meta.get("output_token_logprobs"), "output_token_logprobs")
+        ids, logprobs = ids_and_logprobs(meta.get("output_token_logprobs"), "output_token_logprobs")
         return Generation(
             prompt_token_ids=list(prompt_ids),
             token_ids=ids,
             logprobs=logprobs,
             text=str(out.get("text", "")),
-            finish_reason=_finish_reason(meta.get("finish_reason")),
-            policy_version=_served_version(body, meta, version),
+            finish_reason=finish_reason(meta.get("finish_reason")),
+            policy_version=served_version(body, meta, version),
             latency_ms=(asyncio.get_running_loop().time() - started) * 1000.0,
         )
 
@@ -174,7 +185,7 @@ class SGLangBackend(PolicyBackend):
         try:
             async for chunk in self._sse("/generate", body):
                 meta = chunk.get("meta_info") or {}
-                fresh = _new_entries(meta, len(ids))
+                fresh = new_output_entries(meta, len(ids))
                 for i, (token, logprob) in enumerate(fresh):
                     ids.append(token)
                     logprobs.append(logprob)
@@ -191,8 +202,8 @@ class SGLangBackend(PolicyBackend):
                 token_ids=ids,
                 logprobs=logprobs,
                 text=decoder.text,
-                finish_reason=_finish_reason(meta.get("finish_reason")),
-                policy_version=_served_version(body, meta, version),
+                finish_reason=finish_reason(meta.get("finish_reason")),
+                policy_version=served_version(body, meta, version),
                 latency_ms=(asyncio.get_running_loop().time() - started) * 1000.0,
             )
         )
@@ -210,6 +221,40 @@ class SGLangBackend(PolicyBackend):
         check_prompt(prompt_ids, self._context_window)
         if not response_ids:
             return []
+        meta = await self._prefill(prompt_ids, response_ids, temperature, use_base, {})
+        return response_logprobs(meta.get("input_token_logprobs"), response_ids)
+
+    async def score_top_k(
+        self,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        temperature: float,
+        top_k: int,
+        *,
+        use_base: bool = False,
+    ) -> TopKScores:
+        check_prompt(prompt_ids, self._context_window)
+        check_top_k(top_k)
+        if not response_ids:
+            return TopKScores([], [], [])
+        meta = await self._prefill(
+            prompt_ids, response_ids, temperature, use_base, {"top_logprobs_num": top_k}
+        )
+        logprobs = response_logprobs(meta.get("input_token_logprobs"), response_ids)
+        top_ids, top_logprobs = response_top_logprobs(
+            meta.get("input_top_logprobs"), len(response_ids), top_k
+        )
+        return TopKScores(logprobs, top_ids, top_logprobs)
+
+    async def _prefill(
+        self,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        temperature: float,
+        use_base: bool,
+        extra: dict[str, Any],
+    ) -> dict[str, Any]:
+        """A prefill-only /generate over prompt + response with input logprobs from the last prompt token on."""
         url = self._url
         temperature = effective_temperature(temperature)
         body: dict[str, Any] = {
@@ -217,6 +262,7 @@ class SGLangBackend(PolicyBackend):
             "sampling_params": {"max_new_tokens": 0, "temperature": temperature},
             "return_logprob": True,
             "logprob_start_len": len(prompt_ids) - 1,
+            **extra,
         }
         if temperature != 1.0:  # SGLang's input logprobs ignore sampling_params.temperature
             body["input_logprob_temperature"] = temperature
@@ -229,14 +275,14 @@ class SGLangBackend(PolicyBackend):
         elif not use_base and self._loras:
             body["lora_path"] = self._loras[-1]
         out = await self._request("POST", "/generate", body, base_url=url)
-        meta = out.get("meta_info") or {}
+        meta: dict[str, Any] = out.get("meta_info") or {}
         if temperature != 1.0 and meta.get("input_logprob_temperature") != temperature:
             raise PolicyError(
                 f"SGLang at {url} returned input logprobs without applying temperature {temperature} "
                 "(it needs input_logprob_temperature support, sglang PR #36213); score at temperature 1 "
                 "or use a server that has it"
             )
-        return _response_logprobs(meta.get("input_token_logprobs"), response_ids)
+        return meta
 
     # -- hot swap ----------------------------------------------------------------------------
 
@@ -349,59 +395,6 @@ def _raise_for_status(response: httpx.Response, url: str, checkpoint: bool) -> N
     if response.status_code >= 500 and not checkpoint:
         raise ServiceUnavailable(message)
     raise CheckpointError(message) if checkpoint else PolicyError(message)
-
-
-def _ids_and_logprobs(entries: Any, field: str) -> tuple[list[int], list[float]]:
-    if not isinstance(entries, list):
-        raise PolicyError(f"SGLang returned no {field} (is return_logprob supported?)")
-    ids, logprobs = [], []
-    for entry in entries:
-        if entry[0] is None:
-            raise PolicyError(f"SGLang returned a null logprob in {field}")
-        logprobs.append(float(entry[0]))
-        ids.append(int(entry[1]))
-    return ids, logprobs
-
-
-def _new_entries(meta: dict[str, Any], seen: int) -> list[tuple[int, float]]:
-    """Entries of this chunk not seen yet, for cumulative and incremental streams alike."""
-    entries = meta.get("output_token_logprobs") or []
-    total = int(meta.get("completion_tokens", seen + len(entries)))
-    fresh = entries[len(entries) - (total - seen) :] if total > seen else []
-    ids, logprobs = _ids_and_logprobs(fresh, "output_token_logprobs")
-    return list(zip(ids, logprobs, strict=True))
-
-
-def _response_logprobs(entries: Any, response_ids: list[int]) -> list[float]:
-    """The response suffix of input_token_logprobs, checked token by token (never padded)."""
-    if not isinstance(entries, list) or len(entries) < len(response_ids):
-        got = len(entries) if isinstance(entries, list) else 0
-        raise PolicyError(f"SGLang returned {got} input logprobs for a {len(response_ids)}-token response")
-    ids, logprobs = _ids_and_logprobs(entries[len(entries) - len(response_ids) :], "input_token_logprobs")
-    if ids != list(response_ids):
-        raise PolicyError("SGLang input_token_logprobs do not line up with the response tokens")
-    return logprobs
-
-
-def _finish_reason(raw: Any) -> FinishReason:
-    kind = raw.get("type") if isinstance(raw, dict) else raw
-    if kind in ("stop", "length", "abort"):
-        return kind  # type: ignore[no-any-return]
-    raise PolicyError(f"SGLang returned an unknown finish_reason {raw!r}")
-
-
-def _served_version(body: dict[str, Any], meta: dict[str, Any], version: int) -> int:
-    """An adapter request ran on the adapter it named (SGLang's weight_version is the base's);
-    otherwise SGLang's meta_info says which weights ran (requests held during an update get the new)."""
-    if body.get("lora_path"):
-        return version
-    return _version_number(meta.get("weight_version"), default=version)
-
-
-def _version_number(raw: Any, default: int) -> int:
-    """SGLang weight versions are strings; orl's are integers ("v3" and "3" both mean 3)."""
-    text = str(raw).lstrip("v") if raw is not None else ""
-    return int(text) if text.isdigit() else default
 
 
 def _context_window_of(model_dir: Path) -> int:

@@ -41,7 +41,9 @@ from serving.policy.base import (
     PolicyBackend,
     PolicyError,
     SamplingParams,
+    TopKScores,
     check_prompt,
+    check_top_k,
     effective_temperature,
 )
 from serving.policy.batch_engine import ActiveBatch, Row, hidden_states, lm_logits
@@ -200,28 +202,58 @@ class TransformersBackend(PolicyBackend):
         *,
         use_base: bool = False,
     ) -> list[float]:
-        self._require_running()
-        check_prompt(prompt_ids, self._context_window)
-        if len(prompt_ids) + len(response_ids) > self._context_window:
-            raise PolicyError(f"prompt + response exceed the context window of {self._context_window}")
+        self._check_score_input(prompt_ids, response_ids)
         if not response_ids:
             return []
         temp = effective_temperature(temperature)
 
         def job() -> list[float]:
-            model = self._base if use_base else self._model
-            return self._score_now(model, prompt_ids, response_ids, temp)
+            logp_T_V = self._response_logprobs_now(use_base, prompt_ids, response_ids, temp)
+            picked = logp_T_V.gather(1, torch.tensor(response_ids, dtype=torch.long)[:, None])[:, 0]
+            return [float(x) for x in picked]
 
         result: list[float] = await self._run_job(job)
         return result
 
-    def _score_now(self, model: Any, prompt: list[int], response: list[int], temp: float) -> list[float]:
+    async def score_top_k(
+        self,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        temperature: float,
+        top_k: int,
+        *,
+        use_base: bool = False,
+    ) -> TopKScores:
+        self._check_score_input(prompt_ids, response_ids)
+        check_top_k(top_k)
+        temp = effective_temperature(temperature)
+
+        def job() -> TopKScores:
+            if not response_ids:
+                return TopKScores([], [], [])
+            logp_T_V = self._response_logprobs_now(use_base, prompt_ids, response_ids, temp)
+            picked = logp_T_V.gather(1, torch.tensor(response_ids, dtype=torch.long)[:, None])[:, 0]
+            top_T_K = logp_T_V.topk(min(top_k, logp_T_V.shape[-1]), dim=-1)
+            return TopKScores(picked.tolist(), top_T_K.indices.tolist(), top_T_K.values.tolist())
+
+        result: TopKScores = await self._run_job(job)
+        return result
+
+    def _check_score_input(self, prompt_ids: list[int], response_ids: list[int]) -> None:
+        self._require_running()
+        check_prompt(prompt_ids, self._context_window)
+        if len(prompt_ids) + len(response_ids) > self._context_window:
+            raise PolicyError(f"prompt + response exceed the context window of {self._context_window}")
+
+    def _response_logprobs_now(
+        self, use_base: bool, prompt: list[int], response: list[int], temp: float
+    ) -> torch.Tensor:
+        """log softmax(logits / temp) at the positions that predict each response token: [T, V] fp32."""
+        model = self._base if use_base else self._model
         ids = torch.tensor([prompt + response], dtype=torch.long)
         hidden = hidden_states(model, self._autocast_dtype, input_ids=ids, use_cache=False)
         h = hidden[0, len(prompt) - 1 : len(prompt) + len(response) - 1]
-        logp_T_V = torch.log_softmax(lm_logits(model, h) / temp, dim=-1)
-        picked = logp_T_V.gather(1, torch.tensor(response, dtype=torch.long)[:, None])[:, 0]
-        return [float(x) for x in picked]
+        return torch.log_softmax(lm_logits(model, h) / temp, dim=-1)
 
     async def _run_job(self, job: _Job) -> Any:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()

@@ -49,6 +49,11 @@ async def test_a_valid_request_gets_one_logprob_per_response_token(server: Serve
         ({"messages": HI, "response_token_ids": [True]}, "response_token_ids"),
         ({"messages": HI, "response_token_ids": "1,2"}, "response_token_ids"),
         ({"messages": HI, "response_token_ids": [1], "tools": {"x": 1}}, "tools"),
+        ({"messages": HI, "response_token_ids": [1], "top_k": -1}, "top_k"),
+        ({"messages": HI, "response_token_ids": [1], "top_k": 101}, "top_k"),
+        ({"messages": HI, "response_token_ids": [1], "top_k": "5"}, "top_k"),
+        ({"messages": HI, "response_token_ids": [1], "top_k": True}, "top_k"),
+        ({"messages": HI, "response_token_ids": [1], "top_k": 2.5}, "top_k"),
     ],
 )
 async def test_a_bad_request_is_a_400_naming_the_field(

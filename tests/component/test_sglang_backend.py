@@ -18,6 +18,7 @@ from tests.fixtures.fake_sglang import (
     folder_digest,
     free_port,
     input_logprob,
+    input_top_logprobs,
     next_token,
     output_logprob,
     serve_in_thread,
@@ -115,6 +116,31 @@ async def test_score_at_a_temperature_uses_input_logprob_temperature(
     assert await backend.score(prompt, response, temperature=0.7) == _suffix_logprobs(prompt, response, 0.7)
     assert fake_sglang.generate_requests[-1]["input_logprob_temperature"] == 0.7
     assert await backend.score(prompt, response, temperature=0.0) == _suffix_logprobs(prompt, response)
+
+
+async def test_score_top_k_sends_top_logprobs_num_and_reads_the_response_suffix(
+    backend: SGLangBackend, fake_sglang: FakeSGLang
+):
+    fake_sglang.supports_input_logprob_temperature = True
+    prompt, response = [1, 5, 6, 7], [9, 10, 11]
+    scores = await backend.score_top_k(prompt, response, 0.7, 4)
+    sent = fake_sglang.generate_requests[-1]
+    assert sent["top_logprobs_num"] == 4 and sent["return_logprob"] is True
+    assert sent["logprob_start_len"] == len(prompt) - 1
+    assert scores.logprobs == _suffix_logprobs(prompt, response, 0.7)
+    full = prompt + response
+    expected = [input_top_logprobs(full[p - 1], 4, 0.7) for p in range(len(prompt), len(full))]
+    assert scores.top_ids == [[token for _, token in row] for row in expected]
+    assert scores.top_logprobs == [[lp for lp, _ in row] for row in expected]
+
+
+@pytest.mark.parametrize("top_k", [0, 101])
+async def test_score_top_k_out_of_range_is_refused_before_any_call(
+    backend: SGLangBackend, fake_sglang: FakeSGLang, top_k: int
+):
+    with pytest.raises(PolicyError, match="top_k"):
+        await backend.score_top_k([1, 5], [6], 1.0, top_k)
+    assert fake_sglang.generate_requests == []
 
 
 async def test_full_update_sends_version_and_never_aborts(
