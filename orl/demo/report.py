@@ -1,10 +1,11 @@
-"""The demo's report: a paper-style table, a learning-curve PNG and results.json from evaluation results.
+"""The demo's report over seeds: a paper-style table, a learning-curve PNG and results.json.
 
-Input, per method ("binary", "opd", "combined"): {step: per-prompt score lists} (the held-out score of the
-first response, several samples per prompt), plus {step: relevance rate} and {step: mean words}. The
-table shows the score at steps 0, 8 and 16 with 95% cluster-bootstrap intervals, the lowest relevance
-over all evaluations, the words at the last step, and which OPD teacher was used. The same inputs
-always give byte-identical files. Writes `<out_dir>/results.md`, `results.json`, `learning_curve.png`.
+Input: runs[method][seed][step], one `StepResult` per held-out evaluation (per-prompt score lists of
+the first response, several samples per prompt; the relevance rate; the mean words). Per seed and step
+it gives the mean score with a 95% cluster-bootstrap interval; per method and step, the mean over seeds
+with the lowest and highest seed. results.md shows the score and the relevance at every evaluated step,
+each seed's curve (with several seeds) and the issue-19 targets. The same inputs always give
+byte-identical files. Writes `<out_dir>/results.md`, `results.json`, `learning_curve.png`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -23,13 +25,43 @@ from orl.demo.scoring import DemoDataError, bootstrap_ci
 METHOD_ORDER = ("binary", "opd", "combined")
 METHOD_LABELS = {"binary": "Binary RL", "opd": "OPD", "combined": "Combined"}
 METHOD_COLORS = {"binary": "tab:blue", "opd": "tab:orange", "combined": "tab:green"}
-TABLE_STEPS = (0, 8, 16)
-RELEVANCE_TARGET = 0.95
-BASE_SCORE_TARGET = 0.2
-COMBINED_TARGET = 0.9
 
-ScoresByStep = Mapping[int, Sequence[Sequence[float]]]
-StepSummary = dict[str, float | None]  # score, ci_low, ci_high, prompts, samples; relevance, words or None
+# The targets of issue 19, each checked over all seeds.
+BASE_SCORE_MAX = 0.2
+COMBINED_MEAN_MIN = 0.9
+COMBINED_MEAN_STEPS = (8, 16, 24, 32)
+COMBINED_EVERY_SEED_MIN = 0.8
+LATE_FROM_STEP = 8
+RELEVANCE_MIN = 0.95
+DRIFT_TOLERANCE = 0.1
+TARGETS = {  # name in results.json: what results.md says
+    "base_score_at_most_0.2": "base model (step 0) mean score <= 0.2",
+    "combined_mean_at_least_0.9_at_steps_8_16_24_32": (
+        "Combined mean score >= 0.9 at step 8 and at each of steps 16, 24, 32 that were evaluated"
+    ),
+    "combined_every_seed_at_least_0.8_from_step_8": (
+        "every seed's Combined score >= 0.8 at every evaluation from step 8 on"
+    ),
+    "combined_relevance_at_least_0.95_everywhere": "Combined relevance >= 0.95 at every evaluation of every seed",
+    "no_drift_after_step_8": "every method's mean score at its last step >= its mean score at step 8 - 0.1",
+}
+VERDICTS = {True: "met", False: "NOT met", None: "not evaluated"}
+
+StepSummary = dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One held-out evaluation: per-prompt score lists (0..1), relevance rate and mean words (None if unknown)."""
+
+    scores: Sequence[Sequence[float]]
+    relevance: float | None = None
+    words: float | None = None
+
+
+Runs = Mapping[str, Mapping[int, Mapping[int, StepResult]]]  # method -> seed -> step
+PerSeed = Mapping[str, Mapping[int, Mapping[int, StepSummary]]]  # method -> seed -> step
+Summaries = Mapping[str, Mapping[int, StepSummary]]  # method -> step, over seeds
 
 
 @dataclass(frozen=True)
@@ -47,47 +79,53 @@ def ordered_methods(methods: Sequence[str]) -> list[str]:
     return known + sorted(m for m in methods if m not in METHOD_ORDER)
 
 
-def summarize_method(
-    scores: ScoresByStep, relevance: Mapping[int, float], words: Mapping[int, float], seed: int = 0
-) -> dict[int, StepSummary]:
-    """Per step: mean score, 95% interval, prompts, samples, relevance and mean words (None if not given)."""
+def summarize_run(results: Mapping[int, StepResult], bootstrap_seed: int = 0) -> dict[int, StepSummary]:
+    """One seed's curve, per step: mean score, 95% interval, prompts, samples, relevance and words."""
     summary: dict[int, StepSummary] = {}
-    for step in sorted(scores):
-        per_prompt = [list(map(float, s)) for s in scores[step]]
+    for step in sorted(results):
+        per_prompt = [list(map(float, s)) for s in results[step].scores]
         if any(not 0.0 <= x <= 1.0 for s in per_prompt for x in s):
             raise DemoDataError(f"step {step}: scores must lie in 0..1")
-        mean, low, high = bootstrap_ci(per_prompt, seed=seed)
+        mean, low, high = bootstrap_ci(per_prompt, seed=bootstrap_seed)
         summary[step] = {
             "score": mean,
             "ci_low": low,
             "ci_high": high,
             "prompts": len(per_prompt),
             "samples": sum(len(s) for s in per_prompt),
-            "relevance": optional_float(relevance.get(step)),
-            "words": optional_float(words.get(step)),
+            "relevance": optional_float(results[step].relevance),
+            "words": optional_float(results[step].words),
         }
     return summary
 
 
+def summarize_seeds(curves: Mapping[int, Mapping[int, StepSummary]]) -> dict[int, StepSummary]:
+    """Per step, over the seeds that evaluated it: mean, min and max of score and relevance, mean words."""
+    summary: dict[int, StepSummary] = {}
+    for step in sorted({step for curve in curves.values() for step in curve}):
+        at_step = [curves[seed][step] for seed in sorted(curves) if step in curves[seed]]
+        scores = [number(s, "score") for s in at_step]
+        relevances = [s["relevance"] for s in at_step if s["relevance"] is not None]
+        words = [s["words"] for s in at_step if s["words"] is not None]
+        summary[step] = {
+            "score": mean(scores),
+            "score_min": min(scores),
+            "score_max": max(scores),
+            "relevance": mean(relevances) if relevances else None,
+            "relevance_min": min(relevances) if relevances else None,
+            "relevance_max": max(relevances) if relevances else None,
+            "words": mean(words) if words else None,
+            "seeds": len(at_step),
+        }
+    return summary
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
 def optional_float(value: float | None) -> float | None:
     return None if value is None else float(value)
-
-
-Summaries = Mapping[str, Mapping[int, StepSummary]]
-
-
-def check_targets(summaries: Summaries) -> dict[str, bool | None]:
-    """The demo's targets (issue 9), each True/False, or None where the run has no data for it."""
-    base = [number(s[0], "score") for s in summaries.values() if 0 in s]
-    late = [number(v, "score") for step, v in summaries.get("combined", {}).items() if step >= 8]
-    relevances = [
-        v["relevance"] for s in summaries.values() for v in s.values() if v["relevance"] is not None
-    ]
-    return {
-        "base_score_at_most_0.2": (max(base) <= BASE_SCORE_TARGET) if base else None,
-        "combined_at_least_0.9_from_step_8": (min(late) >= COMBINED_TARGET) if late else None,
-        "relevance_at_least_0.95_everywhere": (min(relevances) >= RELEVANCE_TARGET) if relevances else None,
-    }
 
 
 def number(step_summary: Mapping[str, float | None], key: str) -> float:
@@ -97,86 +135,205 @@ def number(step_summary: Mapping[str, float | None], key: str) -> float:
     return value
 
 
-def cell(step_summary: Mapping[str, float | None] | None) -> str:
-    """ "0.91 [0.83, 0.97]", or "n/a" for a step that was not evaluated."""
-    if step_summary is None:
-        return "n/a"
-    score, low, high = (number(step_summary, k) for k in ("score", "ci_low", "ci_high"))
-    return f"{score:.2f} [{low:.2f}, {high:.2f}]"
+def seeds_of(per_seed: PerSeed) -> list[int]:
+    return sorted({seed for curves in per_seed.values() for seed in curves})
 
 
-def render_table(
-    summaries: Summaries, opd_teacher: str, scenario: str, steps: Sequence[int] = TABLE_STEPS
-) -> str:
-    """The markdown table: score [95% CI] at `steps` per method, min relevance, words at the last step."""
-    header = ["method", *(f"step {s}" for s in steps), "min relevance", "words (last step)"]
-    lines = [
-        f"Scenario: {scenario}. Held-out score of the first response, 0..1, with 95% cluster-bootstrap "
-        f"intervals over prompts. OPD teacher: {opd_teacher}.",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
+def evaluated_steps(summaries: Summaries) -> list[int]:
+    return sorted({step for by_step in summaries.values() for step in by_step})
+
+
+def check_targets(summaries: Summaries, per_seed: PerSeed) -> dict[str, bool | None]:
+    """The issue-19 targets over seeds, each True/False, or None where the run has no data for it."""
+    combined = summaries.get("combined", {})
+    combined_seeds = per_seed.get("combined", {})
+    base = [number(by_step[0], "score") for by_step in summaries.values() if 0 in by_step]
+    checked_means = [number(combined[s], "score") for s in COMBINED_MEAN_STEPS if s in combined]
+    late = [
+        number(v, "score")
+        for curve in combined_seeds.values()
+        for step, v in curve.items()
+        if step >= LATE_FROM_STEP
     ]
-    for method in ordered_methods(list(summaries)):
+    relevances = [
+        v["relevance"]
+        for curve in combined_seeds.values()
+        for v in curve.values()
+        if v["relevance"] is not None
+    ]
+    drifts = [held(by_step) for by_step in summaries.values()]
+    known_drifts = [d for d in drifts if d is not None]
+    return {
+        "base_score_at_most_0.2": (max(base) <= BASE_SCORE_MAX) if base else None,
+        "combined_mean_at_least_0.9_at_steps_8_16_24_32": (
+            (min(checked_means) >= COMBINED_MEAN_MIN) if checked_means else None
+        ),
+        "combined_every_seed_at_least_0.8_from_step_8": (min(late) >= COMBINED_EVERY_SEED_MIN)
+        if late
+        else None,
+        "combined_relevance_at_least_0.95_everywhere": (
+            (min(relevances) >= RELEVANCE_MIN) if relevances else None
+        ),
+        "no_drift_after_step_8": all(known_drifts) if known_drifts else None,
+    }
+
+
+def held(by_step: Mapping[int, StepSummary]) -> bool | None:
+    """Whether the mean score at the last step stays within the tolerance of step 8 (None without step 8)."""
+    if LATE_FROM_STEP not in by_step:
+        return None
+    last, at_8 = number(by_step[max(by_step)], "score"), number(by_step[LATE_FROM_STEP], "score")
+    return last >= at_8 - DRIFT_TOLERANCE
+
+
+def score_cell(over_seeds: StepSummary | None, one_seed: StepSummary | None) -> str:
+    """ "0.91 (0.84-0.97)" (mean, lowest and highest seed); with one seed, "0.91 [0.83, 0.97]" (95% CI)."""
+    if over_seeds is None:
+        return "n/a"
+    if one_seed is not None:
+        score, low, high = (number(one_seed, k) for k in ("score", "ci_low", "ci_high"))
+        return f"{score:.2f} [{low:.2f}, {high:.2f}]"
+    score, low, high = (number(over_seeds, k) for k in ("score", "score_min", "score_max"))
+    return f"{score:.2f} ({low:.2f}-{high:.2f})"
+
+
+def relevance_cell(over_seeds: StepSummary | None, several_seeds: bool) -> str:
+    """ "0.97 (min 0.94)" (mean, lowest seed); with one seed "0.97"; "n/a" when not measured."""
+    if over_seeds is None or over_seeds["relevance"] is None:
+        return "n/a"
+    if not several_seeds:
+        return f"{over_seeds['relevance']:.2f}"
+    return f"{over_seeds['relevance']:.2f} (min {number(over_seeds, 'relevance_min'):.2f})"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def render_table(summaries: Summaries, per_seed: PerSeed, opd_teacher: str, scenario: str) -> str:
+    """results.md: score and relevance at every evaluated step per method, each seed's curve, the targets."""
+    seeds, steps, methods = seeds_of(per_seed), evaluated_steps(summaries), ordered_methods(list(summaries))
+    several = len(seeds) > 1
+    spread = (
+        f"mean over {len(seeds)} seeds ({', '.join(map(str, seeds))}) with the lowest and highest seed"
+        if several
+        else f"seed {seeds[0]}, with 95% cluster-bootstrap intervals over prompts"
+    )
+    step_labels = [f"step {s}" for s in steps]
+    score_rows = []
+    for method in methods:
         by_step = summaries[method]
-        relevances = [v["relevance"] for v in by_step.values() if v["relevance"] is not None]
-        last_words = by_step[max(by_step)]["words"] if by_step else None
-        row = [
-            METHOD_LABELS.get(method, method),
-            *(cell(by_step.get(s)) for s in steps),
-            f"{min(relevances):.2f}" if relevances else "n/a",
-            f"{last_words:.1f}" if last_words is not None else "n/a",
+        one_seed = {} if several else per_seed[method][seeds[0]]  # its cells show the 95% interval
+        last_words = by_step[max(by_step)]["words"]
+        cells = [score_cell(by_step.get(s), one_seed.get(s)) for s in steps]
+        words = f"{last_words:.1f}" if last_words is not None else "n/a"
+        score_rows.append([METHOD_LABELS.get(method, method), *cells, words])
+    relevance_rows = [
+        [METHOD_LABELS.get(m, m), *(relevance_cell(summaries[m].get(s), several) for s in steps)]
+        for m in methods
+    ]
+    lines = [
+        f"Scenario: {scenario}. Held-out score of the first response, 0..1: {spread}. "
+        f"OPD teacher: {opd_teacher}.",
+        "",
+        *markdown_table(["method", *step_labels, "words (last step)"], score_rows),
+        "",
+        "Relevance (on-topic rate of the answers)" + (": mean over seeds (lowest seed)." if several else "."),
+        "",
+        *markdown_table(["method", *step_labels], relevance_rows),
+    ]
+    if several:
+        seed_rows = [
+            [METHOD_LABELS.get(m, m), str(seed), *seed_cells(per_seed[m].get(seed, {}), steps)]
+            for m in methods
+            for seed in seeds
         ]
-        lines.append("| " + " | ".join(row) + " |")
+        lines += ["", "Score of each seed.", "", *markdown_table(["method", "seed", *step_labels], seed_rows)]
+    targets = check_targets(summaries, per_seed)
+    lines += ["", "Targets (issue 19):", ""]
+    lines += [f"- {VERDICTS[targets[name]]}: {text}" for name, text in TARGETS.items()]
     return "\n".join(lines) + "\n"
 
 
-def plot_curves(summaries: Summaries, title: str, path: Path) -> None:
-    """Score against training step per method, with the 95% interval as a band (Agg canvas, no pyplot)."""
-    figure = Figure(figsize=(7, 4.5), dpi=100)
+def seed_cells(curve: Mapping[int, StepSummary], steps: Sequence[int]) -> list[str]:
+    return [f"{number(curve[s], 'score'):.2f}" if s in curve else "n/a" for s in steps]
+
+
+def plot_curves(summaries: Summaries, per_seed: PerSeed, title: str, path: Path) -> None:
+    """Score (left) and relevance (right) per method against the step: the mean over seeds with the
+    min-max band across seeds, or with one seed its 95% interval (Agg canvas, no pyplot)."""
+    several = len(seeds_of(per_seed)) > 1
+    figure = Figure(figsize=(11, 4.5), dpi=100)
     FigureCanvasAgg(figure)
-    axes = figure.subplots()
+    score_axes, relevance_axes = figure.subplots(1, 2)
     for method in ordered_methods(list(summaries)):
-        steps = sorted(summaries[method])
-        points = [summaries[method][s] for s in steps]
-        color = METHOD_COLORS.get(method)
-        label = METHOD_LABELS.get(method, method)
-        axes.plot(steps, [number(p, "score") for p in points], marker="o", color=color, label=label)
-        low, high = [number(p, "ci_low") for p in points], [number(p, "ci_high") for p in points]
-        axes.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
-    axes.set(xlabel="training step", ylabel="held-out score (95% CI)", ylim=(-0.02, 1.02), title=title)
-    axes.grid(alpha=0.3)
-    axes.legend(loc="lower right")
+        by_step = summaries[method]
+        steps = sorted(by_step)
+        if several:
+            low, high = (
+                [number(by_step[s], "score_min") for s in steps],
+                [number(by_step[s], "score_max") for s in steps],
+            )
+        else:
+            curve = next(iter(per_seed[method].values()))
+            low, high = (
+                [number(curve[s], "ci_low") for s in steps],
+                [number(curve[s], "ci_high") for s in steps],
+            )
+        band(score_axes, method, steps, [number(by_step[s], "score") for s in steps], low, high)
+        measured = [s for s in steps if by_step[s]["relevance"] is not None]
+        if measured:
+            band(
+                relevance_axes, method, measured, [number(by_step[s], "relevance") for s in measured],
+                [number(by_step[s], "relevance_min") for s in measured],
+                [number(by_step[s], "relevance_max") for s in measured],
+            )  # fmt: skip
+    spread = "min-max over seeds" if several else "95% CI"
+    figure.suptitle(title)
+    score_axes.set(xlabel="training step", ylabel=f"held-out score (mean, {spread})", ylim=(-0.02, 1.02))
+    relevance_axes.axhline(RELEVANCE_MIN, color="gray", linestyle="--", linewidth=1, label="target")
+    relevance_axes.set(xlabel="training step", ylabel="relevance (on-topic rate)", ylim=(-0.02, 1.02))
+    for axes in (score_axes, relevance_axes):
+        axes.grid(alpha=0.3)
+        axes.legend(loc="lower right")
     figure.tight_layout()
     figure.savefig(path, format="png", metadata={"Software": None})
 
 
+def band(
+    axes: Axes, method: str, steps: list[int], middle: list[float], low: list[float], high: list[float]
+) -> None:
+    color = METHOD_COLORS.get(method)
+    axes.plot(steps, middle, marker="o", color=color, label=METHOD_LABELS.get(method, method))
+    axes.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+
+
 def write_report(
-    out_dir: Path,
-    scores: Mapping[str, ScoresByStep],
-    relevance: Mapping[str, Mapping[int, float]],
-    words: Mapping[str, Mapping[int, float]],
-    opd_teacher: str,
-    scenario: str,
-    extra: Mapping[str, Any] | None = None,
-    steps: Sequence[int] = TABLE_STEPS,
+    out_dir: Path, runs: Runs, opd_teacher: str, scenario: str, extra: Mapping[str, Any] | None = None
 ) -> ReportFiles:
-    """Write results.md (the table), results.json (every step, the targets, `extra`) and learning_curve.png."""
-    if not scores:
-        raise DemoDataError("write_report needs evaluation results for at least one method")
+    """Write results.md, results.json (every seed's steps, the summaries over seeds, the targets, `extra`)
+    and learning_curve.png."""
+    if not runs or any(not curves or not all(curves.values()) for curves in runs.values()):
+        raise DemoDataError("write_report needs evaluation results for every method and seed it is given")
     out_dir.mkdir(parents=True, exist_ok=True)
-    summaries = {m: summarize_method(scores[m], relevance.get(m, {}), words.get(m, {})) for m in scores}
+    per_seed = {m: {seed: summarize_run(runs[m][seed]) for seed in sorted(runs[m])} for m in runs}
+    summaries = {m: summarize_seeds(per_seed[m]) for m in runs}
+    methods = ordered_methods(list(runs))
     files = ReportFiles(out_dir / "results.md", out_dir / "results.json", out_dir / "learning_curve.png")
-    files.table.write_text(render_table(summaries, opd_teacher, scenario, steps))
+    files.table.write_text(render_table(summaries, per_seed, opd_teacher, scenario))
     results = {
         "scenario": scenario,
         "opd_teacher": opd_teacher,
-        "methods": {
-            m: {str(k): v for k, v in summaries[m].items()} for m in ordered_methods(list(summaries))
+        "seeds": seeds_of(per_seed),
+        "methods": {m: {str(step): v for step, v in summaries[m].items()} for m in methods},
+        "per_seed": {
+            m: {str(seed): {str(step): v for step, v in curve.items()} for seed, curve in per_seed[m].items()}
+            for m in methods
         },
-        "targets": check_targets(summaries),
+        "targets": check_targets(summaries, per_seed),
         "extra": dict(extra or {}),
     }
     files.results.write_text(json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    plot_curves(summaries, f"orl demo: {scenario} (OPD teacher: {opd_teacher})", files.chart)
+    plot_curves(summaries, per_seed, f"orl demo: {scenario} (OPD teacher: {opd_teacher})", files.chart)
     return files

@@ -1,9 +1,13 @@
 """`orl demo`: the whole loop on one CPU, for Binary RL, OPD and Combined, with a paper-style report.
 
-For each method it starts the embedded stack as separate processes (`orl serve`, `orl pipeline`,
-`orl train`, supervised as by `orl up`) in a fresh namespace and run, lets the scripted user of the
-scenario hold training sessions with the server, waits for the trainer to publish a checkpoint and
-the server to hot-swap it, and evaluates the held-out prompts after every `eval_every` steps.
+For each seed and method it starts the embedded stack as separate processes (`orl serve`,
+`orl pipeline`, `orl train`, supervised as by `orl up`) in a fresh namespace and run
+(`demo-<run>-s<seed>-<method>`), lets the scripted user of the scenario hold training sessions with
+the server, waits for the trainer to publish a checkpoint and the server to hot-swap it, and
+evaluates the held-out prompts after every `eval_every` steps.
+The seed orders the training prompts, seeds the user's phrasing and the trainer (ORL_TRAIN_SEED);
+`--seeds N` repeats every method for seeds `seed .. seed+N-1`. The evaluation's own seeds are fixed,
+so the base model (step 0) is evaluated once and reused for every seed and method.
 It writes results.md, results.json and learning_curve.png to the output folder; the namespaces
 stay in the data folder, so `orl samples` (and the audit tools) work on the demo's data.
 """
@@ -23,7 +27,7 @@ from pathlib import Path
 from connectors.event_log.factory import open_event_log
 from connectors.event_log.reading import read_to_end
 from connectors.settings import ConnectionSettings, setting
-from orl.demo.report import write_report
+from orl.demo.report import StepResult, write_report
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
 from orl.samples import read_samples
@@ -37,7 +41,7 @@ from orl.up import (
     stack_launches,
 )
 from schemas.codec import decode
-from schemas.errors import OrlError
+from schemas.errors import ConfigError, OrlError
 from schemas.topics import topic_name
 
 logger = logging.getLogger(__name__)
@@ -74,7 +78,12 @@ class DemoSettings(ConnectionSettings):
     out_dir: Path = setting(
         Path(""), "ORL_DEMO_OUT", "Where the report goes (default <data-dir>/demo/<run>)."
     )
-    seed: int = setting(0, "ORL_DEMO_SEED", "Seed of the prompt order and the user's phrasing.")
+    seed: int = setting(
+        0, "ORL_DEMO_SEED", "First seed of the prompt order, the user's phrasing and the trainer."
+    )
+    seeds: int = setting(
+        1, "ORL_DEMO_SEEDS", "Seeds per method: --seed, --seed+1, ... (the report gives their spread)."
+    )
     step_timeout_s: float = setting(1800.0, "ORL_DEMO_STEP_TIMEOUT_S", "Give up if one step takes longer.")
     cores: int = setting(
         0, "ORL_CORES", "CPU cores the demo's server and trainer share (0: every core this process may use)."
@@ -108,12 +117,15 @@ class DemoSettings(ConnectionSettings):
 def run_demo(settings: DemoSettings) -> int:
     """Entry point of `orl demo`."""
     settings = settings.effective()
+    if settings.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, not {settings.seeds}")
     scenario = get_scenario(settings.scenario)
     tag = time.strftime("%Y%m%d-%H%M%S")
     out_dir = settings.out_dir if str(settings.out_dir) not in ("", ".") else settings.data_dir / "demo" / tag
     print(
-        f"orl demo: scenario {scenario.name!r}, methods {', '.join(settings.methods)}, {settings.steps} steps of "
-        f"{settings.batch_size} samples; report -> {out_dir}",
+        f"orl demo: scenario {scenario.name!r}, methods {', '.join(settings.methods)}, seeds "
+        f"{', '.join(map(str, demo_seeds(settings)))}, {settings.steps} steps of {settings.batch_size} samples; "
+        f"report -> {out_dir}",
         flush=True,
     )
     started = time.perf_counter()  # "took" counts the model's conversion on a fresh machine
@@ -122,13 +134,19 @@ def run_demo(settings: DemoSettings) -> int:
     results = asyncio.run(_run_all(settings, scenario, tag))
     files = write_report(
         out_dir,
-        {m: {s: e.scores for s, e in r.items()} for m, r in results.items()},
-        {m: {s: e.relevance for s, e in r.items()} for m, r in results.items()},
-        {m: {s: e.words for s, e in r.items()} for m, r in results.items()},
+        {
+            method: {
+                seed: {step: StepResult(e.scores, e.relevance, e.words) for step, e in curve.items()}
+                for seed, curve in by_seed.items()
+            }
+            for method, by_seed in results.items()
+        },
         opd_teacher=settings.teacher_kind,
         scenario=scenario.name,
         extra={
-            "namespaces": {m: _namespace(tag, m) for m in results},
+            "namespaces": {
+                m: {str(seed): _namespace(tag, seed, m) for seed in by_seed} for m, by_seed in results.items()
+            },
             "seconds": round(time.perf_counter() - started),
             "settings": {
                 "steps": settings.steps,
@@ -137,9 +155,9 @@ def run_demo(settings: DemoSettings) -> int:
                 "train_temperature": settings.train_temperature,
                 "eval_prompts": settings.eval_prompts,
                 "eval_samples": settings.eval_samples,
+                "seeds": demo_seeds(settings),
             },
         },
-        steps=sorted({0, settings.steps // 2, settings.steps}),
     )
     print(files.table.read_text())
     print(
@@ -148,16 +166,28 @@ def run_demo(settings: DemoSettings) -> int:
     return 0
 
 
-def _namespace(tag: str, method: str) -> str:
-    return f"demo-{tag}-{method}".replace("_", "-")
+def demo_seeds(settings: DemoSettings) -> list[int]:
+    """The seeds the demo runs: `seed`, `seed + 1`, ..., `seeds` of them."""
+    return list(range(settings.seed, settings.seed + settings.seeds))
 
 
-async def _run_all(settings: DemoSettings, scenario: Scenario, tag: str) -> dict[str, dict[int, Evaluation]]:
-    results: dict[str, dict[int, Evaluation]] = {}
+def _namespace(tag: str, seed: int, method: str) -> str:
+    return f"demo-{tag}-s{seed}-{method}".replace("_", "-")
+
+
+async def _run_all(
+    settings: DemoSettings, scenario: Scenario, tag: str
+) -> dict[str, dict[int, dict[int, Evaluation]]]:
+    """Every (seed, method), each a fresh stack; results[method][seed][step]."""
+    results: dict[str, dict[int, dict[int, Evaluation]]] = {m: {} for m in settings.methods}
     base: Evaluation | None = None
-    for method in settings.methods:
-        results[method] = await _run_method(settings, scenario, method, _namespace(tag, method), base)
-        base = results[method][0]  # the base model is the same for every method: evaluate it once
+    for seed in demo_seeds(settings):
+        seeded = replace(settings, seed=seed)  # the one seed every function below reads
+        for method in settings.methods:
+            curve = await _run_method(seeded, scenario, method, _namespace(tag, seed, method), base)
+            results[method][seed] = curve
+            # evaluation uses fixed seeds, so the base model scores the same for every seed and method
+            base = curve[0]
     return results
 
 
@@ -236,13 +266,14 @@ async def _run_method(
     try:
         held_out = scenario.held_out_prompts[: settings.eval_prompts]
         evaluations = {0: base or await client.evaluate(scenario, held_out, settings.eval_samples)}
-        _progress(method, 0, settings.steps, evaluations[0], None)
+        label = f"seed {settings.seed} {method}"
+        _progress(label, 0, settings.steps, evaluations[0], None)
         prompts = prompt_stream(scenario, settings.seed)
         for step in range(1, settings.steps + 1):
             satisfied = await train_one_step(settings, scenario, stack, step, prompts)
             if step % settings.eval_every == 0 or step == settings.steps:
                 evaluations[step] = await client.evaluate(scenario, held_out, settings.eval_samples)
-            _progress(method, step, settings.steps, evaluations.get(step), satisfied)
+            _progress(label, step, settings.steps, evaluations.get(step), satisfied)
         return evaluations
     finally:
         await stack.close()
@@ -354,9 +385,9 @@ def prompt_stream(scenario: Scenario, seed: int) -> Iterator[str]:
 
 
 def _progress(
-    method: str, step: int, steps: int, evaluation: Evaluation | None, satisfied: str | None
+    label: str, step: int, steps: int, evaluation: Evaluation | None, satisfied: str | None
 ) -> None:
-    parts = [f"[{method}] step {step}/{steps}"]
+    parts = [f"[{label}] step {step}/{steps}"]
     if satisfied:
         parts.append(satisfied)
     if evaluation is not None:

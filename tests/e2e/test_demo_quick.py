@@ -38,7 +38,7 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     assert (out / "results.md").read_text().startswith("Scenario: student")
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "results.json").read_text())
-    namespace = results["extra"]["namespaces"]["combined"]
+    namespace = results["extra"]["namespaces"]["combined"][str(results["seeds"][0])]
     log_url = f"sqlite:///{tmp_path / 'data' / 'log.db'}"
     activations = asyncio.run(read_events(log_url, f"{namespace}.policy_activations"))
     versions = [e["version"] for e in activations if e["envelope"]["event_type"] == "PolicyActivated"]

@@ -1,4 +1,4 @@
-"""orl.demo.report: the table, results.json and the learning-curve PNG."""
+"""orl.demo.report: the multi-seed table, results.json, the targets and the learning-curve PNG."""
 
 from __future__ import annotations
 
@@ -8,54 +8,99 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from orl.demo.report import render_table, summarize_method, write_report
+from orl.demo.report import StepResult, check_targets, summarize_run, summarize_seeds, write_report
 from orl.demo.scoring import DemoDataError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PROMPTS, SAMPLES = 16, 4
+STEPS = (0, 4, 8, 12, 16, 20, 24, 28, 32)
 
 
-def curve(rates: dict[int, float], prompts: int = 16, samples: int = 4) -> dict[int, list[list[float]]]:
-    """Per-prompt score lists whose overall mean is about `rate` at each step."""
+def exact(rate: float) -> float:
+    """The mean score `curve` really gives for `rate` (a whole number of 64 samples)."""
+    return round(rate * PROMPTS * SAMPLES) / (PROMPTS * SAMPLES)
+
+
+def curve(rates: dict[int, float], relevance: float | None = 0.97) -> dict[int, StepResult]:
+    """One seed's evaluations: per-prompt score lists whose overall mean is `exact(rate)` at each step."""
     result = {}
     for step, rate in rates.items():
-        ones = round(rate * prompts * samples)
-        flat = [1.0 if i < ones else 0.0 for i in range(prompts * samples)]
-        result[step] = [flat[p::prompts] for p in range(prompts)]
+        ones = round(rate * PROMPTS * SAMPLES)
+        flat = [1.0 if i < ones else 0.0 for i in range(PROMPTS * SAMPLES)]
+        scores = [flat[p::PROMPTS] for p in range(PROMPTS)]
+        result[step] = StepResult(scores, relevance, 60.0 - step)
     return result
 
 
-SCORES = {
-    "combined": curve({0: 0.1, 4: 0.7, 8: 0.92, 12: 0.95, 16: 0.97}),
-    "binary": curve({0: 0.1, 4: 0.4, 8: 0.8, 12: 0.85, 16: 0.85}),
-    "opd": curve({0: 0.1, 4: 0.5, 8: 0.6, 12: 0.6, 16: 0.62}),
+def rising(final: float) -> dict[int, float]:
+    """0.1 at step 0, then `final` from step 8 on (0.5 at step 4)."""
+    return {s: 0.1 if s == 0 else 0.5 if s == 4 else final for s in STEPS}
+
+
+SEEDS = (3, 4, 5)  # the first seed is --seed, not always 0
+COMBINED_FINAL = {3: 0.92, 4: 0.95, 5: 0.89}
+RUNS = {
+    "combined": {seed: curve(rising(COMBINED_FINAL[seed])) for seed in SEEDS},
+    "binary": {seed: curve(rising(0.8 + 0.01 * i)) for i, seed in enumerate(SEEDS)},
+    "opd": {seed: curve(rising(0.6)) for seed in SEEDS},
 }
-RELEVANCE = {m: {s: 0.97 for s in by_step} for m, by_step in SCORES.items()}
-WORDS = {m: {s: 60.0 - 2 * s for s in by_step} for m, by_step in SCORES.items()}
+ALL_MET = {
+    "base_score_at_most_0.2": True,
+    "combined_mean_at_least_0.9_at_steps_8_16_24_32": True,
+    "combined_every_seed_at_least_0.8_from_step_8": True,
+    "combined_relevance_at_least_0.95_everywhere": True,
+    "no_drift_after_step_8": True,
+}
 
 
-def report(out_dir: Path):
-    return write_report(out_dir, SCORES, RELEVANCE, WORDS, "frozen reference + hint", "student", {"seed": 0})
+def report(out_dir: Path, runs: dict[str, dict[int, dict[int, StepResult]]] = RUNS):
+    return write_report(out_dir, runs, "frozen reference + hint", "student", {"namespaces": {"combined": {}}})
 
 
-def test_report_writes_a_real_png_a_table_and_results(tmp_path: Path) -> None:
+def row(table: str, start: str) -> str:
+    return next(line for line in table.splitlines() if line.startswith(start))
+
+
+def test_results_json_has_means_spreads_and_every_seed(tmp_path: Path) -> None:
+    results = json.loads(report(tmp_path).results.read_text())
+    assert results["seeds"] == [3, 4, 5]
+    assert set(results["methods"]) == {"binary", "opd", "combined"}
+    at_8 = results["methods"]["combined"]["8"]
+    finals = [exact(COMBINED_FINAL[s]) for s in SEEDS]
+    assert at_8["score"] == pytest.approx(sum(finals) / 3)
+    assert (at_8["score_min"], at_8["score_max"]) == (min(finals), max(finals))
+    assert at_8["relevance"] == pytest.approx(0.97) and at_8["relevance_min"] == 0.97 and at_8["seeds"] == 3
+    assert set(results["per_seed"]["combined"]) == {"3", "4", "5"}
+    assert set(results["per_seed"]["combined"]["5"]) == {str(s) for s in STEPS}
+    assert results["per_seed"]["combined"]["5"]["32"]["score"] == exact(0.89)
+    assert results["per_seed"]["combined"]["5"]["32"]["ci_low"] <= exact(0.89)
+    assert results["targets"] == ALL_MET
+    assert results["extra"] == {"namespaces": {"combined": {}}}
+
+
+def test_table_has_every_evaluated_step_spreads_relevance_seeds_and_targets(tmp_path: Path) -> None:
+    table = report(tmp_path).table.read_text()
+    assert table.startswith("Scenario: student.") and "mean over 3 seeds (3, 4, 5)" in table
+    assert "frozen reference + hint" in table
+    header = row(table, "| method | step 0")
+    assert all(f"| step {s} |" in header for s in STEPS)
+    mean_8 = sum(exact(COMBINED_FINAL[s]) for s in SEEDS) / 3
+    assert f"| {mean_8:.2f} ({exact(0.89):.2f}-{exact(0.95):.2f}) |" in row(table, "| Combined |")
+    assert table.index("| Binary RL |") < table.index("| OPD |") < table.index("| Combined |")
+    relevance = table.split("Relevance")[1]
+    assert "| 0.97 (min 0.97) |" in row(relevance, "| Combined |")
+    per_seed = table.split("Score of each seed.")[1]
+    assert row(per_seed, "| Combined | 5 |").endswith(f"| {exact(0.89):.2f} |")
+    assert len([line for line in per_seed.splitlines() if line.startswith("| OPD |")]) == 3
+    assert "Targets (issue 19):" in table
+    assert table.count("- met: ") == 5 and "NOT met" not in table
+
+
+def test_report_writes_a_real_png(tmp_path: Path) -> None:
     files = report(tmp_path)
-    png = files.chart.read_bytes()
-    assert len(png) > 0 and png.startswith(PNG_SIGNATURE)
+    assert files.chart.read_bytes().startswith(PNG_SIGNATURE)
     image = matplotlib.image.imread(files.chart)
-    assert image.shape[0] > 100 and image.shape[1] > 100
-    table = files.table.read_text()
-    for label in ("Binary RL", "OPD", "Combined", "step 0", "step 8", "step 16", "frozen reference + hint"):
-        assert label in table
-    assert table.index("Binary RL") < table.index("| OPD") < table.index("Combined")
-    results = json.loads(files.results.read_text())
-    assert results["opd_teacher"] == "frozen reference + hint"
-    assert results["methods"]["combined"]["8"]["score"] == pytest.approx(59 / 64)
-    assert results["targets"] == {
-        "base_score_at_most_0.2": True,
-        "combined_at_least_0.9_from_step_8": True,
-        "relevance_at_least_0.95_everywhere": True,
-    }
-    assert results["extra"] == {"seed": 0}
+    assert image.shape[0] > 100 and image.shape[1] > image.shape[0]  # two panels side by side
 
 
 def test_report_is_byte_identical_for_the_same_inputs(tmp_path: Path) -> None:
@@ -64,25 +109,94 @@ def test_report_is_byte_identical_for_the_same_inputs(tmp_path: Path) -> None:
         assert a.read_bytes() == b.read_bytes()
 
 
-def test_table_rows_carry_intervals_and_missing_steps_say_n_a() -> None:
-    summaries = {"opd": summarize_method(curve({0: 0.25, 4: 0.5}), {0: 1.0, 4: 0.9}, {0: 50.0, 4: 30.0})}
-    table = render_table(summaries, "live policy + hint", "teacher")
-    row = next(line for line in table.splitlines() if line.startswith("| OPD"))
-    assert "0.25 [" in row
-    assert row.count("n/a") == 2  # steps 8 and 16 were not evaluated
-    assert "| 0.90 |" in row and "30.0" in row
+def targets_for(runs: dict[str, dict[int, dict[int, StepResult]]]) -> dict[str, bool | None]:
+    per_seed = {m: {seed: summarize_run(c) for seed, c in by_seed.items()} for m, by_seed in runs.items()}
+    return check_targets({m: summarize_seeds(per_seed[m]) for m in per_seed}, per_seed)
 
 
-def test_missing_relevance_is_null_in_results_and_targets_unknown(tmp_path: Path) -> None:
-    files = write_report(tmp_path, {"binary": curve({0: 0.5})}, {}, {}, "frozen reference + hint", "student")
+@pytest.mark.parametrize(
+    ("runs", "missed"),
+    [
+        # the base model already scores 0.3 (every seed and method shares step 0)
+        (
+            {m: {s: {**c, 0: curve({0: 0.3})[0]} for s, c in by_seed.items()} for m, by_seed in RUNS.items()},
+            "base_score_at_most_0.2",
+        ),
+        # every seed >= 0.8, but the mean stays under 0.9
+        (
+            {"combined": {s: curve(rising(f)) for s, f in zip(SEEDS, (0.85, 0.88, 0.9), strict=True)}},
+            "combined_mean_at_least_0.9_at_steps_8_16_24_32",
+        ),
+        # the mean is fine, one seed falls to 0.75 at step 28
+        (
+            {"combined": {**RUNS["combined"], 6: curve({**rising(1.0), 28: 0.75})}},
+            "combined_every_seed_at_least_0.8_from_step_8",
+        ),
+        # one seed's answers drift off topic at one evaluation
+        (
+            {"combined": {**RUNS["combined"], 6: {**curve(rising(0.95)), 16: curve({16: 0.95}, 0.9)[16]}}},
+            "combined_relevance_at_least_0.95_everywhere",
+        ),
+        # OPD falls from 0.6 at step 8 to 0.45 at step 32
+        ({**RUNS, "opd": {s: curve({**rising(0.6), 32: 0.45}) for s in SEEDS}}, "no_drift_after_step_8"),
+    ],
+)
+def test_each_target_can_be_missed(runs: dict[str, dict[int, dict[int, StepResult]]], missed: str) -> None:
+    assert targets_for(runs) == {**ALL_MET, missed: False}
+
+
+def test_targets_without_the_steps_they_need_are_not_evaluated(tmp_path: Path) -> None:
+    quick = {"combined": {0: curve({0: 0.12, 1: 0.38, 2: 0.62})}}  # what `orl demo --quick` evaluates
+    assert targets_for(quick) == {
+        "base_score_at_most_0.2": True,
+        "combined_mean_at_least_0.9_at_steps_8_16_24_32": None,
+        "combined_every_seed_at_least_0.8_from_step_8": None,
+        "combined_relevance_at_least_0.95_everywhere": True,
+        "no_drift_after_step_8": None,
+    }
+    table = report(tmp_path, quick).table.read_text()
+    assert table.count("- not evaluated: ") == 3 and table.count("- met: ") == 2
+
+
+def test_a_mean_checked_only_at_evaluated_steps() -> None:
+    # steps 16 and 24 were not evaluated: only 8 and 32 count, and they are met
+    runs = {"combined": {0: curve({0: 0.1, 8: 0.95, 32: 0.95}), 1: curve({0: 0.1, 8: 0.9, 32: 0.92})}}
+    assert targets_for(runs)["combined_mean_at_least_0.9_at_steps_8_16_24_32"] is True
+
+
+def test_one_seed_reads_like_one_run(tmp_path: Path) -> None:
+    runs = {m: {0: by_seed[3]} for m, by_seed in RUNS.items()}
+    files = report(tmp_path, runs)
+    table = files.table.read_text()
+    assert "seed 0, with 95% cluster-bootstrap intervals" in table
+    assert "Score of each seed" not in table and "(min " not in table
+    combined = row(table, "| Combined |")
+    assert f"| {exact(0.92):.2f} [" in combined and "-" not in combined
+    assert "| 0.97 |" in row(table.split("Relevance")[1], "| Combined |")
     results = json.loads(files.results.read_text())
-    assert results["methods"]["binary"]["0"]["relevance"] is None
-    assert results["targets"]["relevance_at_least_0.95_everywhere"] is None
-    assert results["targets"]["combined_at_least_0.9_from_step_8"] is None
+    assert results["seeds"] == [0]
+    for step in ("0", "8", "32"):  # the mean over one seed is that seed's score
+        assert (
+            results["methods"]["combined"][step]["score"]
+            == results["per_seed"]["combined"]["0"][step]["score"]
+        )
+    assert results["methods"]["combined"]["8"]["score"] == exact(0.92)
+
+
+def test_missing_relevance_is_null_in_results_and_its_target_unknown(tmp_path: Path) -> None:
+    files = report(tmp_path, {"combined": {0: curve({0: 0.5, 8: 0.95}, relevance=None)}})
+    results = json.loads(files.results.read_text())
+    assert results["methods"]["combined"]["0"]["relevance"] is None
+    assert results["targets"]["combined_relevance_at_least_0.95_everywhere"] is None
+    assert "| n/a | n/a |" in row(files.table.read_text().split("Relevance")[1], "| Combined |")
 
 
 def test_bad_inputs_are_demo_data_errors(tmp_path: Path) -> None:
     with pytest.raises(DemoDataError):
-        write_report(tmp_path, {}, {}, {}, "frozen reference + hint", "student")
+        report(tmp_path, {})
     with pytest.raises(DemoDataError):
-        write_report(tmp_path, {"opd": {0: [[1.5]]}}, {}, {}, "frozen reference + hint", "student")
+        report(tmp_path, {"opd": {}})
+    with pytest.raises(DemoDataError):
+        report(tmp_path, {"opd": {0: {}}})
+    with pytest.raises(DemoDataError):
+        report(tmp_path, {"opd": {0: {0: StepResult([[1.5]])}}})

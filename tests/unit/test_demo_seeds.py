@@ -1,0 +1,55 @@
+"""orl.demo.run's seeds: `--seeds N` runs seeds --seed .. --seed+N-1, each in its own namespace."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from orl.cli import build_parser
+from orl.demo.run import DemoSettings, _namespace, demo_seeds, prompt_stream, run_demo
+from orl.demo.scenarios import STUDENT
+from orl.settings_binding import build_settings
+from schemas.errors import ConfigError
+
+
+def parsed(argv: list[str], environ: dict[str, str]) -> DemoSettings:
+    args = build_parser().parse_args(["demo", *argv])
+    settings = build_settings(args._settings_cls, args, environ)
+    assert isinstance(settings, DemoSettings)
+    return settings
+
+
+def test_seeds_start_at_the_first_seed() -> None:
+    assert demo_seeds(DemoSettings()) == [0]
+    assert demo_seeds(DemoSettings(seed=7, seeds=3)) == [7, 8, 9]
+
+
+def test_seeds_is_a_flag_and_an_environment_variable() -> None:
+    assert parsed([], {}).seeds == 1
+    assert parsed(["--seeds", "3", "--seed", "2"], {}).seeds == 3
+    assert parsed([], {"ORL_DEMO_SEEDS": "5"}).seeds == 5
+
+
+def test_quick_keeps_the_seeds_it_is_given() -> None:
+    assert DemoSettings(quick=True).effective().seeds == 1
+    assert DemoSettings(quick=True, seeds=2).effective().seeds == 2
+
+
+def test_fewer_than_one_seed_is_a_config_error_naming_the_flag() -> None:
+    with pytest.raises(ConfigError, match="--seeds"):
+        run_demo(DemoSettings(seeds=0))
+
+
+def test_every_seed_and_method_gets_its_own_namespace() -> None:
+    names = {_namespace("20260101-120000", seed, m) for seed in (0, 1) for m in ("binary", "opd", "combined")}
+    assert len(names) == 6
+    assert _namespace("20260101-120000", 1, "combined") == "demo-20260101-120000-s1-combined"
+
+
+def test_the_seed_orders_the_training_prompts() -> None:
+    def first(seed: int) -> list[str]:
+        return list(itertools.islice(prompt_stream(STUDENT, seed), 20))
+
+    assert first(0) == first(0)
+    assert first(0) != first(1)
