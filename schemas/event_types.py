@@ -239,6 +239,11 @@ class TeacherScored(TypedDict):
     teacher_logprobs: list[float]
     policy_version: int
     temperature: float
+    # top-K distillation: per response position, the teacher's K most likely token ids, most likely first
+    # ([T][K]); null when not asked for
+    teacher_top_ids: list[list[int]] | None
+    # their logprobs at `temperature` ([T][K])
+    teacher_top_logprobs: list[list[float]] | None
 
 
 class SampleReady(TypedDict):
@@ -258,6 +263,10 @@ class SampleReady(TypedDict):
     promoted: bool
     off_policy: bool
     lineage: Lineage
+    # top-K distillation: the teacher's K most likely ids per response position ([T][K]; TeacherScored)
+    teacher_top_ids: list[list[int]] | None
+    # their logprobs at `temperature` ([T][K])
+    teacher_top_logprobs: list[list[float]] | None
 
 
 class SampleRejected(TypedDict):

@@ -189,6 +189,8 @@ def teacher_scored() -> dict[str, Any]:
         teacher_logprobs=[-0.25, -1.5, -0.125],
         policy_version=7,
         temperature=1.0,
+        teacher_top_ids=[[77, 5], [6, 78], [79, 7]],
+        teacher_top_logprobs=[[-0.25, -2.0], [-0.5, -1.5], [-0.125, -3.0]],
     )
 
 
@@ -208,6 +210,8 @@ def sample_ready() -> dict[str, Any]:
         promoted=False,
         off_policy=False,
         lineage=lineage(),
+        teacher_top_ids=[[77, 5], [6, 78], [79, 7]],
+        teacher_top_logprobs=[[-0.25, -2.0], [-0.5, -1.5], [-0.125, -3.0]],
     )
 
 
