@@ -7,7 +7,9 @@ with the policy's chat template and scores the response suffix only. `teacher_ki
 teacher: "frozen_reference" (the base model plus the hint; what OpenClaw-RL's never-updated PRM
 engine actually is) or "live_policy" (the served policy plus the hint). The default is the frozen
 reference: in the CPU prototype OPD with the live teacher collapsed at LoRA lr 5e-4 while the frozen
-teacher did not (shared/reference/learnability.md).
+teacher did not (shared/reference/learnability.md). With `top_k` > 0 (`--opd-topk`, ORL_OPD_TOPK) the
+call also asks for each response position's K most likely token ids and their logprobs, recorded as
+`teacher_top_ids` / `teacher_top_logprobs` for top-K distillation (OpenClaw-RL's --distill-topk).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ PRODUCER = "pipeline.teacher/1"
 RETENTION_MS = 6 * 3600 * 1000
 HINT_HEADER = "\n\n[user's hint / instruction]\n"
 TEACHER_KINDS = ("frozen_reference", "live_policy")
+MAX_TOP_K = 100  # the server's bound on POST /v1/orl/score's top_k
 
 
 def messages_with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
@@ -64,6 +67,7 @@ class TeacherStage:
     server_url: str
     api_key: str
     teacher_kind: str = "frozen_reference"
+    top_k: int = 0  # 0: token-level teacher logprobs only
     timeout_s: float = 120.0
     retries: int = 3
     name: str = "teacher"
@@ -103,6 +107,8 @@ class TeacherStage:
             "temperature": turn["temperature"],
             "use_base": self.teacher_kind == "frozen_reference",
         }
+        if self.top_k:
+            body["top_k"] = self.top_k
         scored = await self._score(body)
         if scored is None:
             # No event: the sample builder's settle timeout rejects the turn, and the failure is counted.
@@ -115,7 +121,12 @@ class TeacherStage:
             session_id=envelope["session_id"],
             turn_id=envelope["turn_id"],
             occurred_at_ms=envelope["occurred_at"],
-            id_parts=(call.payload["hint_event_id"], self.teacher_kind),
+            # top_k only when set: token-level events keep the ids they always had
+            id_parts=(
+                call.payload["hint_event_id"],
+                self.teacher_kind,
+                *((str(self.top_k),) if self.top_k else ()),
+            ),
             hint_event_id=call.payload["hint_event_id"],
             teacher_kind=self.teacher_kind,
             teacher_prompt_token_ids=scored["prompt_token_ids"],
@@ -123,7 +134,12 @@ class TeacherStage:
             teacher_logprobs=scored["logprobs"],
             policy_version=int(scored["policy_version"]),
             temperature=turn["temperature"],
+            teacher_top_ids=scored.get("top_ids") if self.top_k else None,
+            teacher_top_logprobs=scored.get("top_logprobs") if self.top_k else None,
         )
+        if self.top_k and event["teacher_top_ids"] is None:
+            # A server without top_k support: the turn still trains, token-level (the trainer falls back).
+            logger.warning("teacher server ignored top_k=%d for turn %s", self.top_k, envelope["turn_id"])
         return [Emit("teacher_scores", event)]
 
     async def _score(self, body: dict[str, Any]) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ becomes a sample, a rejection, or waits:
   one sample with the reward if non-zero and the teacher logprobs if any; a reward-only turn has
   teacher_logprobs None (no spurious OPD term); neither -> rejected "no_signal".
 A response that cannot be trained on exactly (empty, logprobs not one per token, greedy sampling)
-and teacher logprobs not aligned with the response tokens are rejected instead of padded.
+and teacher logprobs (or top-K rows) not aligned with the response tokens are rejected instead of padded.
 
 At least one sample per session: when the session is closed and every main turn with a response is
 decided (or at the settle timeout, sample_builder.on_tick), a session without any SampleReady gets
@@ -94,7 +94,21 @@ def teacher_problem(turn: TurnRecord) -> str | None:
         return "teacher_tokens_differ"
     if len(teacher["teacher_logprobs"]) != len(token_ids):
         return "teacher_misaligned"
+    if not top_k_aligned(teacher.get("teacher_top_ids"), teacher.get("teacher_top_logprobs"), len(token_ids)):
+        return "teacher_misaligned"
     return None
+
+
+def top_k_aligned(
+    top_ids: list[list[int]] | None, top_logprobs: list[list[float]] | None, length: int
+) -> bool:
+    """Absent top-K data is fine; present, it is [length][K] ids and logprobs with one K >= 1."""
+    if top_ids is None and top_logprobs is None:
+        return True
+    if top_ids is None or top_logprobs is None or len(top_ids) != length or len(top_logprobs) != length:
+        return False
+    widths = {len(row) for row in top_ids} | {len(row) for row in top_logprobs}
+    return len(widths) == 1 and 0 not in widths
 
 
 def hint_ready(turn: TurnRecord) -> bool:

@@ -167,6 +167,8 @@ def sample_payload(
         "promoted": promoted,
         "off_policy": response["off_policy"],
         "lineage": lineage(turn, method, reward_event_id),
+        "teacher_top_ids": teacher.get("teacher_top_ids") if teacher else None,
+        "teacher_top_logprobs": teacher.get("teacher_top_logprobs") if teacher else None,
     }
 
 

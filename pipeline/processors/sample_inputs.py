@@ -136,6 +136,9 @@ def record_teacher(state: State, event: TeacherScored) -> str | None:
         "teacher_kind": event["teacher_kind"],
         "response_token_ids": list(event["response_token_ids"]),
         "teacher_logprobs": list(event["teacher_logprobs"]),
+        # top-K distillation data; events written before it existed decode with None here
+        "teacher_top_ids": event.get("teacher_top_ids"),
+        "teacher_top_logprobs": event.get("teacher_top_logprobs"),
     }
     return set_first(state, event, "teacher", record)
 

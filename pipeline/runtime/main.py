@@ -21,7 +21,7 @@ from pipeline.effects.contract import EffectStage
 from pipeline.effects.judge_stage import JudgeStage
 from pipeline.effects.judging import JudgeConfig
 from pipeline.effects.rule_judges import load_hint_extractor, load_rule_judge
-from pipeline.effects.teacher_stage import TEACHER_KINDS, TeacherStage
+from pipeline.effects.teacher_stage import MAX_TOP_K, TEACHER_KINDS, TeacherStage
 from pipeline.processors.config import (
     HintSelectionConfig,
     LinkerConfig,
@@ -102,7 +102,11 @@ def build_stages(settings: PipelineSettings) -> list[Stage]:
         hint_extractor=load_hint_extractor(settings.hint_judge) if hint and hint.kind == "rule" else None,
         concurrency=settings.effect_concurrency,
     )
-    teacher = TeacherStage(settings.server_url, settings.api_key, teacher_kind=settings.teacher_kind)
+    if not 0 <= settings.opd_topk <= MAX_TOP_K:
+        raise ConfigError(f"--opd-topk must be between 0 and {MAX_TOP_K}, not {settings.opd_topk}")
+    teacher = TeacherStage(
+        settings.server_url, settings.api_key, teacher_kind=settings.teacher_kind, top_k=settings.opd_topk
+    )
     by_name: dict[str, Stage] = {**PURE_PROCESSORS, "judge": judge, "teacher": teacher}
     kinds = {stage.name: stage.kind for stage in STAGES}
     if settings.role in ("pure", "effect"):

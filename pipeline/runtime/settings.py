@@ -50,6 +50,12 @@ class PipelineSettings(ConnectionSettings):
     teacher_kind: str = setting(
         "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy."
     )
+    opd_topk: int = setting(
+        0,
+        "ORL_OPD_TOPK",
+        "Top-K distillation: the teacher also records each response position's K most likely tokens "
+        "(0: token-level teacher logprobs only; at most 100). The trainer uses them with --opd-loss topk.",
+    )
     idle_timeout_s: float = setting(
         1800.0, "ORL_IDLE_TIMEOUT_S", "Close a session after this long without events."
     )

@@ -189,9 +189,18 @@ def vote_event(
 
 
 def teacher_event(
-    hint_selected: Event, response: Event, *, shift: float = 0.3, kind: str = "frozen_reference"
+    hint_selected: Event,
+    response: Event,
+    *,
+    shift: float = 0.3,
+    kind: str = "frozen_reference",
+    top_k: int = 0,
 ) -> Event:
+    """The teacher's scores: the response logprobs shifted; with `top_k`, per position the sampled token
+    first (at its teacher logprob) and top_k - 1 neighbouring ids one nat apart each."""
     logprobs = [lp + shift for lp in response["response_logprobs"]]
+    top_ids = [[token + j for j in range(top_k)] for token in response["response_token_ids"]]
+    top_logprobs = [[lp - j for j in range(top_k)] for lp in logprobs]
     return make_event(
         "TeacherScored", namespace=hint_selected["envelope"]["namespace"], producer="pipeline.teacher/1",
         occurred_at_ms=occurred_at_of(hint_selected) + 50, id_parts=(hint_selected["envelope"]["event_id"],),
@@ -200,6 +209,7 @@ def teacher_event(
         teacher_prompt_token_ids=[1, 2, 3, *response["prompt_token_ids"]],
         response_token_ids=list(response["response_token_ids"]), teacher_logprobs=logprobs,
         policy_version=response["policy_version"], temperature=response["sampling"]["temperature"],
+        teacher_top_ids=top_ids if top_k else None, teacher_top_logprobs=top_logprobs if top_k else None,
     )  # fmt: skip
 
 
@@ -247,6 +257,7 @@ class ScriptedEffects:
     hint_outputs: dict[str, list[str]]
     default_reward_output: str = "Neutral. \\boxed{0}"
     default_hint_output: str = "Nothing to learn. \\boxed{-1}"
+    teacher_top_k: int = 0  # > 0: the teacher also returns top-K rows (top-K distillation)
     requests: dict[str, Event] = field(default_factory=dict)
     responses: dict[str, Event] = field(default_factory=dict)
 
@@ -259,7 +270,8 @@ class ScriptedEffects:
         elif event_type == "NextStateObserved":
             return self.judge(event)
         elif event_type == "HintSelected":
-            return [Emit("teacher_scores", teacher_event(event, self.responses[turn_id_of(event) or ""]))]
+            response = self.responses[turn_id_of(event) or ""]
+            return [Emit("teacher_scores", teacher_event(event, response, top_k=self.teacher_top_k))]
         return []
 
     def judge(self, next_state: Event) -> list[Emit]:

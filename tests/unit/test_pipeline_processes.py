@@ -67,3 +67,14 @@ def test_a_stage_the_method_does_not_use_is_refused() -> None:
     settings = PipelineSettings(method="binary", judge="user_reply", role="teacher")
     with pytest.raises(ConfigError, match="binary does not use the stage"):
         build_stages(settings)
+
+
+def test_opd_topk_reaches_the_teacher_stage_and_is_bounded() -> None:
+    settings = PipelineSettings(
+        method="opd", judge="user_reply", hint_judge="user_hint", role="teacher", opd_topk=8
+    )
+    (teacher,) = build_stages(settings)
+    assert teacher.top_k == 8  # type: ignore[attr-defined]
+    assert settings_env(settings)["ORL_OPD_TOPK"] == "8"
+    with pytest.raises(ConfigError, match="--opd-topk"):
+        build_stages(dataclasses.replace(settings, opd_topk=101))

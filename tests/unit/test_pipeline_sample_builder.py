@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from pipeline.processors.config import PipelineConfig, SampleConfig
 from pipeline.processors.contract import Emit
 from pipeline.processors.event_building import Event, event_type_of
 from pipeline.processors.sample_builder import SAMPLE_BUILDER
+from pipeline.processors.sample_decisions import top_k_aligned
 from pipeline.processors.topology import stage_named
 from schemas.codec import encode
 from tests.unit.pipeline_streams import (
@@ -89,6 +91,39 @@ def test_opd_needs_a_selected_hint_and_teacher_scores() -> None:
     assert len(ready["teacher_logprobs"]) == len(ready["response_token_ids"])
     assert ready["lineage"]["hint_event_id"] and ready["lineage"]["teacher_event_id"]
     assert by_turn["sb-t0"]["reason"] == "no_valid_hint"
+
+
+def test_top_k_teacher_rows_reach_the_sample() -> None:
+    c, _ = three_turns()
+    effects = ScriptedEffects({"sb-t1": [UP] * 3}, {"sb-t1": [HINT, DOWN, DOWN]}, teacher_top_k=3)
+    driver = PipelineDriver(config("combined"), effects)
+    driver.feed_all(c.events)
+    teacher = of_type(driver.log, "TeacherScored")[0]
+    ready = samples_by_turn(driver.log)["sb-t1"]
+    encode(ready)
+    assert ready["teacher_top_ids"] == teacher["teacher_top_ids"]
+    assert ready["teacher_top_logprobs"] == teacher["teacher_top_logprobs"]
+    assert [len(row) for row in ready["teacher_top_ids"]] == [3] * len(ready["response_token_ids"])
+
+
+def test_a_token_level_teacher_leaves_the_top_k_fields_empty() -> None:
+    ready = samples_by_turn(run("opd", {}, {"sb-t1": [HINT, DOWN, DOWN]}))["sb-t1"]
+    assert ready["teacher_top_ids"] is None and ready["teacher_top_logprobs"] is None
+
+
+@pytest.mark.parametrize(
+    ("top_ids", "top_logprobs", "aligned"),
+    [
+        (None, None, True),
+        ([[1, 2], [3, 4]], [[-0.1, -2.0], [-0.2, -3.0]], True),
+        ([[1, 2]], [[-0.1, -2.0]], False),  # one row for two tokens
+        ([[1, 2], [3, 4]], None, False),  # ids without logprobs
+        ([[1, 2], [3]], [[-0.1, -2.0], [-0.2]], False),  # ragged K
+        ([[], []], [[], []], False),  # K = 0
+    ],
+)
+def test_top_k_rows_must_fit_the_response(top_ids: object, top_logprobs: object, aligned: bool) -> None:
+    assert top_k_aligned(top_ids, top_logprobs, 2) is aligned  # type: ignore[arg-type]
 
 
 def test_combined_never_adds_an_opd_term_to_a_reward_only_turn() -> None:
