@@ -17,19 +17,35 @@ Advantages per sample method (DESIGN.md "Methods"):
 - binary: A_t = r (no OPD term even if teacher logprobs are present);
 - opd: A_t = teacher_t - old_t (no reward term);
 - combined: A_t = w_opd * (teacher_t - old_t) + w_rl * r, each term only when the sample has it.
+
+Top-K distillation (`opd_loss` "topk"): a sample whose OPD term is on and that carries the teacher's
+top-K drops teacher_t - old_t from its advantage and instead adds its OPD weight times the reverse
+KL(student || teacher) over the teacher's K ids plus a tail bin (`trainer.losses.topk_reverse_kl`),
+token mean over the batch's valid tokens like the surrogate, so a distilled token weighs what its
+token-level OPD term would have. The student's top-K logprobs come from the same forward as its
+sampled-token logprobs, at the sample's own temperature (the teacher's top-K came from logits / T),
+even with `train_temperature` set. Samples without top-K keep the token-level advantage.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from trainer.batching import TrainingSample
-from trainer.logprobs import collate_samples, pad_right, response_logprobs
-from trainer.losses import LossStats, binary_advantages, center_rewards, opd_advantages, total_loss
+from trainer.logprobs import collate_samples, pad_right, response_and_top_k_logprobs, response_logprobs
+from trainer.losses import (
+    LossStats,
+    binary_advantages,
+    center_rewards,
+    masked_mean,
+    opd_advantages,
+    topk_reverse_kl,
+    total_loss,
+)
 from trainer.policy_model import PolicyModel
 
 
@@ -44,6 +60,7 @@ class LossConfig:
     old_logprobs: str = "recompute"  # recompute | rollout
     autocast: bool = False  # bf16 autocast forwards (trainer.loop.loss_config decides per machine)
     train_temperature: float | None = None  # None: each sample's own temperature
+    opd_loss: str = "token"  # token | topk (trainer.settings.OPD_LOSSES)
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,7 @@ class BatchLoss:
     stats: LossStats
     reward_mean: float  # over samples that carry a reward (nan when none)
     opd_advantage_mean: float  # mean teacher - old over tokens of samples with an OPD term (nan when none)
+    distill_kl: float = float("nan")  # mean top-K KL(student || teacher) per distilled token (nan when none)
 
 
 def method_weights(samples: Sequence[TrainingSample], config: LossConfig) -> tuple[Tensor, Tensor]:
@@ -71,6 +89,11 @@ def method_weights(samples: Sequence[TrainingSample], config: LossConfig) -> tup
     return torch.tensor(opd_w), torch.tensor(rl_w)
 
 
+def distills_top_k(sample: TrainingSample, config: LossConfig) -> bool:
+    """The sample's OPD term is the top-K distillation (else, if it has one, the token-level advantage)."""
+    return config.opd_loss == "topk" and sample.teacher_top_ids is not None and sample.method != "binary"
+
+
 def advantages(
     samples: Sequence[TrainingSample],
     old_logprobs_B_T: Tensor,
@@ -81,6 +104,8 @@ def advantages(
 ) -> tuple[Tensor, float]:
     """(A_B_T, mean OPD advantage over the tokens that have one)."""
     opd_w_B, rl_w_B = method_weights(samples, config)
+    distilled_B = torch.tensor([distills_top_k(s, config) for s in samples], dtype=torch.bool)
+    opd_w_B = torch.where(distilled_B, 0.0, opd_w_B)  # their OPD term is the distillation loss instead
     if config.center_rewards:
         rewards_B = center_rewards(rewards_B, rl_w_B != 0)
     opd_B_T = opd_advantages(teacher_logprobs_B_T, old_logprobs_B_T)
@@ -104,7 +129,16 @@ def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: L
         [None if s.teacher_logprobs is None else list(s.teacher_logprobs) for s in samples],
         [s.reward for s in samples],
     )
-    current = response_logprobs(policy.module, prompts, responses, temperatures, config.autocast)
+    distilled = [distills_top_k(s, config) for s in samples]
+    current, student_top = response_and_top_k_logprobs(
+        policy.module,
+        prompts,
+        responses,
+        temperatures,
+        [s.teacher_top_ids if d else None for s, d in zip(samples, distilled, strict=True)],
+        [s.temperature for s in samples],  # the teacher's temperature
+        config.autocast,
+    )
     logprobs_B_T, mask_B_T = pad_right(current)
     ref_logprobs_B_T = None
     if config.beta_kl != 0.0:
@@ -130,6 +164,37 @@ def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: L
         eps_low=config.eps_low,
         eps_high=config.eps_high,
     )
+    distill_loss, distill_kl = distillation_term(samples, student_top, mask_B_T, config)
+    loss = loss + distill_loss
+    stats = replace(stats, loss=float(loss.detach()))
     rewards = [s.reward for s in samples if s.reward is not None]
     reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
-    return BatchLoss(loss, stats, reward_mean, opd_mean)
+    return BatchLoss(loss, stats, reward_mean, opd_mean, distill_kl)
+
+
+def distillation_term(
+    samples: Sequence[TrainingSample],
+    student_top: Sequence[Tensor | None],
+    mask_B_T: Tensor,
+    config: LossConfig,
+) -> tuple[Tensor, float]:
+    """(sum over distilled samples of w_opd * KL, over the batch's valid tokens; mean KL per distilled token).
+
+    Each sample has its own K (the pipeline's setting may change), so the KL is taken per sample.
+    """
+    opd_w_B, _ = method_weights(samples, config)
+    weighted_rows: list[Tensor] = []
+    kl_values: list[Tensor] = []
+    for index, (sample, top_T_K) in enumerate(zip(samples, student_top, strict=True)):
+        length = len(sample.response_ids)
+        if top_T_K is None or sample.teacher_top_logprobs is None:
+            weighted_rows.append(torch.zeros(length))
+            continue
+        teacher_T_K = torch.tensor(sample.teacher_top_logprobs, dtype=torch.float32, device=top_T_K.device)
+        kl_T = topk_reverse_kl(top_T_K[None], teacher_T_K[None], torch.ones(1, length, dtype=torch.bool))[0]
+        weighted_rows.append(opd_w_B[index] * kl_T)
+        kl_values.append(kl_T.detach())
+    if not kl_values:
+        return torch.zeros(()), float("nan")
+    weighted_B_T, _ = pad_right(weighted_rows)
+    return masked_mean(weighted_B_T, mask_B_T), float(torch.cat(kl_values).mean())

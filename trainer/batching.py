@@ -10,7 +10,8 @@ restart from a manifest re-reads them (none trained twice, none skipped).
 
 Skip reasons (counted; the decision depends only on the record and the version being trained, so a
 restart decides the same): rejected (SampleRejected upstream), stale, duplicate (a sample id already
-trained), undecodable, unknown_event, unknown_method, empty_response, malformed.
+trained), undecodable, unknown_event, unknown_method, empty_response, malformed (lengths that do not
+match the response, non-finite values, top-K rows that are not [T][K]).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class TrainingSample:
     policy_version: int
     position: TopicPartition
     offset: int
+    teacher_top_ids: tuple[tuple[int, ...], ...] | None = None  # [T][K] for top-K distillation
+    teacher_top_logprobs: tuple[tuple[float, ...], ...] | None = None  # [T][K], at `temperature`
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,24 @@ def sample_problem(event: SampleReady) -> str | None:
         or not event["temperature"] >= 0
         or (event["reward"] is not None and not math.isfinite(event["reward"]))
     )
-    return "malformed" if malformed else None
+    return "malformed" if malformed or not _top_k_trainable(event) else None
+
+
+def _top_k_trainable(event: SampleReady) -> bool:
+    """No top-K data, or [T][K] ids >= 0 and finite logprobs with one K >= 1 (T = the response length)."""
+    ids, logprobs = event.get("teacher_top_ids"), event.get("teacher_top_logprobs")
+    if ids is None and logprobs is None:
+        return True
+    length = len(event["response_token_ids"])
+    if ids is None or logprobs is None or len(ids) != length or len(logprobs) != length:
+        return False
+    widths = {len(row) for row in ids} | {len(row) for row in logprobs}
+    return (
+        len(widths) == 1
+        and 0 not in widths
+        and all(i >= 0 for row in ids for i in row)
+        and all(_finite(row) for row in logprobs)
+    )
 
 
 def training_sample(pending: _Pending) -> TrainingSample:
@@ -118,7 +138,13 @@ def training_sample(pending: _Pending) -> TrainingSample:
         policy_version=int(event["policy_version"]),
         position=pending.record.topic_partition,
         offset=pending.record.offset,
+        teacher_top_ids=_rows(event.get("teacher_top_ids")),
+        teacher_top_logprobs=_rows(event.get("teacher_top_logprobs")),
     )
+
+
+def _rows(values: Sequence[Sequence[Any]] | None) -> tuple[tuple[Any, ...], ...] | None:
+    return None if values is None else tuple(tuple(row) for row in values)
 
 
 class SampleBatcher:

@@ -4,7 +4,9 @@ The response ids come from the ResponseGenerated / SampleReady events and are sc
 never re-tokenised from text (an OpenClaw-RL defect), never padded with fake values. Each sample is
 scored at the temperature it was sampled with (logits / T; OpenClaw-RL used one global temperature),
 and T == 0 (greedy) is scored at T = 1, since a greedy sample has no finite tempered distribution.
-The forward may run under bf16 autocast; the log-softmax is always taken in fp32.
+The forward may run under bf16 autocast; the log-softmax is always taken in fp32. For top-K
+distillation, `response_and_top_k_logprobs` also gathers the student's logprobs at the teacher's
+top-K ids from the same forward (the model runs once).
 Reads and writes no topics or object keys.
 """
 
@@ -81,6 +83,67 @@ def response_logprobs(
     prototype's setting: about 0.05 nats of noise, well under the learning signal); use it only where the
     hardware runs bf16 natively (`connectors.compute.choose_numerics`).
     """
+    out: list[Tensor] = []
+    for row, (logits_T_V, targets_T) in enumerate(
+        _response_logits(model, prompt_ids, response_ids, temperatures, autocast)
+    ):
+        logp_T_V = torch.log_softmax(logits_T_V / effective_temperature(temperatures[row]), dim=-1)
+        out.append(logp_T_V.gather(-1, targets_T[:, None]).squeeze(-1))
+    return out
+
+
+def response_and_top_k_logprobs(
+    model: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    temperatures: Sequence[float],
+    top_k_ids: Sequence[Sequence[Sequence[int]] | None],
+    top_k_temperatures: Sequence[float],
+    autocast: bool = False,
+) -> tuple[list[Tensor], list[Tensor | None]]:
+    """`response_logprobs` and, from the same forward, each sample's logprobs at its given top-K ids.
+
+    `top_k_ids[b]` is `[len(response_b)][K_b]` (the teacher's most likely ids per position) or None;
+    the gathered logprobs are `[len(response_b), K_b]` fp32 under softmax(logits / top_k_temperatures[b])
+    (the teacher's temperature: the sample's own, even when the sampled tokens are scored at another).
+    """
+    if not len(top_k_ids) == len(top_k_temperatures) == len(prompt_ids):
+        raise LogprobInputError("top-K ids and temperatures: one of each per sample")
+    sampled: list[Tensor] = []
+    gathered: list[Tensor | None] = []
+    rows = _response_logits(model, prompt_ids, response_ids, temperatures, autocast)
+    for row, (logits_T_V, targets_T) in enumerate(rows):
+        logp_T_V = torch.log_softmax(logits_T_V / effective_temperature(temperatures[row]), dim=-1)
+        sampled.append(logp_T_V.gather(-1, targets_T[:, None]).squeeze(-1))
+        ids = top_k_ids[row]
+        if ids is None:
+            gathered.append(None)
+            continue
+        ids_T_K = _top_k_index(ids, len(response_ids[row]), logits_T_V.shape[-1], row).to(logits_T_V.device)
+        if top_k_temperatures[row] != temperatures[row]:
+            logp_T_V = torch.log_softmax(logits_T_V / effective_temperature(top_k_temperatures[row]), dim=-1)
+        gathered.append(logp_T_V.gather(-1, ids_T_K))
+    return sampled, gathered
+
+
+def _top_k_index(ids: Sequence[Sequence[int]], length: int, vocab_size: int, row: int) -> Tensor:
+    widths = {len(position) for position in ids}
+    if len(ids) != length or len(widths) != 1 or 0 in widths:
+        raise LogprobInputError(f"sample {row}: top-K ids must be [{length}][K] with one K >= 1")
+    ids_T_K = torch.tensor([list(position) for position in ids], dtype=torch.long)
+    if int(ids_T_K.min()) < 0 or int(ids_T_K.max()) >= vocab_size:
+        raise LogprobInputError(f"sample {row}: top-K ids outside the model's vocabulary [0, {vocab_size})")
+    return ids_T_K
+
+
+def _response_logits(
+    model: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    temperatures: Sequence[float],
+    autocast: bool,
+) -> list[tuple[Tensor, Tensor]]:
+    """Per sample (fp32 logits `[len(response), V]` that predict each response token, its ids), one forward."""
     _check_inputs(prompt_ids, response_ids, temperatures)
     if not prompt_ids:
         return []
@@ -89,15 +152,12 @@ def response_logprobs(
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if autocast else nullcontext()
     with amp:
         logits_B_L_V = model(input_ids=input_ids_B_L, attention_mask=attention_B_L).logits
-    out: list[Tensor] = []
+    rows = []
     for row, (prompt, response) in enumerate(zip(prompt_ids, response_ids, strict=True)):
         start = len(prompt) - 1  # logits at position i predict token i + 1
         logits_T_V = logits_B_L_V[row, start : start + len(response)].float()
-        logits_T_V = logits_T_V / effective_temperature(temperatures[row])
-        targets_T = input_ids_B_L[row, start + 1 : start + 1 + len(response)]
-        logprobs_T = torch.log_softmax(logits_T_V, dim=-1).gather(-1, targets_T[:, None]).squeeze(-1)
-        out.append(logprobs_T)
-    return out
+        rows.append((logits_T_V, input_ids_B_L[row, start + 1 : start + 1 + len(response)]))
+    return rows
 
 
 def pad_right(rows: Sequence[Tensor | Sequence[float]], pad_value: float = 0.0) -> tuple[Tensor, Tensor]:

@@ -86,6 +86,7 @@ def loss_config(settings: TrainSettings, device: str = "cpu") -> LossConfig:
         old_logprobs=settings.old_logprobs,
         autocast=resolved_numerics(settings.precision, device).autocast,
         train_temperature=settings.train_temperature,
+        opd_loss=settings.opd_loss,
     )
 
 
@@ -108,6 +109,7 @@ def train_step(
     stats = {
         **asdict(result.stats),
         "opd_advantage_mean": result.opd_advantage_mean,
+        "distill_kl": result.distill_kl,
         "reward_mean": result.reward_mean,
     }
     return StepResult(step_metrics(batch, stats, grad_norm, duration_s, optimizer.param_groups[0]["lr"]))
@@ -119,7 +121,8 @@ def step_metrics(
     """What the manifest and TrainStepCompleted record about a step: the same keys for every backend.
 
     `stats` holds the whole batch's loss, pg_loss, kl, clip_fraction, advantage_mean,
-    opd_advantage_mean, reward_mean and tokens.
+    opd_advantage_mean, distill_kl (top-K distillation: mean KL(student || teacher) per distilled token, nan
+    when none), reward_mean and tokens.
     """
     tokens = int(stats["tokens"])
     return {
@@ -130,6 +133,7 @@ def step_metrics(
         "clip_fraction": stats["clip_fraction"],
         "advantage_mean": stats["advantage_mean"],
         "opd_advantage_mean": stats["opd_advantage_mean"],
+        "distill_kl": stats["distill_kl"],
         "reward_mean": stats["reward_mean"],
         "grad_norm": grad_norm,
         "tokens": tokens,

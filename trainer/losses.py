@@ -18,6 +18,11 @@ Methods (DESIGN.md "Methods"; OpenClaw-RL sections 2.5, 2.6, 3.5, 3.6):
 - Combined: A_t = w_opd * (teacher - old) + w_rl * r, where a sample without teacher logprobs gets
   no OPD term and a sample without a reward gets no RL term (OpenClaw-RL substituted the rollout
   logprobs for a missing teacher, a spurious OPD term of rollout - old, its issue #69).
+- Top-K distillation (OpenClaw-RL's --distill-topk, section 3.5): per response token, the teacher's K
+  most likely ids and their logprobs plus a tail bin log(1 - sum p) form a K+1-bin distribution; the
+  student's logprobs at the same ids (plus its own tail) form another; the term is the reverse
+  KL(student || teacher) over those bins, token mean. It replaces the OPD advantage of the samples
+  that carry top-K data; the reward term stays a PPO advantage.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ DEFAULT_EPS_LOW = 0.2  # OpenClaw-RL --eps-clip
 DEFAULT_EPS_HIGH = 0.28  # OpenClaw-RL --eps-clip-high (asymmetric, DAPO-style clip-higher)
 DEFAULT_BETA_KL = 0.02  # the paper's value; the original scripts ship 0.0. 0 disables the KL term.
 KL_LOG_RATIO_CLAMP = 10.0  # slime clamps the log-ratio to [-10, 10] before exp in low_var_kl
+TAIL_LOG_SUM_MAX = -1e-7  # log(sum of the top-K p) is clamped below 0, so log(1 - sum p) stays finite
 
 
 class LossInputError(OrlError):
@@ -216,6 +222,41 @@ def _presence(has_B: Tensor | None, batch_size: int) -> Tensor:
     if tuple(has_B.shape) != (batch_size,):
         raise LossInputError(f"presence mask {tuple(has_B.shape)} does not match batch size {batch_size}")
     return has_B.to(torch.bool)
+
+
+def with_tail_bin(top_logprobs_B_T_K: Tensor) -> Tensor:
+    """[B, T, K+1]: the top-K logprobs plus a tail bin log(1 - sum_k p_k) holding the rest of the mass.
+
+    The log of the top-K mass is clamped to at most TAIL_LOG_SUM_MAX (OpenClaw-RL's -1e-7), so a top-K
+    that holds all the mass (or more, by rounding) gets a tiny finite tail, never log of 0 or less.
+    """
+    log_mass_B_T = torch.logsumexp(top_logprobs_B_T_K, dim=-1).clamp(max=TAIL_LOG_SUM_MAX)
+    tail_B_T = torch.log(-torch.expm1(log_mass_B_T))  # log(1 - exp(log_mass)), stable near 0
+    return torch.cat([top_logprobs_B_T_K, tail_B_T[..., None]], dim=-1)
+
+
+def topk_reverse_kl(student_top_B_T_K: Tensor, teacher_top_B_T_K: Tensor, mask_B_T: Tensor) -> Tensor:
+    """Per token KL(student || teacher) = sum_bins p_s (log p_s - log p_t) over the K+1 bins; 0 on padding.
+
+    Both inputs are logprobs at the teacher's top-K ids (the student's gathered from its own
+    distribution at the same temperature). Gradient flows through the student only. Padded positions
+    may hold anything: they are replaced before any exp or log, so no NaN reaches the gradient.
+    """
+    if student_top_B_T_K.shape != teacher_top_B_T_K.shape or student_top_B_T_K.dim() != 3:
+        raise LossInputError(
+            f"expected [B, T, K] student and teacher top-K logprobs of one shape, got "
+            f"{tuple(student_top_B_T_K.shape)} and {tuple(teacher_top_B_T_K.shape)}"
+        )
+    if tuple(mask_B_T.shape) != tuple(student_top_B_T_K.shape[:2]):
+        raise LossInputError(
+            f"mask {tuple(mask_B_T.shape)} does not match [B, T] of {tuple(student_top_B_T_K.shape)}"
+        )
+    valid_B_T_1 = mask_B_T.to(torch.bool)[..., None]
+    filler = -torch.log(torch.tensor(float(student_top_B_T_K.shape[-1]) + 1.0))  # any valid distribution
+    student_B_T_J = with_tail_bin(torch.where(valid_B_T_1, student_top_B_T_K.float(), filler))
+    teacher_B_T_J = with_tail_bin(torch.where(valid_B_T_1, teacher_top_B_T_K.detach().float(), filler))
+    kl_B_T = (student_B_T_J.exp() * (student_B_T_J - teacher_B_T_J)).sum(dim=-1)
+    return torch.where(valid_B_T_1[..., 0], kl_B_T, 0.0)
 
 
 def total_loss(

@@ -12,6 +12,11 @@ Defaults and why (DESIGN.md "Methods"; issue 5):
   no longer describes what the served policy would do. A negative value turns the rule off (training
   a new run from a replayed namespace, whose versions belong to another run).
 - `old_logprobs` "recompute": see `OLD_LOGPROBS_MODES` below.
+- `opd_loss` "token": the OPD term is the token-level advantage teacher - old (DESIGN.md "Methods").
+  "topk" trains samples that carry the teacher's top-K (the pipeline's --opd-topk) by reverse KL over
+  the K+1 bins instead (OpenClaw-RL's --distill-topk); samples without top-K keep the token-level term.
+  The megatron backend refuses "topk" (not implemented there: it needs the top-K gather under tensor
+  parallelism, where each rank holds a slice of the vocabulary).
 - `backend` "torch": one process on the CPU, LoRA or full. "megatron" trains full weights with
   megatron-core across GPUs (tensor x data parallel), one process per GPU started by torchrun
   (`trainer.megatron_backend.launch` has the command); same samples, loss, checkpoints and events.
@@ -43,6 +48,7 @@ from schemas.errors import ConfigError
 # rollout: pi_old is the logprobs serving recorded while sampling (the behaviour policy), so the
 #   ratio importance-corrects for staleness and the asymmetric clip bounds it (PPO across versions).
 OLD_LOGPROBS_MODES = ("recompute", "rollout")
+OPD_LOSSES = ("token", "topk")
 KINDS = ("lora", "full")
 BACKENDS = ("torch", "megatron")
 MEGATRON_DEVICES = ("cuda", "cpu")
@@ -117,6 +123,12 @@ class TrainSettings(ConnectionSettings):
         "recompute",
         "ORL_TRAIN_OLD_LOGPROBS",
         "pi_old for the PPO ratio: recompute (trainer, current weights) | rollout (serving's, importance-corrected).",
+    )
+    opd_loss: str = setting(
+        "token",
+        "ORL_OPD_LOSS",
+        "OPD term: token (advantage teacher - old on the sampled tokens) | topk (reverse KL to the teacher's "
+        "top-K plus a tail bin, for samples the pipeline gave top-K with --opd-topk; the others stay token).",
     )
     train_temperature: float | None = setting(
         None,
@@ -200,6 +212,14 @@ def check_settings(settings: TrainSettings) -> None:
         (
             settings.old_logprobs not in OLD_LOGPROBS_MODES,
             f"--old-logprobs must be one of {OLD_LOGPROBS_MODES}, not {settings.old_logprobs!r}",
+        ),
+        (
+            settings.opd_loss not in OPD_LOSSES,
+            f"--opd-loss must be one of {OPD_LOSSES}, not {settings.opd_loss!r}",
+        ),
+        (
+            settings.backend == "megatron" and settings.opd_loss == "topk",
+            "--opd-loss topk is not supported with --backend megatron: use --opd-loss token, or --backend torch",
         ),
         (
             settings.train_temperature is not None and settings.train_temperature <= 0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -71,3 +72,70 @@ def test_the_policy_gradient_uses_logprobs_at_the_train_temperature(policy: Poli
     (-manual.mean()).backward()
     for a, b in zip(got, (p.grad for p in policy.trainable_parameters()), strict=True):
         assert b is not None and torch.allclose(a, b, atol=1e-6)
+
+
+def topk_sample(
+    policy: PolicyModel,
+    method: str = "opd",
+    k: int = 4,
+    temperature: float = 0.7,
+    reward: float | None = None,
+) -> TrainingSample:
+    """A sample whose teacher top-K is the tiny model's own top-K at `temperature`, shifted: the KL is > 0."""
+    with torch.no_grad():
+        logits = policy.module(torch.tensor([PROMPT + RESPONSE])).logits[0, len(PROMPT) - 1 : -1]
+        top = torch.log_softmax(logits / temperature, dim=-1).topk(k)
+    teacher_top = (top.values - torch.linspace(0.0, 1.0, k)).tolist()  # sharper than the student
+    sampled = [row[0] for row in teacher_top]
+    return TrainingSample(
+        "s-top", method, PROMPT, RESPONSE, (0.0, 0.0, 0.0), temperature, reward, tuple(sampled), 0,
+        TopicPartition("t", 0), 2, teacher_top_ids=tuple(map(tuple, top.indices.tolist())),
+        teacher_top_logprobs=tuple(map(tuple, teacher_top)),
+    )  # fmt: skip
+
+
+def test_a_topk_batch_trains_and_the_weights_move(policy: PolicyModel) -> None:
+    config = LossConfig(autocast=False, opd_loss="topk")
+    samples = [topk_sample(policy), topk_sample(policy, "combined", reward=1.0)]
+    before = [p.detach().clone() for p in policy.trainable_parameters()]
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
+    result = batch_loss(policy, samples, config)
+    assert math.isfinite(result.stats.loss) and result.distill_kl > 0
+    assert math.isnan(result.opd_advantage_mean)  # no token-level OPD term left
+    result.loss.backward()
+    optimizer.step()
+    moved = [
+        float((p.detach() - b).abs().max())
+        for p, b in zip(policy.trainable_parameters(), before, strict=True)
+    ]
+    assert max(moved) > 0
+    after = batch_loss(policy, samples, config)
+    assert after.distill_kl < result.distill_kl  # one step towards the teacher
+
+
+def test_topk_falls_back_to_token_level_for_samples_without_top_k(policy: PolicyModel) -> None:
+    teacher = (-0.5, -1.0, -2.0)
+    samples = [opd_sample((0.0, 0.0, 0.0), teacher), topk_sample(policy)]
+    result = batch_loss(policy, samples, LossConfig(autocast=False, opd_loss="topk"))
+    old = logprobs_at(policy, 0.7)
+    expected = sum(t - o for t, o in zip(teacher, old, strict=True)) / 3
+    assert math.isclose(result.opd_advantage_mean, expected, rel_tol=1e-5)  # the token-level sample only
+    assert result.distill_kl > 0
+
+
+def test_token_opd_loss_ignores_the_top_k(policy: PolicyModel) -> None:
+    result = batch_loss(policy, [topk_sample(policy)], LossConfig(autocast=False))
+    assert math.isnan(result.distill_kl) and math.isfinite(result.opd_advantage_mean)
+
+
+def test_the_student_top_k_is_at_the_sample_temperature_even_with_a_train_temperature(
+    policy: PolicyModel,
+) -> None:
+    sample = topk_sample(policy, k=3)
+    same = replace(sample, teacher_top_logprobs=None)  # rebuilt below from the student itself
+    with torch.no_grad():
+        logits = policy.module(torch.tensor([PROMPT + RESPONSE])).logits[0, len(PROMPT) - 1 : -1]
+        own = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, torch.tensor(sample.teacher_top_ids))
+    same = replace(same, teacher_top_logprobs=tuple(map(tuple, own.tolist())))
+    config = LossConfig(autocast=False, beta_kl=0.0, opd_loss="topk", train_temperature=1.0)
+    assert abs(batch_loss(policy, [same], config).distill_kl) < 1e-6  # teacher == student at T = 0.7

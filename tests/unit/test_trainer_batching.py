@@ -57,3 +57,20 @@ def test_a_partial_batch_takes_everything_pending_and_needs_one_sample() -> None
     assert batch is not None and batch.sample_ids == ["a", "b"]
     assert batch.skipped == {"rejected": 2}
     assert batcher.pending_records == 0
+
+
+def test_top_k_rows_reach_the_training_sample_and_bad_ones_are_malformed() -> None:
+    good = ready("good")  # the example carries [3][2] top-K rows
+    short = ready("short")
+    short["teacher_top_ids"] = short["teacher_top_ids"][:2]
+    ragged = ready("ragged")
+    ragged["teacher_top_logprobs"] = [[-0.25], [-0.5, -1.5], [-0.125, -3.0]]
+    one_sided = ready("one-sided")
+    one_sided["teacher_top_logprobs"] = None
+    batcher = SampleBatcher(batch_size=1, max_staleness=-1)
+    batcher.add(records(short, ragged, one_sided, good))
+    batch = batcher.take(current_version=7)
+    assert batch is not None and batch.skipped == {"malformed": 3}
+    (sample,) = batch.samples
+    assert sample.teacher_top_ids == ((77, 5), (6, 78), (79, 7))
+    assert sample.teacher_top_logprobs == ((-0.25, -2.0), (-0.5, -1.5), (-0.125, -3.0))

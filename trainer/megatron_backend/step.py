@@ -92,6 +92,7 @@ def _batch_stats(
     stats = {name: summed[i] / max(total_tokens, 1.0) for i, name in enumerate(_WEIGHTED_STATS)}
     stats["tokens"] = total_tokens
     stats["opd_advantage_mean"] = opd_sum / opd_count if opd_count else float("nan")
+    stats["distill_kl"] = float("nan")  # top-K distillation is torch-backend only (trainer.settings)
     return stats
 
 
