@@ -24,8 +24,10 @@ from pathlib import Path
 
 from connectors.compute import available_cores, check_precision, choose_numerics, cpu_model_name
 from connectors.settings import ConnectionSettings, setting
+from pipeline.effects.teacher_stage import MAX_TOP_K
 from pipeline.runtime.main import method_stage_names
 from schemas.errors import ConfigError
+from trainer.settings import OPD_LOSSES
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,17 @@ class UpSettings(ConnectionSettings):
         "auto",
         "ORL_PRECISION",
         "Numerics of server and trainer: auto (bf16 only where native) | bf16 | fp32.",
+    )
+    opd_topk: int = setting(
+        0,
+        "ORL_OPD_TOPK",
+        "Top-K distillation: the pipeline's teacher records its K most likely tokens per position (0: off).",
+    )
+    opd_loss: str = setting(
+        "token",
+        "ORL_OPD_LOSS",
+        "The trainer's OPD term: token (teacher - old advantage) | topk (reverse KL to the teacher's top-K; "
+        "needs --opd-topk).",
     )
 
 
@@ -163,6 +176,7 @@ def component_env(settings: UpSettings) -> dict[str, str]:
     api_key, admin_key = stack_keys(settings)
     check_precision(settings.precision)
     rewards = reward_signal(settings)
+    check_opd_settings(settings)
     return {
         **os.environ,
         "ORL_DATA_DIR": str(settings.data_dir.resolve()),
@@ -188,8 +202,20 @@ def component_env(settings: UpSettings) -> dict[str, str]:
         "ORL_TRAIN_BATCH_SIZE": str(settings.batch_size),
         "ORL_THREADS": str(stack_cores(settings)),
         "ORL_PRECISION": settings.precision,
+        "ORL_OPD_TOPK": str(settings.opd_topk),  # read by the pipeline
+        "ORL_OPD_LOSS": settings.opd_loss,  # read by the trainer
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
+
+
+def check_opd_settings(settings: UpSettings) -> None:
+    """--opd-loss topk trains on the teacher's top-K, which only --opd-topk makes the pipeline record."""
+    if not 0 <= settings.opd_topk <= MAX_TOP_K:
+        raise ConfigError(f"--opd-topk must be between 0 and {MAX_TOP_K}, not {settings.opd_topk}")
+    if settings.opd_loss not in OPD_LOSSES:
+        raise ConfigError(f"--opd-loss must be one of {OPD_LOSSES}, not {settings.opd_loss!r}")
+    if settings.opd_loss == "topk" and settings.opd_topk == 0:
+        raise ConfigError("--opd-loss topk needs --opd-topk K (K > 0): without it no sample carries a top-K")
 
 
 # On 2+ cores the pipeline runs as two processes, one core each: on the benchmark stream the

@@ -1,0 +1,46 @@
+"""`orl up` hands the top-K distillation settings to its children: ORL_OPD_TOPK (pipeline), ORL_OPD_LOSS (trainer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orl.up import UpSettings, component_env
+from pipeline.runtime.settings import PipelineSettings
+from schemas.errors import ConfigError
+from trainer.settings import TrainSettings, check_settings
+
+
+def test_the_children_get_the_opd_settings_and_read_them_back(tmp_path: Path) -> None:
+    env = component_env(UpSettings(data_dir=tmp_path, opd_topk=50, opd_loss="topk"))
+    assert (env["ORL_OPD_TOPK"], env["ORL_OPD_LOSS"]) == ("50", "topk")
+    # the variables are the ones the pipeline's and the trainer's settings are bound to
+    assert PipelineSettings.__dataclass_fields__["opd_topk"].metadata["env"] == "ORL_OPD_TOPK"
+    assert TrainSettings.__dataclass_fields__["opd_loss"].metadata["env"] == "ORL_OPD_LOSS"
+
+
+def test_the_defaults_are_token_level(tmp_path: Path) -> None:
+    env = component_env(UpSettings(data_dir=tmp_path))
+    assert (env["ORL_OPD_TOPK"], env["ORL_OPD_LOSS"]) == ("0", "token")
+
+
+@pytest.mark.parametrize(
+    ("fields", "flag"),
+    [
+        ({"opd_loss": "topk"}, "--opd-topk K"),
+        ({"opd_topk": 101}, "--opd-topk must"),
+        ({"opd_loss": "kl"}, "--opd-loss must"),
+    ],
+)
+def test_unusable_combinations_are_refused(tmp_path: Path, fields: dict, flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        component_env(UpSettings(data_dir=tmp_path, **fields))
+
+
+def test_the_trainer_refuses_topk_on_megatron_and_unknown_losses() -> None:
+    with pytest.raises(ConfigError, match="--opd-loss topk is not supported with --backend megatron"):
+        check_settings(TrainSettings(backend="megatron", kind="full", opd_loss="topk"))
+    with pytest.raises(ConfigError, match="--opd-loss must"):
+        check_settings(TrainSettings(opd_loss="kl"))
+    check_settings(TrainSettings(opd_loss="topk"))
