@@ -131,9 +131,10 @@ class TrainSettings(ConnectionSettings):
         "top-K plus a tail bin, for samples the pipeline gave top-K with --opd-topk; the others stay token).",
     )
     train_temperature: float | None = setting(
-        None,
+        1.0,
         "ORL_TRAIN_TEMPERATURE",
-        "Temperature of the logprobs the gradient, ratio and KL use (empty: each sample's own; see trainer/batch_loss.py).",
+        "Temperature of the logprobs the gradient, ratio and KL use (empty: each sample's own, needed for "
+        "--old-logprobs rollout; see trainer/batch_loss.py for why 1.0).",
     )
     threads: int = setting(
         0,
@@ -227,7 +228,8 @@ def check_settings(settings: TrainSettings) -> None:
         ),
         (
             settings.train_temperature is not None and settings.old_logprobs == "rollout",
-            "--train-temperature needs --old-logprobs recompute (rollout logprobs are at the sample's temperature)",
+            "--old-logprobs rollout needs --train-temperature empty (each sample's own: rollout logprobs are at "
+            "the sample's temperature)",
         ),
         (settings.max_steps < 0, f"--max-steps must be >= 0, not {settings.max_steps}"),
         (settings.poll_timeout_s <= 0, f"--poll-timeout-s must be > 0, not {settings.poll_timeout_s}"),

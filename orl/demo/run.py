@@ -63,13 +63,14 @@ class DemoSettings(ConnectionSettings):
     eval_prompts: int = setting(16, "ORL_DEMO_EVAL_PROMPTS", "Held-out prompts per evaluation (at most 16).")
     eval_samples: int = setting(2, "ORL_DEMO_EVAL_SAMPLES", "Responses per held-out prompt per evaluation.")
     lr: float = setting(5e-4, "ORL_DEMO_LR", "LoRA learning rate.")
-    train_temperature: float = setting(
-        1.0,
-        "ORL_DEMO_TRAIN_TEMPERATURE",
-        "Temperature of the trainer's policy logprobs (answers are sampled at 0.7; see trainer/batch_loss.py).",
-    )
     teacher_kind: str = setting(
         "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy."
+    )
+    opd_topk: int = setting(
+        0, "ORL_OPD_TOPK", "Top-K distillation: the teacher's K most likely tokens per position (0: off)."
+    )
+    opd_loss: str = setting(
+        "token", "ORL_OPD_LOSS", "The trainer's OPD term: token (teacher - old) | topk (needs --opd-topk)."
     )
     max_tokens: int = setting(
         96, "ORL_DEMO_MAX_TOKENS", "Response length limit (the scenario asks for <= 40 words)."
@@ -152,7 +153,6 @@ def run_demo(settings: DemoSettings) -> int:
                 "steps": settings.steps,
                 "batch_size": settings.batch_size,
                 "lr": settings.lr,
-                "train_temperature": settings.train_temperature,
                 "eval_prompts": settings.eval_prompts,
                 "eval_samples": settings.eval_samples,
                 "seeds": demo_seeds(settings),
@@ -210,6 +210,8 @@ def up_settings(settings: DemoSettings, method: str, namespace: str) -> UpSettin
         batch_size=settings.batch_size,
         cores=settings.cores,
         precision=settings.precision,
+        opd_topk=settings.opd_topk,
+        opd_loss=settings.opd_loss,
     )
 
 
@@ -237,7 +239,6 @@ async def start_stack(settings: DemoSettings, method: str, namespace: str) -> De
         "ORL_AT_LEAST_ONE": "false",
         "ORL_SERVED_MODEL_NAME": "orl-policy",
         "ORL_TRAIN_SEED": str(settings.seed),
-        "ORL_TRAIN_TEMPERATURE": str(settings.train_temperature),
     }
     supervisor = Supervisor(stack_launches(up, env), settings.data_dir / "logs" / namespace)
     api_key, admin_key = stack_keys(up)

@@ -192,7 +192,13 @@ def test_tiny_llama_tp2_dp2_matches_the_torch_backend(tiny_model_dir: Path, tmp_
     samples = tiny_samples(8)
     write_samples(tmp_path / "samples.jsonl", samples)
     settings = TrainSettings(
-        kind="full", lr=1e-3, beta_kl=0.05, old_logprobs="rollout", center_rewards=True, precision="fp32"
+        kind="full",
+        lr=1e-3,
+        beta_kl=0.05,
+        old_logprobs="rollout",
+        center_rewards=True,
+        precision="fp32",
+        train_temperature=None,
     )
     report = run_worker(
         4,
