@@ -236,7 +236,6 @@ async def start_stack(settings: DemoSettings, method: str, namespace: str) -> De
         **component_env(up),
         "ORL_TRAIN_LR": str(settings.lr),
         "ORL_TEACHER_KIND": settings.teacher_kind,
-        "ORL_AT_LEAST_ONE": "false",
         "ORL_SERVED_MODEL_NAME": "orl-policy",
         "ORL_TRAIN_SEED": str(settings.seed),
     }

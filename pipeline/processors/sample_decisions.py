@@ -13,14 +13,16 @@ becomes a sample, a rejection, or waits:
 A response that cannot be trained on exactly (empty, logprobs not one per token, greedy sampling)
 and teacher logprobs (or top-K rows) not aligned with the response tokens are rejected instead of padded.
 
-At least one sample per session: when the session is closed and every main turn with a response is
-decided (or at the settle timeout, sample_builder.on_tick), a session without any SampleReady gets
-its last judged main turn (highest turn_index with a reward, or under opd with a hint outcome, and
-a trainable response) promoted, with reward = the mean of its valid judge votes if that is
-non-zero, else -promotion_reward (default 0.1). Why negative: a whole session without one positive
-or negative verdict (all ties / neutral / no usable hint) is mild evidence the assistant was not
+At least one sample per session (binary and combined): when the session is closed and every main
+turn with a response is decided (or at the settle timeout, sample_builder.on_tick), a session
+without any SampleReady gets its last judged main turn (highest turn_index with a reward and a
+trainable response) promoted, with reward = the mean of its valid judge votes if that is non-zero,
+else -promotion_reward (default 0.1). Why negative: a whole session without one positive or
+negative verdict (all ties / neutral / no usable hint) is mild evidence the assistant was not
 helpful, and unlike OpenClaw-RL's 0-reward promotion (a gradient no-op) the promoted sample then
-actually moves the policy, gently.
+actually moves the policy, gently. Not under opd: its trainer term needs teacher scores, which a
+session without a sample has none of, so a promoted OPD sample would only add zero-advantage
+tokens (diluting the batch's real ones) and KL (issue 19).
 Calls only sample_turns; reads and writes no topics.
 """
 
@@ -176,7 +178,12 @@ def finalize(state: State, occurred_at_ms: int, samples: SampleConfig) -> list[O
     """The session is over: promote a turn if it earned no sample, then drop decided turns' data."""
     state["finalized"] = True
     outcomes: list[Outcome] = []
-    if samples.at_least_one and state["ready_count"] == 0:
+    if samples.at_least_one and state["ready_count"] == 0 and samples.method == "opd":
+        logger.info(
+            "session %s: no sample; opd trains on teacher scores only, so nothing to promote",
+            state["session_id"],
+        )
+    elif samples.at_least_one and state["ready_count"] == 0:
         turn_id = promotion_candidate(state["turns"])
         if turn_id is None:
             logger.info("session %s: no judged turn to promote", state["session_id"])

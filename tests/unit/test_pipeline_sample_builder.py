@@ -182,6 +182,13 @@ def test_no_promotion_when_the_session_has_a_sample_or_when_disabled() -> None:
     assert of_type(run("binary", {}, {}, at_least_one=False), "SampleReady") == []
 
 
+def test_no_promotion_under_opd_whose_promoted_sample_would_carry_no_teacher_signal() -> None:
+    log = run("opd", {"sb-t2": [UP, DOWN, FAIL]}, {})
+    assert of_type(log, "SampleReady") == []
+    assert [r for r in of_type(log, "RewardDecided") if r["promoted"]] == []
+    assert len(of_type(log, "SampleRejected")) >= 1  # the turns are still decided, as rejections
+
+
 def test_promotion_waits_for_the_last_turn_then_times_out() -> None:
     c, (_, _, t2) = three_turns(close=False)
     c.close(last_turn_id=t2)
