@@ -7,8 +7,11 @@ the trainer recomputes a third set. Any systematic gap between the paths reaches
 OPD sample as if it were teacher signal. This script samples answers to the demo's training prompts
 with the real model, scores the same tokens through the other two paths with NO hint (so the true
 advantage is 0), and prints the gap per precision: mean (bias) and mean absolute (noise) per token.
+With `--adapter` (a LoRA checkpoint folder the trainer wrote) the server serves that checkpoint and
+the trainer's path is the trainer's own model (`trainer.policy_model.load_policy` from the adapter):
+the gap then also shows whether the server computes the policy the trainer trained.
 
-    .venv/bin/python -m benchmarks.bench_logprob_agreement [--prompts 16] [--max-tokens 96]
+    .venv/bin/python -m benchmarks.bench_logprob_agreement [--prompts 16] [--max-tokens 96] [--adapter DIR]
 
 Loads the shipped SmolLM2-135M (converted once into the model cache); writes nothing.
 """
@@ -30,13 +33,18 @@ from orl.up import prepare_model_once
 from serving.policy.base import SamplingParams
 from serving.policy.transformers_backend import TransformersBackend
 from trainer.logprobs import response_logprobs
+from trainer.policy_model import load_policy
 
 
-async def measure(model_dir: Path, precision: str, prompts: list[str], max_tokens: int) -> str:
+async def measure(
+    model_dir: Path, precision: str, prompts: list[str], max_tokens: int, adapter: Path | None
+) -> str:
     autocast = torch.bfloat16 if precision == "bf16" else None
     backend = TransformersBackend(model_dir, autocast_dtype=autocast)
     await backend.start()
     try:
+        if adapter is not None:
+            await backend.load_checkpoint(adapter, 1, "lora")
         template = backend.chat_template
         prompt_ids = [template.render([{"role": "user", "content": p}]) for p in prompts]
         params = [SamplingParams(temperature=0.7, max_tokens=max_tokens, seed=i) for i in range(len(prompts))]
@@ -47,7 +55,10 @@ async def measure(model_dir: Path, precision: str, prompts: list[str], max_token
         for ids, generation in zip(prompt_ids, generations, strict=True):
             rollout.extend(generation.logprobs)
             scored.extend(await backend.score(ids, generation.token_ids, 0.7))
-        model = backend._model  # noqa: SLF001 - the served weights, for the trainer's path
+        if adapter is None:
+            model = backend._model  # noqa: SLF001 - the served base model, for the trainer's path
+        else:
+            model = load_policy(model_dir, "lora", init_dir=adapter).module.eval()
         with torch.no_grad():
             recomputed_rows = response_logprobs(
                 model,
@@ -74,6 +85,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--adapter", type=Path, default=None, help="a LoRA checkpoint folder to serve")
     args = parser.parse_args()
     model_dir = prepare_model_once(ConnectionSettings())
     prompts = list(get_scenario("student").train_prompts[: args.prompts])
@@ -86,7 +98,7 @@ def main() -> int:
     )
     print("|---|---|---|---|---|")
     for precision in args.precisions.split(","):
-        print(asyncio.run(measure(model_dir, precision, prompts, args.max_tokens)), flush=True)
+        print(asyncio.run(measure(model_dir, precision, prompts, args.max_tokens, args.adapter)), flush=True)
     return 0
 
 
