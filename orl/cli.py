@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from orl import __version__
 from orl.settings_binding import add_settings_arguments, build_settings, log_settings
+from orl.supervised import exit_with_supervisor
 from schemas.errors import OrlError
 
 logger = logging.getLogger("orl")
@@ -151,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP call drowns the progress output
     command: Command = args._command
+    exit_with_supervisor()  # a component started by `orl up` / `orl demo` dies with it
     try:
         settings = build_settings(args._settings_cls, args, os.environ)
         log_settings(logger, settings)

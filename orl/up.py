@@ -24,6 +24,7 @@ from pathlib import Path
 
 from connectors.compute import available_cores, check_precision, choose_numerics, cpu_model_name
 from connectors.settings import ConnectionSettings, setting
+from orl.supervised import SUPERVISOR_PID_ENV
 from pipeline.effects.teacher_stage import MAX_TOP_K
 from pipeline.runtime.main import method_stage_names
 from schemas.errors import ConfigError
@@ -255,7 +256,10 @@ def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launc
 
 @dataclass
 class Supervisor:
-    """Starts the launches' `orl <command>` processes and restarts any that exits, until stopped."""
+    """Starts the launches' `orl <command>` processes and restarts any that exits, until stopped.
+
+    Each child gets SIGTERM from the kernel if the supervisor dies without stopping it (kill -9, a
+    crash): `exit_with_supervisor`, called by every `orl` command at start."""
 
     launches: dict[str, Launch]
     log_dir: Path
@@ -268,7 +272,7 @@ class Supervisor:
         launch = self.launches[name]
         self.processes[name] = subprocess.Popen(
             [sys.executable, "-m", "orl.cli", launch.command],
-            env=launch.env,
+            env={**launch.env, SUPERVISOR_PID_ENV: str(os.getpid())},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
