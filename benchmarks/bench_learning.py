@@ -39,6 +39,10 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
         "trainer logprobs at the sampling temperature (0.7)",
         {"ORL_TRAIN_TEMPERATURE": "0.7"},
     ),
+    "partial_batches": (
+        "the trainer steps on each round's samples, however few (the demo before issue 19)",
+        {"ORL_DEMO_PARTIAL_BATCHES": "true"},
+    ),  # fmt: skip
     "w_opd_0.5": ("OPD weight 0.5 in Combined", {"ORL_TRAIN_W_OPD": "0.5"}),
 }
 

@@ -72,6 +72,12 @@ class DemoSettings(ConnectionSettings):
     opd_loss: str = setting(
         "token", "ORL_OPD_LOSS", "The trainer's OPD term: token (teacher - old) | topk (needs --opd-topk)."
     )
+    partial_batches: bool = setting(
+        False,
+        "ORL_DEMO_PARTIAL_BATCHES",
+        "Train each round's samples as one step even when fewer than --batch-size (OPD's rounds shrink as "
+        "users become satisfied); off: the trainer steps on full batches, as under `orl up`.",
+    )
     max_tokens: int = setting(
         96, "ORL_DEMO_MAX_TOKENS", "Response length limit (the scenario asks for <= 40 words)."
     )
@@ -223,6 +229,7 @@ class DemoStack:
     supervisor: Supervisor
     client: DemoClient
     namespace: str
+    partial_batches: bool = False
 
     async def close(self) -> None:
         await self.client.close()
@@ -248,7 +255,7 @@ async def start_stack(settings: DemoSettings, method: str, namespace: str) -> De
         Sampling(max_tokens=settings.max_tokens),
         concurrency=settings.batch_size,  # one wave per round: its samples reach the trainer together
     )
-    stack = DemoStack(up, supervisor, client, namespace)
+    stack = DemoStack(up, supervisor, client, namespace, settings.partial_batches)
     supervisor.start_all()
     try:
         await client.wait_ready()
@@ -287,9 +294,11 @@ async def train_one_step(
 
     Every method gets the same traffic per step. Binary RL and Combined learn from every answer, so
     a round fills a batch; OPD learns only from corrected answers, so its rounds give fewer samples
-    as users become satisfied: once all of a round's decisions are in, the demo asks the trainer to
-    flush (SIGUSR1, trainer/flush_request.py), so every round is exactly one step whatever its
-    number of samples. A round without any trainable sample trains nothing.
+    as users become satisfied. By default the trainer steps only on full batches of N, as under
+    `orl up`, so a round may train nothing and OPD takes fewer optimizer steps than rounds. With
+    `partial_batches` the demo asks the trainer to flush once all of a round's decisions are in
+    (SIGUSR1, trainer/flush_request.py), so every round is one step whatever its number of samples:
+    OPD's late steps then rest on 3-6 samples each, and drifted (docs/demo/ablations.md).
     """
     deadline = time.monotonic() + settings.step_timeout_s
     round_ = await run_round(settings, scenario, stack, step, prompts)
@@ -326,11 +335,14 @@ async def wait_for_training(stack: DemoStack, round_: Round, deadline: float) ->
     await _wait_for_decisions(up, namespace, expected, deadline, supervisor)
     _check_deadline(deadline, step, "collecting samples")
     ready, _ = await _sample_counts(up, namespace)
+    # partial batches: the trainer steps on whatever the round gave; full: on every complete batch of N
+    # (fewer than N left pending wait for the next round, as under `orl up`)
+    left_pending = 0 if stack.partial_batches else up.batch_size - 1
     asked_s = 0.0
-    while (trained := await _trained_counts(up, namespace))[0] < ready:
+    while (trained := await _trained_counts(up, namespace))[0] < ready - left_pending:
         supervisor.check()
         _check_deadline(deadline, step, "waiting for the trainer")
-        if time.monotonic() - asked_s > FLUSH_EVERY_S:  # again in case the trainer restarted meanwhile
+        if stack.partial_batches and time.monotonic() - asked_s > FLUSH_EVERY_S:  # again after a restart
             supervisor.signal("train", signal.SIGUSR1)  # train the round's samples, even fewer than N
             asked_s = time.monotonic()
         await asyncio.sleep(0.5)
@@ -339,8 +351,8 @@ async def wait_for_training(stack: DemoStack, round_: Round, deadline: float) ->
         _check_deadline(deadline, step, "waiting for the hot swap")
         await asyncio.sleep(0.5)
     return (
-        f"{round_.satisfied}/{round_.sessions} users satisfied, trained on {ready - ready_before} samples "
-        f"(policy v{trained[1]}, KL to base {trained[2]:.3f})"
+        f"{round_.satisfied}/{round_.sessions} users satisfied, {ready - ready_before} samples "
+        f"({ready - trained[0]} pending; policy v{trained[1]}, KL to base {trained[2]:.3f})"
     )
 
 
