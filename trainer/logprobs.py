@@ -83,13 +83,11 @@ def response_logprobs(
     prototype's setting: about 0.05 nats of noise, well under the learning signal); use it only where the
     hardware runs bf16 natively (`connectors.compute.choose_numerics`).
     """
-    out: list[Tensor] = []
-    for row, (logits_T_V, targets_T) in enumerate(
-        _response_logits(model, prompt_ids, response_ids, temperatures, autocast)
-    ):
-        logp_T_V = torch.log_softmax(logits_T_V / effective_temperature(temperatures[row]), dim=-1)
-        out.append(logp_T_V.gather(-1, targets_T[:, None]).squeeze(-1))
-    return out
+    no_top_k: list[None] = [None] * len(prompt_ids)
+    sampled, _ = response_and_top_k_logprobs(
+        model, prompt_ids, response_ids, temperatures, no_top_k, temperatures, autocast
+    )
+    return sampled
 
 
 def response_and_top_k_logprobs(
@@ -107,6 +105,7 @@ def response_and_top_k_logprobs(
     the gathered logprobs are `[len(response_b), K_b]` fp32 under softmax(logits / top_k_temperatures[b])
     (the teacher's temperature: the sample's own, even when the sampled tokens are scored at another).
     """
+    _check_inputs(prompt_ids, response_ids, temperatures)
     if not len(top_k_ids) == len(top_k_temperatures) == len(prompt_ids):
         raise LogprobInputError("top-K ids and temperatures: one of each per sample")
     sampled: list[Tensor] = []
