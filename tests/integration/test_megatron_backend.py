@@ -261,7 +261,10 @@ def smol_samples(base_model_dir: Path) -> list[TrainingSample]:
     return samples
 
 
-SMOL_SETTINGS = TrainSettings(kind="full", lr=1e-5, beta_kl=0.02, precision="fp32", run_id="megatron-test")
+# train_temperature None: the worker scores each sample at its own temperature (it has no such flag)
+SMOL_SETTINGS = TrainSettings(
+    kind="full", lr=1e-5, beta_kl=0.02, precision="fp32", run_id="megatron-test", train_temperature=None
+)
 
 
 @pytest.fixture(scope="module")

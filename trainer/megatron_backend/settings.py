@@ -2,8 +2,10 @@
 
 Each field is one command-line flag (`--name-with-dashes`); `trainer.megatron_backend.worker`
 builds the parser from these fields, so `--help` lists them all. Loss defaults are the torch
-backend's (`trainer.settings.TrainSettings`); the learning rate is the full fine-tuning one (1e-5),
-since this backend trains every weight. Reads nothing from the environment.
+backend's (`trainer.settings.TrainSettings`), except two: the learning rate is the full fine-tuning
+one (1e-5), since this backend trains every weight, and every sample is scored at its own
+temperature (`orl train` defaults to `--train-temperature 1.0`; this worker has no such flag yet).
+Reads nothing from the environment.
 """
 
 from __future__ import annotations
