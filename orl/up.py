@@ -25,9 +25,9 @@ from pathlib import Path
 from connectors.compute import available_cores, check_precision, choose_numerics, cpu_model_name
 from connectors.settings import ConnectionSettings, setting
 from orl.supervised import SUPERVISOR_PID_ENV
-from pipeline.effects.teacher_stage import MAX_TOP_K
 from pipeline.runtime.main import method_stage_names
 from schemas.errors import ConfigError
+from schemas.top_k import check_opd_topk
 from trainer.settings import OPD_LOSSES
 
 logger = logging.getLogger(__name__)
@@ -211,8 +211,7 @@ def component_env(settings: UpSettings) -> dict[str, str]:
 
 def check_opd_settings(settings: UpSettings) -> None:
     """--opd-loss topk trains on the teacher's top-K, which only --opd-topk makes the pipeline record."""
-    if not 0 <= settings.opd_topk <= MAX_TOP_K:
-        raise ConfigError(f"--opd-topk must be between 0 and {MAX_TOP_K}, not {settings.opd_topk}")
+    check_opd_topk(settings.opd_topk)
     if settings.opd_loss not in OPD_LOSSES:
         raise ConfigError(f"--opd-loss must be one of {OPD_LOSSES}, not {settings.opd_loss!r}")
     if settings.opd_loss == "topk" and settings.opd_topk == 0:

@@ -308,9 +308,8 @@ class _Turn:
         yield _sse(self._chunk({"role": "assistant", "content": ""}, None))
         try:
             async for step in stream:
-                if (
-                    not generated
-                ):  # prefill done: what a prefix-cache hit shortens (the client may see it later)
+                # the first token: prefill is done, which a prefix-cache hit shortens (the client may see it later)
+                if not generated:
                     self.state.metrics.observe(
                         "time_to_first_token_seconds", time.perf_counter() - self.started
                     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.errors import OrlError
-from serving.policy.base import MAX_TOP_K
+from schemas.top_k import MAX_TOP_K
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_SEQUENCES = 4

@@ -26,6 +26,7 @@ from connectors.event_log.base import ConsumedRecord, TopicPartition
 from schemas.codec import decode
 from schemas.errors import EventDecodeError, UnknownEventTypeError
 from schemas.event_types import SampleReady
+from schemas.top_k import top_k_rows_aligned
 
 METHODS = ("binary", "opd", "combined")
 SEEN_IDS_KEPT = 100_000  # duplicate detection window (sample ids); far more than any redelivery spans
@@ -108,18 +109,11 @@ def sample_problem(event: SampleReady) -> str | None:
 def _top_k_trainable(event: SampleReady) -> bool:
     """No top-K data, or [T][K] ids >= 0 and finite logprobs with one K >= 1 (T = the response length)."""
     ids, logprobs = event.get("teacher_top_ids"), event.get("teacher_top_logprobs")
-    if ids is None and logprobs is None:
-        return True
-    length = len(event["response_token_ids"])
-    if ids is None or logprobs is None or len(ids) != length or len(logprobs) != length:
+    if not top_k_rows_aligned(ids, logprobs, len(event["response_token_ids"])):
         return False
-    widths = {len(row) for row in ids} | {len(row) for row in logprobs}
-    return (
-        len(widths) == 1
-        and 0 not in widths
-        and all(i >= 0 for row in ids for i in row)
-        and all(_finite(row) for row in logprobs)
-    )
+    if ids is None or logprobs is None:  # aligned: both absent
+        return True
+    return all(i >= 0 for row in ids for i in row) and all(_finite(row) for row in logprobs)
 
 
 def training_sample(pending: _Pending) -> TrainingSample:

@@ -49,7 +49,6 @@ PRODUCER = "pipeline.teacher/1"
 RETENTION_MS = 6 * 3600 * 1000
 HINT_HEADER = "\n\n[user's hint / instruction]\n"
 TEACHER_KINDS = ("frozen_reference", "live_policy")
-MAX_TOP_K = 100  # the server's bound on POST /v1/orl/score's top_k
 
 
 def messages_with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from typing import Any
 from pipeline.processors.config import SampleConfig
 from pipeline.processors.event_building import State
 from pipeline.processors.sample_turns import TurnRecord, new_turn, response_arrays, response_problem
+from schemas.top_k import top_k_rows_aligned
 
 logger = logging.getLogger(__name__)
 
@@ -96,21 +97,11 @@ def teacher_problem(turn: TurnRecord) -> str | None:
         return "teacher_tokens_differ"
     if len(teacher["teacher_logprobs"]) != len(token_ids):
         return "teacher_misaligned"
-    if not top_k_aligned(teacher.get("teacher_top_ids"), teacher.get("teacher_top_logprobs"), len(token_ids)):
+    if not top_k_rows_aligned(
+        teacher.get("teacher_top_ids"), teacher.get("teacher_top_logprobs"), len(token_ids)
+    ):
         return "teacher_misaligned"
     return None
-
-
-def top_k_aligned(
-    top_ids: list[list[int]] | None, top_logprobs: list[list[float]] | None, length: int
-) -> bool:
-    """Absent top-K data is fine; present, it is [length][K] ids and logprobs with one K >= 1."""
-    if top_ids is None and top_logprobs is None:
-        return True
-    if top_ids is None or top_logprobs is None or len(top_ids) != length or len(top_logprobs) != length:
-        return False
-    widths = {len(row) for row in top_ids} | {len(row) for row in top_logprobs}
-    return len(widths) == 1 and 0 not in widths
 
 
 def hint_ready(turn: TurnRecord) -> bool:

@@ -21,7 +21,7 @@ from pipeline.effects.contract import EffectStage
 from pipeline.effects.judge_stage import JudgeStage
 from pipeline.effects.judging import JudgeConfig
 from pipeline.effects.rule_judges import load_hint_extractor, load_rule_judge
-from pipeline.effects.teacher_stage import MAX_TOP_K, TEACHER_KINDS, TeacherStage
+from pipeline.effects.teacher_stage import TEACHER_KINDS, TeacherStage
 from pipeline.processors.config import (
     HintSelectionConfig,
     LinkerConfig,
@@ -37,6 +37,7 @@ from pipeline.runtime.settings import PipelineSettings
 from pipeline.runtime.shared_decodes import SharedDecodes
 from pipeline.runtime.stream_runner import StreamRunner
 from schemas.errors import ConfigError
+from schemas.top_k import check_opd_topk
 
 logger = logging.getLogger(__name__)
 Stage = Processor | EffectStage
@@ -102,8 +103,7 @@ def build_stages(settings: PipelineSettings) -> list[Stage]:
         hint_extractor=load_hint_extractor(settings.hint_judge) if hint and hint.kind == "rule" else None,
         concurrency=settings.effect_concurrency,
     )
-    if not 0 <= settings.opd_topk <= MAX_TOP_K:
-        raise ConfigError(f"--opd-topk must be between 0 and {MAX_TOP_K}, not {settings.opd_topk}")
+    check_opd_topk(settings.opd_topk)
     teacher = TeacherStage(
         settings.server_url, settings.api_key, teacher_kind=settings.teacher_kind, top_k=settings.opd_topk
     )

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Literal
 
 from schemas.errors import OrlError
+from schemas.top_k import MAX_TOP_K
 
 FinishReason = Literal["stop", "length", "abort"]
 CheckpointKind = Literal["full", "lora"]
-MAX_TOP_K = 100  # top-K logprobs per position: T x K numbers travel on every teacher event
 
 
 class PolicyError(OrlError):

@@ -13,9 +13,9 @@ from pipeline.processors.config import PipelineConfig, SampleConfig
 from pipeline.processors.contract import Emit
 from pipeline.processors.event_building import Event, event_type_of
 from pipeline.processors.sample_builder import SAMPLE_BUILDER
-from pipeline.processors.sample_decisions import top_k_aligned
 from pipeline.processors.topology import stage_named
 from schemas.codec import encode
+from schemas.top_k import top_k_rows_aligned
 from tests.unit.pipeline_streams import (
     Conversation,
     PipelineDriver,
@@ -123,7 +123,7 @@ def test_a_token_level_teacher_leaves_the_top_k_fields_empty() -> None:
     ],
 )
 def test_top_k_rows_must_fit_the_response(top_ids: object, top_logprobs: object, aligned: bool) -> None:
-    assert top_k_aligned(top_ids, top_logprobs, 2) is aligned  # type: ignore[arg-type]
+    assert top_k_rows_aligned(top_ids, top_logprobs, 2) is aligned  # type: ignore[arg-type]
 
 
 def test_combined_never_adds_an_opd_term_to_a_reward_only_turn() -> None:
