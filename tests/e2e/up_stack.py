@@ -7,16 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from tests.fixtures.model import test_cache_dir
-from tests.integration.serve_process import free_port
+from tests.integration.serve_process import free_port, wait_ready
 
 
 @dataclass(frozen=True)
@@ -44,7 +41,7 @@ def running_up(tmp_path: Path, idle_timeout_s: float) -> Iterator[UpStack]:
         )  # fmt: skip
     try:
         base_url = f"http://127.0.0.1:{port}"
-        wait_ready(base_url, process, log_path)
+        wait_ready(base_url, process, 240, log_path, what="orl up")
         api_key = json.loads((data_dir / "keys.json").read_text())["api_key"]
         yield UpStack(base_url, data_dir, log_path, api_key)
     finally:
@@ -53,16 +50,3 @@ def running_up(tmp_path: Path, idle_timeout_s: float) -> Iterator[UpStack]:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
-
-
-def wait_ready(base_url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError("orl up did not become ready:\n" + log.read_text()[-3000:])

@@ -62,7 +62,7 @@ def serve_process(
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base_url, process, timeout_s, data_dir / f"serve-{port}.log")
+        wait_ready(base_url, process, timeout_s, data_dir / f"serve-{port}.log")
         yield ServeProcess(base_url, data_dir, log_url, process)
     finally:
         process.terminate()
@@ -74,15 +74,18 @@ def serve_process(
         log_file.close()
 
 
-def _wait_ready(base_url: str, process: subprocess.Popen[bytes], timeout_s: float, log_path: Path) -> None:
+def wait_ready(
+    base_url: str, process: subprocess.Popen[bytes], timeout_s: float, log_path: Path, what: str = "orl serve"
+) -> None:
+    """Until `base_url`/readyz answers 200; fails with the log's tail if `process` exits or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"orl serve exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+            raise RuntimeError(f"{what} exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
         try:
             if httpx.get(f"{base_url}/readyz", timeout=1.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"orl serve not ready after {timeout_s} s:\n{log_path.read_text()[-3000:]}")
+    raise RuntimeError(f"{what} not ready after {timeout_s} s:\n{log_path.read_text()[-3000:]}")
