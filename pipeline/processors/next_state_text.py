@@ -27,10 +27,14 @@ def render_messages(messages: list[Message]) -> str:
 
 
 def next_state_role(messages: list[Message]) -> str:
-    """The NextStateObserved role for appended messages: that of the last one (user / tool / environment)."""
+    """The NextStateObserved role for appended messages: that of the first one (user / tool / environment).
+
+    The first message is what answered the response: after a tool call, its result, even when the
+    client appends a user-role message of its own behind it (OpenClaw's internal context).
+    """
     if not messages:
         return "user"
-    return NEXT_STATE_ROLE_BY_MESSAGE_ROLE.get(str(messages[-1].get("role")), "environment")
+    return NEXT_STATE_ROLE_BY_MESSAGE_ROLE.get(str(messages[0].get("role")), "environment")
 
 
 def render_response(response_text: str, tool_calls_json: str | None) -> str:

