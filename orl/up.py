@@ -79,6 +79,12 @@ class UpSettings(ConnectionSettings):
         "ORL_OPD_TOPK",
         "Top-K distillation: the pipeline's teacher records its K most likely tokens per position (0: off).",
     )
+    pipeline_metrics_port: int = setting(
+        0,
+        "ORL_PIPELINE_METRICS_PORT",
+        "Serve the pipeline processes' Prometheus metrics (judge votes, parse failures, events) on "
+        "127.0.0.1 from this port up, one port per pipeline process (0: off).",
+    )
     opd_loss: str = setting(
         "token",
         "ORL_OPD_LOSS",
@@ -246,8 +252,12 @@ def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launc
     launches = {}
     for component in settings.components:
         if component == "pipeline":
-            for name, role in pipeline_roles(settings.method, stack_cores(settings)).items():
-                launches[name] = Launch("pipeline", {**env, "ORL_PIPELINE_ROLE": role})
+            roles = pipeline_roles(settings.method, stack_cores(settings))
+            for index, (name, role) in enumerate(roles.items()):
+                pipeline_env = {**env, "ORL_PIPELINE_ROLE": role}
+                if settings.pipeline_metrics_port:
+                    pipeline_env["ORL_PIPELINE_METRICS_PORT"] = str(settings.pipeline_metrics_port + index)
+                launches[name] = Launch("pipeline", pipeline_env)
         else:
             launches[component] = Launch(component, env)
     return launches

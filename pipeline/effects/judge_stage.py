@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import httpx
 
+from connectors.metrics import Metrics
 from pipeline.effects.contract import EffectCall, PlanResult
 from pipeline.effects.judging import (
     JudgeConfig,
@@ -80,6 +81,8 @@ class JudgeStage:
     _config_versions: dict[str, str] = field(default_factory=dict, repr=False)
     # per LLM judge id: how many of its votes failed to parse (a log warning when most of the recent do)
     parse_watches: dict[str, ParseWatch] = field(default_factory=dict, repr=False)
+    # judge_votes{judge_id, parsed} and judge_recent_unparsed_fraction{judge_id} (the last 20 LLM votes)
+    metrics: Metrics = field(default_factory=Metrics, repr=False)
 
     def __post_init__(self) -> None:
         for kind, judge in (("reward", self.reward_judge), ("hint", self.hint_judge)):
@@ -211,9 +214,14 @@ class JudgeStage:
         latency_ms: float,
     ) -> Emit:
         score, hint, error = _parse(kind, judge, raw)
+        self.metrics.count(
+            "judge_votes", judge_id=judge.judge_id, parsed="false" if error is not None else "true"
+        )
         if judge.kind == "llm":
-            warning = self.parse_watches.setdefault(judge.judge_id, ParseWatch()).record(
-                judge.judge_id, error
+            watch = self.parse_watches.setdefault(judge.judge_id, ParseWatch())
+            warning = watch.record(judge.judge_id, error)
+            self.metrics.set(
+                "judge_recent_unparsed_fraction", watch.recent_fraction(), judge_id=judge.judge_id
             )
             if warning:
                 logger.warning(warning)

@@ -190,6 +190,10 @@ class ParseWatch:
     _recent: list[bool] = field(default_factory=list)  # True: failed to parse
     _warned: bool = False
 
+    def recent_fraction(self) -> float:
+        """The fraction of the last `window` votes (fewer at start) that failed to parse."""
+        return sum(self._recent) / len(self._recent) if self._recent else 0.0
+
     def record(self, judge_id: str, parse_error: str | None) -> str | None:
         failed = parse_error is not None
         self.votes += 1

@@ -14,6 +14,8 @@ import asyncio
 import logging
 import signal
 
+from prometheus_client import start_http_server
+
 from connectors.event_log.base import EventLog
 from connectors.event_log.factory import open_event_log
 from connectors.metrics import Metrics
@@ -90,7 +92,7 @@ def method_stage_names(method: str) -> list[str]:
     return names
 
 
-def build_stages(settings: PipelineSettings) -> list[Stage]:
+def build_stages(settings: PipelineSettings, metrics: Metrics | None = None) -> list[Stage]:
     names = method_stage_names(settings.method)
     if settings.teacher_kind not in TEACHER_KINDS:
         raise ConfigError(f"--teacher-kind must be one of {', '.join(TEACHER_KINDS)}")
@@ -102,6 +104,7 @@ def build_stages(settings: PipelineSettings) -> list[Stage]:
         rule_judge=load_rule_judge(settings.judge) if reward and reward.kind == "rule" else None,
         hint_extractor=load_hint_extractor(settings.hint_judge) if hint and hint.kind == "rule" else None,
         concurrency=settings.effect_concurrency,
+        metrics=metrics or Metrics(),
     )
     check_opd_topk(settings.opd_topk)
     teacher = TeacherStage(
@@ -151,10 +154,14 @@ def build_runners(
 
 async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
     """Run the stages of `settings.role` in this process until `stop`; one failing stage stops the others."""
-    stages = build_stages(settings)
+    metrics = Metrics()
+    stages = build_stages(settings, metrics)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr="127.0.0.1", registry=metrics.registry)
+        logger.info("metrics at http://127.0.0.1:%d/metrics", settings.metrics_port)
     with tuned_for_streams():
         async with open_event_log(settings.effective_log_url()) as log:
-            runners = build_runners(log, settings, stages)
+            runners = build_runners(log, settings, stages, metrics)
             logger.info(
                 "pipeline (%s) running stages: %s", settings.method, ", ".join(s.name for s in stages)
             )

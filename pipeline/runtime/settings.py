@@ -67,3 +67,8 @@ class PipelineSettings(ConnectionSettings):
     )
     effect_concurrency: int = setting(4, "ORL_EFFECT_CONCURRENCY", "Concurrent judge / teacher calls.")
     tick_interval_s: float = setting(1.0, "ORL_TICK_INTERVAL_S", "How often idle sessions are checked.")
+    metrics_port: int = setting(
+        0,
+        "ORL_PIPELINE_METRICS_PORT",
+        "Serve this process's Prometheus metrics at http://127.0.0.1:PORT/metrics (0: off).",
+    )

@@ -347,12 +347,19 @@ def test_an_openclaw_tool_call_round_trips_through_orl_in_one_session(
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
     fake_sglang.script = scripted_agent(tokenizer)
     fake_sglang.detokenize = lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
-    sglang_env = {"ORL_BACKEND": "sglang", "ORL_SGLANG_URL": fake_sglang.url, "ORL_SGLANG_API_KEY": "test-key"}
-    with running_up(tmp_path, idle_timeout_s=900, extra_env=sglang_env) as stack:
+    metrics_port = free_port()  # the judging pipeline process's /metrics
+    stack_env = {
+        "ORL_BACKEND": "sglang",
+        "ORL_SGLANG_URL": fake_sglang.url,
+        "ORL_SGLANG_API_KEY": "test-key",
+        "ORL_PIPELINE_METRICS_PORT": str(metrics_port),
+    }
+    with running_up(tmp_path, idle_timeout_s=900, extra_env=stack_env) as stack:
         with TimingProxy(stack.base_url) as proxy:
             oc_env = openclaw_env(tmp_path, openclaw_dir, f"http://127.0.0.1:{proxy.port}", stack.api_key)
             turns = [
-                run_openclaw_turn(openclaw_dir / "node_modules/.bin", oc_env, m) for m in TOOL_SESSION_MESSAGES
+                run_openclaw_turn(openclaw_dir / "node_modules/.bin", oc_env, m)
+                for m in TOOL_SESSION_MESSAGES
             ]
         assert all(e.status < 500 for e in proxy.exchanges), proxy.exchanges
         tool_turn_text = json.dumps(turns[1][0]["payloads"])
@@ -366,20 +373,27 @@ def test_an_openclaw_tool_call_round_trips_through_orl_in_one_session(
         assert {r["envelope"]["session_id"] for r in main} == {f"cache:{SESSION_ID}:0"}, main
         assert [r["turn_index"] for r in main] == list(range(len(main)))
         calls = [json.loads(responses[r["request_id"]]["tool_calls_json"] or "[]") for r in main]
-        assert [[c["function"]["name"] for c in turn_calls] for turn_calls in calls] == [
-            [], ["session_status"], [], []
-        ], calls
+        called = [[c["function"]["name"] for c in turn_calls] for turn_calls in calls]
+        assert called == [[], ["session_status"], [], []], calls
         follow_up = json.loads(main[2]["messages_json"])
         tool_results = [m for m in follow_up if m["role"] == "tool"]
         assert len(tool_results) == 1 and tool_results[0]["content"], follow_up[-3:]
 
         # The tool result is the tool-call turn's next state; the user's messages are the others'.
-        next_states = {e["envelope"]["turn_id"]: e for e in events_of(log_url, "next_states", "NextStateObserved")}
+        next_states = {
+            e["envelope"]["turn_id"]: e for e in events_of(log_url, "next_states", "NextStateObserved")
+        }
         tool_turn = main[1]["envelope"]["turn_id"]
         assert next_states[tool_turn]["role"] == "tool", next_states[tool_turn]
         judged = {r["envelope"]["turn_id"] for r in main[:-1]}
         assert judged <= set(next_states), next_states
         outcomes = [e for e in wait_for_outcomes(log_url, judged) if e["envelope"]["turn_id"] in judged]
         assert all(e.get("reason") for e in outcomes if e["envelope"]["event_type"] == "SampleRejected")
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        # the reaction rule judge's votes always parse
+        votes = [line for line in metrics.splitlines() if line.startswith("orl_judge_votes_total{")]
+        assert votes and all('parsed="true"' in line for line in votes), votes
         print("\nopenclaw turns with a tool call (wall s):", [round(elapsed_s, 1) for _, elapsed_s in turns])
-        print("outcomes:", [(e["envelope"]["event_type"], e.get("reward"), e.get("reason")) for e in outcomes])
+        print(
+            "outcomes:", [(e["envelope"]["event_type"], e.get("reward"), e.get("reason")) for e in outcomes]
+        )

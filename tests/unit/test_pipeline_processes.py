@@ -45,6 +45,14 @@ def test_the_stack_launches_each_pipeline_process_with_its_role_in_the_environme
     assert "ORL_PIPELINE_ROLE" not in launches["serve"].env
 
 
+def test_each_pipeline_process_gets_its_own_metrics_port_when_asked() -> None:
+    settings = UpSettings(data_dir=Path("/tmp/orl-launch-test"), cores=2, pipeline_metrics_port=9400)
+    launches = stack_launches(settings, {})
+    ports = {name: launch.env.get("ORL_PIPELINE_METRICS_PORT") for name, launch in launches.items()}
+    assert ports == {"serve": None, "pipeline": "9400", "pipeline-downstream": "9401", "train": None}
+    assert "ORL_PIPELINE_METRICS_PORT" not in stack_launches(UpSettings(cores=2), {})["pipeline"].env
+
+
 def test_settings_reach_a_child_process_unchanged_through_its_environment() -> None:
     settings = PipelineSettings(
         data_dir=Path("/tmp/orl data"), api_key="secret", method="binary", judge_votes=5, tick_interval_s=0.5,

@@ -1,0 +1,75 @@
+"""An LLM judge's parse failures are counted as metrics, per judge, beside the votes themselves.
+
+The judge is a loopback OpenAI-compatible server (a real HTTP server) that answers with the given
+raw texts in turn, as a judge model too small for its prompt does: some with a `\\boxed{}` decision,
+some without.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from pipeline.effects.contract import EffectCall
+from pipeline.effects.judge_stage import JudgeStage
+from pipeline.effects.judging import JudgeConfig
+from tests.fixtures.fake_sglang import free_port, serve_in_thread
+
+RAW_REPLIES = ("The answer is fine. \\boxed{1}", "It seems good to me.", "Wrong. \\boxed{-1}")
+
+
+def judge_app(replies: itertools.cycle[str]) -> Starlette:
+    async def chat(request: Request) -> JSONResponse:
+        await request.json()
+        message = {"role": "assistant", "content": next(replies)}
+        usage = {"prompt_tokens": 10, "completion_tokens": 5}
+        return JSONResponse(
+            {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": usage}
+        )
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def reward_call(index: int) -> EffectCall:
+    next_state = {
+        "event_id": "NextStateObserved-1", "namespace": "test", "session_id": "s1", "turn_id": "s1-t0",
+        "occurred_at": 1_700_000_000_000, "role": "user", "content": "thanks", "source": "conversation",
+        "outcome": None,
+    }  # fmt: skip
+    turn = {"messages": [{"role": "user", "content": "Question?"}], "response_text": "Answer."}
+    return EffectCall("reward", {"turn": turn, "next_state": next_state, "vote_index": index})
+
+
+def sample_value(exposition: str, name: str, **labels: str) -> float | None:
+    wanted = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+    for line in exposition.splitlines():
+        if line.startswith(wanted + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def test_votes_that_fail_to_parse_are_counted_per_judge_with_the_recent_fraction() -> None:
+    port = free_port()
+    server, _ = serve_in_thread(judge_app(itertools.cycle(RAW_REPLIES)), port)
+    try:
+        judge = JudgeConfig(judge_id="prm", kind="llm", m=3, endpoint_url=f"http://127.0.0.1:{port}/v1")
+        stage = JudgeStage(reward_judge=judge, hint_judge=None, api_key="k")
+
+        async def vote_all() -> list[dict[str, Any]]:
+            return [emit.event for i in range(6) for emit in await stage.perform(reward_call(i))]
+
+        votes = asyncio.run(vote_all())
+    finally:
+        server.should_exit = True
+    assert [vote["score"] for vote in votes] == [1, None, -1, 1, None, -1]
+    exposition = stage.metrics.exposition().decode()
+    assert sample_value(exposition, "orl_judge_votes_total", judge_id="prm", parsed="true") == 4.0
+    assert sample_value(exposition, "orl_judge_votes_total", judge_id="prm", parsed="false") == 2.0
+    fraction = sample_value(exposition, "orl_judge_recent_unparsed_fraction", judge_id="prm")
+    assert fraction is not None and abs(fraction - 2 / 6) < 1e-9
