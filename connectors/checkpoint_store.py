@@ -257,12 +257,17 @@ def _versions(store: ObjectStore, run_id: str) -> dict[int, bool]:
     return found
 
 
+def complete_versions(store: ObjectStore, run_id: str) -> list[int]:
+    """The run's complete versions (those with a manifest), ascending; verified or not."""
+    return sorted(v for v, has_manifest in _versions(store, run_id).items() if has_manifest)
+
+
 def latest_checkpoint(store: ObjectStore, run_id: str) -> Manifest | None:
     """The complete checkpoint (one with a manifest) of the highest version, or None."""
-    complete = [v for v, has_manifest in _versions(store, run_id).items() if has_manifest]
+    complete = complete_versions(store, run_id)
     if not complete:
         return None
-    key = version_prefix(run_id, max(complete)) + MANIFEST_NAME
+    key = version_prefix(run_id, complete[-1]) + MANIFEST_NAME
     return _parse_manifest(key, store.get(key))
 
 

@@ -11,7 +11,6 @@ can pin a version (stop following) and roll back to the previous one.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 import time
@@ -20,8 +19,10 @@ from pathlib import Path
 from typing import cast
 
 from connectors.checkpoint_store import (
+    MANIFEST_NAME,
+    complete_versions,
     download_and_verify,
-    latest_checkpoint,
+    read_manifest,
     version_prefix,
 )
 from connectors.event_log.base import EventLog
@@ -58,17 +59,25 @@ class CheckpointFollower:
     download_dir: Path
     pinned: int | None = None
     history: list[CheckpointRef] = field(default_factory=list)  # activated checkpoints, oldest first
+    refused: set[int] = field(default_factory=set)  # versions this server refused (not tried again)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def activate_latest(self) -> None:
-        """At start: serve the newest complete checkpoint of the run, if the trainer published any."""
-        manifest = await asyncio.to_thread(latest_checkpoint, self.store, self.run_id)
-        if manifest is not None and manifest.version > self.backend.policy_version:
-            await self.activate(
-                CheckpointRef(
-                    self.run_id, manifest.version, manifest.kind, manifest.manifest_key, manifest.sha256
-                )
-            )
+        """At start (and after a failure to follow): serve the newest checkpoint of the run that verifies.
+
+        Versions are tried newest first, down to the one being served. One that is refused (a file
+        that fails its hash, a malformed manifest) is recorded as PolicyRejected and the next older
+        one is tried, so a corrupt newest checkpoint costs one version, never the whole run.
+        """
+        versions = await asyncio.to_thread(complete_versions, self.store, self.run_id)
+        for version in reversed(versions):
+            if version <= self.backend.policy_version:
+                return
+            if version in self.refused:
+                continue
+            ref = await self._ref_of(version)
+            if ref is not None and await self.activate(ref):
+                return
 
     async def follow(self, log: EventLog, namespace: str, max_backoff_s: float = 10.0) -> None:
         """Apply every newer CheckpointPublished of our run, forever.
@@ -104,6 +113,7 @@ class CheckpointFollower:
                         and ref.run_id == self.run_id
                         and self.pinned is None
                         and ref.version > self.backend.policy_version
+                        and ref.version not in self.refused
                     ):
                         await self.activate(ref)
                 await consumer.commit()
@@ -117,11 +127,7 @@ class CheckpointFollower:
                 await asyncio.to_thread(_fresh_download, self.store, ref, dest)
                 await self.backend.load_checkpoint(dest, ref.version, ref.kind)  # type: ignore[arg-type]
             except CheckpointError as error:  # the store's verdict or the backend's refusal
-                logger.warning("refused checkpoint %s v%d: %s", ref.run_id, ref.version, error)
-                self.metrics.count("checkpoints_rejected")
-                self.recorder.policy_rejected(
-                    self.server_id, ref.run_id, ref.version, self._uri(ref), str(error)
-                )
+                self._refuse(ref.version, ref.manifest_key, str(error))
                 return False
             latency_ms = (time.perf_counter() - started) * 1000
             if ref.published_at_ms is not None:
@@ -137,7 +143,7 @@ class CheckpointFollower:
 
     async def pin(self, version: int) -> bool:
         """Serve exactly `version` of the run and stop following newer ones."""
-        manifest_key = f"{version_prefix(self.run_id, version)}manifest.json"
+        manifest_key = f"{version_prefix(self.run_id, version)}{MANIFEST_NAME}"
         if not await asyncio.to_thread(self.store.exists, manifest_key):
             raise CheckpointError(f"run {self.run_id!r} has no complete checkpoint v{version}")
         self.pinned = version
@@ -159,9 +165,26 @@ class CheckpointFollower:
         await self.pin(previous[-1].version)
         return previous[-1].version
 
+    def _refuse(self, version: int, manifest_key: str, reason: str) -> None:
+        logger.warning("refused checkpoint %s v%d: %s", self.run_id, version, reason)
+        self.refused.add(version)
+        self.metrics.count("checkpoints_rejected")
+        self.recorder.policy_rejected(
+            self.server_id, self.run_id, version, self.store.uri(manifest_key), reason
+        )
+
+    async def _ref_of(self, version: int) -> CheckpointRef | None:
+        """The published checkpoint `version` as its manifest describes it; None (refused) if malformed."""
+        manifest_key = f"{version_prefix(self.run_id, version)}{MANIFEST_NAME}"
+        try:
+            manifest = await asyncio.to_thread(read_manifest, self.store, manifest_key)
+        except CheckpointError as error:
+            self._refuse(version, manifest_key, str(error))
+            return None
+        return CheckpointRef(self.run_id, version, manifest.kind, manifest_key, manifest.sha256)
+
     async def _kind_of(self, manifest_key: str) -> str:
-        raw = await asyncio.to_thread(self.store.get, manifest_key)
-        return str(json.loads(raw)["kind"])
+        return (await asyncio.to_thread(read_manifest, self.store, manifest_key)).kind
 
     def _uri(self, ref: CheckpointRef) -> str:
         return self.store.uri(ref.manifest_key)

@@ -53,6 +53,7 @@ from trainer.resume import (
     append_step_events,
     find_init_point,
     find_resume_point,
+    record_refusals,
     reemit_missing_events,
 )
 from trainer.sample_stream import SampleStream
@@ -161,11 +162,13 @@ def publish_step(
     settings: TrainSettings,
     policy: Checkpointable,
     version: int,
+    parent_version: int,
     batch: Batch,
     step: StepResult,
     work_dir: Path,
 ) -> Manifest:
-    """Save the policy to a temp folder and publish it as `version` (files first, manifest last)."""
+    """Save the policy to a temp folder and publish it as `version`, trained from `parent_version` (0: the
+    base model), files first, manifest last."""
     with tempfile.TemporaryDirectory(prefix=f"v{version:08d}-", dir=work_dir) as tmp:
         policy.save(Path(tmp))
         return publish_checkpoint(
@@ -173,7 +176,7 @@ def publish_step(
             settings.run_id,
             version,
             Path(tmp),
-            parent_version=version - 1,  # 0 is the base model
+            parent_version=parent_version,
             kind=policy.kind,
             base_model=settings.model,
             consumed_offsets=[
@@ -250,13 +253,17 @@ async def drained(log_: EventLog, stream: SampleStream, topic: str) -> bool:
 
 
 async def create_trainer_topics(log_: EventLog, namespace: str, partitions: int) -> None:
-    await create_catalog_topics(log_, namespace, partitions, ("samples", "train_steps", "checkpoints"))
+    topics = ("samples", "train_steps", "checkpoints", "policy_activations")
+    await create_catalog_topics(log_, namespace, partitions, topics)
 
 
 async def prepare_resume(
     settings: TrainSettings, log_: EventLog, store: ObjectStore, work_dir: Path
 ) -> ResumePoint:
-    """Create the topics, find the newest complete checkpoint, re-emit its events if they are missing.
+    """Create the topics, find the newest checkpoint that verifies, re-emit its events if they are missing.
+
+    Newer checkpoints that fail verification are skipped and recorded as PolicyRejected (server_id
+    "trainer"), with the reason.
 
     A run without one starts at version 0: from the base model, or from the `--init-from` checkpoint.
     """
@@ -264,6 +271,7 @@ async def prepare_resume(
     await create_trainer_topics(log_, settings.namespace, settings.topic_partitions)
     samples_topic = topic_name(settings.namespace, "samples")
     point = await asyncio.to_thread(find_resume_point, store, settings.run_id, samples_topic, work_dir)
+    await record_refusals(log_, point, settings.namespace, settings.run_id)
     if point.manifest is not None:
         await reemit_missing_events(
             log_, point.manifest, settings.namespace, folder_uri(store, point.manifest)
@@ -292,7 +300,9 @@ class StepRunner(Protocol):
 
     async def train(self, batch: Batch) -> StepResult: ...
 
-    async def publish(self, version: int, batch: Batch, step: StepResult) -> Manifest: ...
+    async def publish(
+        self, version: int, parent_version: int, batch: Batch, step: StepResult
+    ) -> Manifest: ...
 
     async def waiting(self) -> None:
         """Called on every loop turn without a batch (megatron: keeps the other ranks' collective alive)."""
@@ -325,13 +335,14 @@ class TorchStepRunner:
                 self.board.thread_changes - changes,
             )
 
-    async def publish(self, version: int, batch: Batch, step: StepResult) -> Manifest:
+    async def publish(self, version: int, parent_version: int, batch: Batch, step: StepResult) -> Manifest:
         return await asyncio.to_thread(
             publish_step,
             self.store,
             self.settings,
             self.policy,
             version,
+            parent_version,
             batch,
             step,
             self.work_dir,
@@ -424,11 +435,12 @@ async def consume_and_train(
             step = await runner.train(batch)
             if point.init_from is not None:  # every version of the run records where the run started
                 step = StepResult({**step.metrics, "init_from": dict(point.init_from)})
-            version += 1
+            # The next version is above every published one, a refused newer checkpoint's too.
+            parent_version, version = version, max(version, point.newest_version) + 1
 
             # Publish: weights and manifest (the resume point), then the events, then the group offsets.
             publish_started = time.perf_counter()
-            manifest = await runner.publish(version, batch, step)
+            manifest = await runner.publish(version, parent_version, batch, step)
             await append_step_events(log_, manifest, settings.namespace, folder_uri(store, manifest))
             await stream.commit(batch.consumed_offsets)
 

@@ -17,6 +17,7 @@ verified like a resume, checked for the same kind and base model, and recorded a
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,8 +30,8 @@ from connectors.checkpoint_store import (
     CheckpointRejected,
     Manifest,
     clean_incomplete,
+    complete_versions,
     download_and_verify,
-    latest_checkpoint,
     run_prefix,
     version_prefix,
 )
@@ -50,8 +51,18 @@ PRODUCER = "trainer/0.1.0"
 
 
 @dataclass(frozen=True)
+class RefusedCheckpoint:
+    """A published checkpoint the trainer could not resume from, and why (its files fail verification)."""
+
+    version: int
+    manifest_key: str
+    uri: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class ResumePoint:
-    """Version 0 at the beginning of the topic, or the newest manifest's version and offsets."""
+    """Version 0 at the beginning of the topic, or the newest verified manifest's version and offsets."""
 
     version: int = 0
     manifest: Manifest | None = None
@@ -60,45 +71,56 @@ class ResumePoint:
     consumed_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     trained_ids: tuple[str, ...] = ()  # the newest step's sample ids (duplicate detection)
     init_from: Mapping[str, Any] | None = None  # the checkpoint the run started from (None: the base)
+    # newer checkpoints that failed verification, newest first; the next step publishes above them all
+    refused: tuple[RefusedCheckpoint, ...] = ()
+
+    @property
+    def newest_version(self) -> int:
+        """The highest version published so far, refused ones included: a version number is never reused."""
+        return max([self.version, *(r.version for r in self.refused)])
 
 
 def find_resume_point(store: ObjectStore, run_id: str, samples_topic: str, work_dir: Path) -> ResumePoint:
-    """Remove half-written checkpoints, then download and verify the newest complete one (if any)."""
+    """Remove half-written checkpoints, then resume from the newest complete one that verifies (if any).
+
+    A newer one that fails verification (a flipped byte, a lost file, a malformed manifest) is
+    skipped with a warning and listed in `refused`; the run continues from the one before it, and its
+    next step publishes above the refused version, so no version number is reused.
+    """
     removed = clean_incomplete(store, run_id)
     if removed:
         log.warning("run %s: removed incomplete checkpoint versions %s", run_id, removed)
-    latest = latest_checkpoint(store, run_id)
-    if latest is None:
+    refused: list[RefusedCheckpoint] = []
+    for version in reversed(complete_versions(store, run_id)):
+        manifest_key = version_prefix(run_id, version) + MANIFEST_NAME
+        local = work_dir / f"resume-{version:08d}"
+        try:
+            manifest = download_and_verify(store, manifest_key, local)
+        except CheckpointRejected as error:
+            log.warning("run %s: cannot resume from v%d (%s); trying the one before", run_id, version, error)
+            uri = store.uri(manifest_key).rsplit("/", 1)[0] + "/"
+            refused.append(RefusedCheckpoint(version, manifest_key, uri, str(error)))
+            continue
+        offsets = {
+            TopicPartition(o.topic, o.partition): o.offset
+            for o in manifest.consumed_offsets
+            if o.topic == samples_topic
+        }
+        log.info("run %s: resuming at version %d from offsets %s", run_id, manifest.version, offsets)
+        ids = tuple(str(i) for i in manifest.metrics.get("sample_ids") or ())
+        init_from = manifest.metrics.get("init_from")
+        return ResumePoint(manifest.version, manifest, local, offsets, ids, init_from, tuple(refused))
+    if refused:
+        log.warning("run %s: no checkpoint verifies; starting again from version 0", run_id)
+    else:
         log.info("run %s: no checkpoint yet; starting at version 0", run_id)
-        return ResumePoint()
-    local = work_dir / f"resume-{latest.version:08d}"
-    manifest = download_and_verify(store, latest.manifest_key, local, latest.sha256)
-    offsets = {
-        TopicPartition(o.topic, o.partition): o.offset
-        for o in manifest.consumed_offsets
-        if o.topic == samples_topic
-    }
-    log.info("run %s: resuming at version %d from offsets %s", run_id, manifest.version, offsets)
-    ids = manifest.metrics.get("sample_ids") or ()
-    init_from = manifest.metrics.get("init_from")
-    return ResumePoint(manifest.version, manifest, local, offsets, tuple(str(i) for i in ids), init_from)
-
-
-def published_versions(store: ObjectStore, run_id: str) -> list[int]:
-    """The run's complete versions (those with a manifest), ascending."""
-    root = run_prefix(run_id)
-    found = []
-    for key in store.list(root):
-        folder, _, rest = key[len(root) :].partition("/")
-        if folder.isdigit() and rest == MANIFEST_NAME:
-            found.append(int(folder))
-    return sorted(found)
+    return ResumePoint(refused=tuple(refused))
 
 
 def _init_manifest(store: ObjectStore, spec: str) -> Manifest:
     """The manifest `--init-from spec` names; ConfigError listing the published versions if none."""
     run_id, wanted = parse_init_from(spec)
-    versions = published_versions(store, run_id)
+    versions = complete_versions(store, run_id)
     version = versions[-1] if wanted is None and versions else wanted
     if version is None or version not in versions:
         folder = store.uri(run_prefix(run_id) + MANIFEST_NAME).rsplit("/", 1)[0] + "/"
@@ -231,6 +253,37 @@ async def _event_ids(log_: EventLog, topic: str) -> set[str]:
                 except EventDecodeError:
                     continue  # not ours to judge here; its consumers dead-letter it
     return ids
+
+
+TRAINER_CONSUMER_ID = "trainer"  # the PolicyRejected `server_id` of a refusal by the trainer's resume
+
+
+async def record_refusals(log_: EventLog, point: ResumePoint, namespace: str, run_id: str) -> int:
+    """A PolicyRejected (server_id "trainer") per checkpoint the resume refused, unless already on the log.
+
+    The same refusal after another restart has the same event id, so it is recorded once.
+    """
+    topic = topic_name(namespace, "policy_activations")
+    known = await _event_ids(log_, topic) if point.refused else set()
+    appended = 0
+    for refused in point.refused:
+        event = make_event(
+            "PolicyRejected",
+            id_parts=[TRAINER_CONSUMER_ID, run_id, refused.version, refused.reason],
+            namespace=namespace,
+            producer=PRODUCER,
+            occurred_at_ms=int(time.time() * 1000),
+            server_id=TRAINER_CONSUMER_ID,
+            run_id=run_id,
+            version=refused.version,
+            uri=refused.uri,
+            reason=refused.reason,
+        )
+        if event["envelope"]["event_id"] in known:
+            continue
+        await log_.append(topic, OutgoingRecord(value=encode(event), key=run_id.encode()))
+        appended += 1
+    return appended
 
 
 async def reemit_missing_events(log_: EventLog, manifest: Manifest, namespace: str, uri: str) -> int:

@@ -133,3 +133,37 @@ def test_outages_of_log_and_store_are_retried_and_no_checkpoint_is_missed(tmp_pa
         spool.close()
 
     asyncio.run(scenario())
+
+
+def test_a_server_starting_on_a_corrupt_newest_checkpoint_serves_the_newest_that_verifies(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "objects"
+    for version in (1, 2, 3, 4):
+        publish(root, tmp_path, version)
+    weights_v4 = root / "checkpoints" / RUN / "00000004" / "adapter.bin"
+    weights_v4.write_bytes(b"weights v5")  # one byte changed after the manifest was written
+    (root / "checkpoints" / RUN / "00000003" / "manifest.json").write_text("{not json")
+
+    async def scenario() -> list[tuple[str, int, str]]:
+        backend = SwappingBackend()
+        spool = EventSpool(tmp_path / "spool.db")
+        recorder = EventRecorder(spool, NAMESPACE, clock_ms=lambda: int(time.time() * 1000))
+        follower = CheckpointFollower(
+            backend, LocalObjectStore(root), recorder, Metrics(), RUN, SERVER, tmp_path / "served"
+        )
+        await follower.activate_latest()
+        assert backend.loaded == [2]  # not the base model: v4 and v3 are refused, v2 verifies
+        await follower.activate_latest()  # as after a failure to follow: the refused are not tried again
+        assert backend.loaded == [2]
+        events = [decode(e.value) for e in spool.oldest(100)]
+        spool.close()
+        return [(e["envelope"]["event_type"], e["version"], e.get("reason", "")) for e in events]
+
+    outcomes = asyncio.run(scenario())
+    assert [(kind, version) for kind, version, _ in outcomes] == [
+        ("PolicyRejected", 4),
+        ("PolicyRejected", 3),
+        ("PolicyActivated", 2),
+    ]
+    assert "sha256" in outcomes[0][2] and "malformed manifest" in outcomes[1][2]

@@ -165,3 +165,38 @@ def test_kill_minus_nine_anywhere_then_exact_resume(tmp_path: Path, base_model_d
         assert event["manifest_sha256"] == manifests[event["version"]].sha256
     for event in steps:
         assert event["sample_ids"] == manifests[event["policy_version"]].metrics["sample_ids"]
+
+
+def flip_one_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_and_the_run_goes_on_from_the_one_before(
+    tmp_path: Path, base_model_dir: Path
+) -> None:
+    events = sample_events()
+    db = tmp_path / "log.db"
+    asyncio.run(write_samples(db, events))
+    store = LocalObjectStore(tmp_path / "objects")
+    assert wait(start_trainer(tmp_path, base_model_dir, "--max-steps", "3")) == 0
+    assert newest_version(store) == 3
+    flip_one_byte(tmp_path / "objects" / "checkpoints" / RUN / "00000003" / "adapter_model.safetensors")
+
+    assert wait(start_trainer(tmp_path, base_model_dir)) == 0
+    versions = [1, 2, 4, 5, 6]  # v3 is refused; no version number is used twice
+    manifests = {
+        v: Manifest.from_json(store.get(f"checkpoints/{RUN}/{v:08d}/manifest.json")) for v in [*versions, 3]
+    }
+    assert newest_version(store) == 6
+    assert [manifests[v].parent_version for v in versions] == [0, 1, 2, 4, 5]
+    assert manifests[4].metrics["sample_ids"] == manifests[3].metrics["sample_ids"]  # v3's batch, again
+    trained = [i for v in versions for i in manifests[v].metrics["sample_ids"]]
+    ready_ids = [e["envelope"]["event_id"] for e in events if e["envelope"]["event_type"] == "SampleReady"]
+    assert trained == ready_ids  # along the good chain: every sample once, in topic order
+
+    activations = asyncio.run(read_topic(db, topic_name(NAMESPACE, "policy_activations")))
+    refusals = [decode(r.value) for r in activations]
+    assert [(e["server_id"], e["version"]) for e in refusals] == [("trainer", 3)], refusals
+    assert "sha256" in refusals[0]["reason"] and refusals[0]["uri"].endswith(f"{RUN}/00000003/")

@@ -163,17 +163,19 @@ class MegatronStepRunner:
         )
         return StepResult(step.metrics)
 
-    def _publish(self, version: int, batch: Batch, step: StepResult) -> Manifest:
+    def _publish(self, version: int, parent_version: int, batch: Batch, step: StepResult) -> Manifest:
         checkpoint = gather_checkpoint(self.policy)
         if checkpoint is None:
             raise MegatronBackendError("rank 0 must hold the gathered weights")
-        return publish_step(self.store, self.settings, checkpoint, version, batch, step, self.work_dir)
+        return publish_step(
+            self.store, self.settings, checkpoint, version, parent_version, batch, step, self.work_dir
+        )
 
     async def train(self, batch: Batch) -> StepResult:
         return await asyncio.to_thread(self._step, batch)
 
-    async def publish(self, version: int, batch: Batch, step: StepResult) -> Manifest:
-        return await asyncio.to_thread(self._publish, version, batch, step)
+    async def publish(self, version: int, parent_version: int, batch: Batch, step: StepResult) -> Manifest:
+        return await asyncio.to_thread(self._publish, version, parent_version, batch, step)
 
     async def waiting(self) -> None:
         keepalive_s = min(KEEPALIVE_S, self.settings.megatron_timeout_s / 4)
