@@ -33,6 +33,7 @@ from schemas.event_types import (
     HintVoteCast,
     JudgeVoteCast,
     PolicyActivated,
+    PolicyRejected,
     ResponseGenerated,
     TrainStepCompleted,
 )
@@ -191,6 +192,13 @@ async def _served(index: AuditIndex, fetch: EventFetcher, version: int, run_id: 
         "policy_version": version,
         "responses": index.count_version(version, "served", run_id),
         "activations": index.count_version(version, "activated", run_id),
+        "refusals": [
+            {"event_id": e["envelope"]["event_id"], "by": e["server_id"], "reason": e["reason"]}
+            for e in [
+                cast(PolicyRejected, await fetch.get(index, rid))
+                for rid in index.by_version(version, "refused", run_id)
+            ]
+        ],
         "first": [
             {
                 "event_id": r["envelope"]["event_id"],
@@ -385,5 +393,7 @@ def _render_step(add: Any, step: dict[str, Any], indent: int) -> None:
     served = step["served"]
     add(indent + 1, f"v{served['policy_version']} served {served['responses']} responses, "
                     f"activated {served['activations']} times")  # fmt: skip
+    for refusal in served["refusals"]:
+        add(indent + 1, f"refused by {refusal['by']} ({refusal['event_id']}): {refusal['reason']}")
     for r in served["first"]:
         add(indent + 2, f"{r['turn_id']} {r['event_id']}: {r['text']}")

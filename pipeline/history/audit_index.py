@@ -83,6 +83,8 @@ def _version_row(event: dict[str, Any]) -> tuple[int, str, str] | None:
         return int(event["version"]), "checkpoint", event["run_id"]
     if kind == "PolicyActivated":
         return int(event["version"]), "activated", event["run_id"]
+    if kind == "PolicyRejected":
+        return int(event["version"]), "refused", event["run_id"]
     return None
 
 
@@ -169,8 +171,8 @@ class AuditIndex:
 
     def by_version(self, version: int, role: str, run_id: str, limit: int = -1) -> list[str]:
         """The ids of `role` events of one run's `version`, oldest first: its train steps
-        ("trained"), checkpoints ("checkpoint"), activations ("activated") or the responses it
-        served ("served", see _SERVED)."""
+        ("trained"), checkpoints ("checkpoint"), activations ("activated"), refusals by a server or
+        the trainer ("refused") or the responses it served ("served", see _SERVED)."""
         query = _SERVED if role == "served" else _OF_RUN
         rows = self.db.execute(
             f"{query} ORDER BY e.occurred_at LIMIT :limit",

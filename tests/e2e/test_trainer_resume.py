@@ -12,6 +12,7 @@ checkpoint remains and every version has exactly one TrainStepCompleted and Chec
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
 import subprocess
@@ -174,7 +175,7 @@ def flip_one_byte(path: Path) -> None:
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped_and_the_run_goes_on_from_the_one_before(
-    tmp_path: Path, base_model_dir: Path
+    tmp_path: Path, base_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     events = sample_events()
     db = tmp_path / "log.db"
@@ -200,3 +201,16 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_run_goes_on_from_the_one
     refusals = [decode(r.value) for r in activations]
     assert [(e["server_id"], e["version"]) for e in refusals] == [("trainer", 3)], refusals
     assert "sha256" in refusals[0]["reason"] and refusals[0]["uri"].endswith(f"{RUN}/00000003/")
+
+    # `orl audit` on the refused version's checkpoint shows who refused it and why.
+    from orl.cli import main
+
+    published = [decode(r.value) for r in asyncio.run(read_topic(db, topic_name(NAMESPACE, "checkpoints")))]
+    v3_id = next(e["envelope"]["event_id"] for e in published if e["version"] == 3)
+    where = ["--data-dir", str(tmp_path), "--log-url", f"sqlite:///{db}", "--namespace", NAMESPACE]
+    capsys.readouterr()
+    assert main(["audit", v3_id, "--json", *where]) == 0
+    (step,) = json.loads(capsys.readouterr().out)["train_steps"]
+    assert [(r["by"], r["event_id"]) for r in step["served"]["refusals"]] == [
+        ("trainer", refusals[0]["envelope"]["event_id"])
+    ]
