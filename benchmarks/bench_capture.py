@@ -1,7 +1,7 @@
 """Capture overhead of `orl serve`: chat latency with event capture on vs. off over the same backend.
 
 Usage: python -m benchmarks.bench_capture [--requests 2000] [--concurrency 1,16] [--repeat 3]
-           [--transport http|asgi] [--backend echo|transformers] [--max-tokens 8]
+           [--transport http|asgi] [--backend echo|transformers] [--max-tokens 8] [--spool-sync full|normal]
 
 For each concurrency level and each repeat, the server is started twice from scratch, capture off
 then on (ServeSettings.capture), with the same backend, and `--requests` non-streaming chat
@@ -55,7 +55,9 @@ QUESTION = (
 )
 
 
-def serve_settings(data_dir: Path, port: int, capture: bool, backend: str, cache_dir: Path) -> object:
+def serve_settings(
+    data_dir: Path, port: int, capture: bool, backend: str, cache_dir: Path, spool_sync: str = "full"
+) -> object:
     from serving.settings import ServeSettings
 
     return ServeSettings(
@@ -65,6 +67,7 @@ def serve_settings(data_dir: Path, port: int, capture: bool, backend: str, cache
         admin_key=ADMIN_KEY,
         namespace=NAMESPACE,
         capture=capture,
+        spool_sync=spool_sync,
         follow_checkpoints=False,
         threads=2 if backend == "transformers" else 0,
         model_cache_dir=cache_dir,
@@ -81,11 +84,11 @@ def echo_backend_and_template(cache_dir: Path) -> tuple[object, object]:
 
 @asynccontextmanager
 async def in_process_server(
-    data_dir: Path, port: int, capture: bool, backend: str, cache_dir: Path
+    data_dir: Path, port: int, capture: bool, backend: str, cache_dir: Path, spool_sync: str = "full"
 ) -> AsyncIterator[object]:
     from serving.main import running_server
 
-    settings = serve_settings(data_dir, port, capture, backend, cache_dir)
+    settings = serve_settings(data_dir, port, capture, backend, cache_dir, spool_sync)
     if backend == "echo":
         policy, template = echo_backend_and_template(cache_dir)
         server_cm = running_server(settings, backend=policy, template=template)  # type: ignore[arg-type]
@@ -103,7 +106,7 @@ def serve_child(args: argparse.Namespace) -> None:
 
     async def main() -> None:
         async with in_process_server(
-            args.work_dir, args.serve, args.capture == "on", args.backend, args.cache_dir
+            args.work_dir, args.serve, args.capture == "on", args.backend, args.cache_dir, args.spool_sync
         ) as server:
             config = uvicorn.Config(
                 build_app(server.state),  # type: ignore[attr-defined]
@@ -234,7 +237,8 @@ async def run_http(args: argparse.Namespace, data_dir: Path, capture: bool, conc
 
     port = free_port()
     command = [sys.executable, "-m", "benchmarks.bench_capture", "--serve", str(port), "--work-dir", str(data_dir),
-               "--capture", "on" if capture else "off", "--backend", args.backend, "--cache-dir", str(args.cache_dir)]  # fmt: skip
+               "--capture", "on" if capture else "off", "--backend", args.backend, "--cache-dir", str(args.cache_dir),
+               "--spool-sync", args.spool_sync]  # fmt: skip
     if args.profile_server:
         command += ["--profile-server", f"{args.profile_server}.{'on' if capture else 'off'}"]
     log_file = (data_dir / "serve.log").open("wb")
@@ -295,7 +299,9 @@ async def wait_ready(client: httpx.AsyncClient, child: subprocess.Popen[bytes], 
 async def run_asgi(args: argparse.Namespace, data_dir: Path, capture: bool, concurrency: int) -> RunResult:
     from serving.app import build_app
 
-    async with in_process_server(data_dir, 0, capture, args.backend, args.cache_dir) as server:
+    async with in_process_server(
+        data_dir, 0, capture, args.backend, args.cache_dir, args.spool_sync
+    ) as server:
         app = build_app(server.state)  # type: ignore[attr-defined]
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench", timeout=600) as client:
@@ -384,6 +390,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cache-dir", type=Path, default=Path("~/.cache/orl-test").expanduser(),
                         help="where the converted SmolLM2 model lives (tokenizer / transformers backend)")  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=None, help="where the servers' data goes (temp dir)")
+    parser.add_argument("--spool-sync", choices=("full", "normal"), default="full",
+                        help="the servers' spool durability (ServeSettings.spool_sync)")  # fmt: skip
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)  # child server mode
     parser.add_argument("--capture", choices=("on", "off"), default="on", help=argparse.SUPPRESS)
     parser.add_argument("--profile-server", default="", help="cProfile the server child into this file "

@@ -30,7 +30,7 @@ from serving.checkpoint_follower import CheckpointFollower
 from serving.policy.base import PolicyBackend
 from serving.policy.chat_template import ChatTemplate
 from serving.settings import ServeSettings
-from serving.spool import EventSpool, SpoolDrainer
+from serving.spool import SPOOL_SYNC_MODES, EventSpool, SpoolDrainer
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,10 @@ def check_settings(settings: ServeSettings) -> None:
     if settings.default_turn_type not in ("main", "side"):
         raise ConfigError(f"--default-turn-type must be main or side, not {settings.default_turn_type!r}")
     check_precision(settings.precision)
+    if settings.spool_sync not in SPOOL_SYNC_MODES:
+        raise ConfigError(
+            f"--spool-sync must be {' or '.join(SPOOL_SYNC_MODES)}, not {settings.spool_sync!r}"
+        )
     if settings.threads < 0:
         raise ConfigError(f"--threads must be >= 0, not {settings.threads}")
 
@@ -98,7 +102,7 @@ async def running_server(
     if backend is None or template is None:
         backend, template = build_backend(settings)
     log = open_event_log(settings.effective_log_url())
-    spool = EventSpool(settings.data_dir / f"spool-{settings.server_id}.db")
+    spool = EventSpool(settings.data_dir / f"spool-{settings.server_id}.db", sync=settings.spool_sync)
     metrics = Metrics()
     drainer = SpoolDrainer(spool, log)
     spool.on_committed = drainer.wake

@@ -53,6 +53,13 @@ class ServeSettings(ConnectionSettings):
         "fp32) | bf16 | fp32.",
     )
     capture: bool = setting(True, "ORL_CAPTURE", "Record every turn as events (off only for benchmarks).")
+    spool_sync: str = setting(
+        "full",
+        "ORL_SPOOL_SYNC",
+        "Durability of the spool's commits: full (fsync before a turn is answered: an acknowledged turn "
+        "survives a power cut) | normal (survives a crash of the server, not of the machine; less disk "
+        "wait per commit).",
+    )
     run_id: str = setting("live", "ORL_RUN_ID", "Trainer run whose checkpoints this server follows.")
     webhooks_file: str = setting(
         "",

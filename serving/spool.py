@@ -6,8 +6,11 @@ is down, requests are still answered and the spool grows; it drains, in order, w
 including after a restart. A crash between the log append and the delete appends a few events
 twice: their deterministic event ids make the copies harmless downstream.
 
-Two ways in, one guarantee: an event is committed to the spool file (WAL, synchronous=NORMAL, so it
-survives a crash of the process) before the server acknowledges anything that depends on it.
+Two ways in, one guarantee: an event is committed to the spool file before the server acknowledges
+anything that depends on it. With `sync="full"` (the default; SQLite WAL with synchronous=FULL) a
+commit is on disk when it returns, so an acknowledged turn survives a power cut; with "normal" it
+survives a crash of the process but a power cut can lose the last commits (benchmarks/RESULTS-serving.md
+has the cost of each).
 - `put` commits at once (connector outcomes, policy activations).
 - `stage` is the group commit of the chat path: events staged during one event-loop tick are
   committed together in one transaction by a callback at the next tick, and `stage` returns a
@@ -33,6 +36,7 @@ from schemas.errors import OrlError
 logger = logging.getLogger(__name__)
 
 _INSERT = "INSERT INTO spool (topic, key, value) VALUES (?, ?, ?)"
+SPOOL_SYNC_MODES = ("full", "normal")  # SQLite's synchronous=FULL / NORMAL in WAL mode
 _Row = tuple[str, bytes | None, bytes]
 
 
@@ -51,15 +55,20 @@ class SpooledEvent:
 class EventSpool:
     """A FIFO of (topic, key, value) on disk. Single process; all calls from one event loop.
 
-    `on_committed` is called after every commit that wrote rows (the drainer's wake-up).
+    `on_committed` is called after every commit that wrote rows (the drainer's wake-up); `sync` is
+    "full" (a commit is on disk when it returns) or "normal" (it survives a process crash).
     """
 
-    def __init__(self, path: Path, on_committed: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, path: Path, on_committed: Callable[[], None] = lambda: None, sync: str = "full"
+    ) -> None:
+        if sync not in SPOOL_SYNC_MODES:
+            raise SpoolError(f"spool sync must be {' or '.join(SPOOL_SYNC_MODES)}, not {sync!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.on_committed = on_committed
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # survives a process crash; the log itself fsyncs
+        self._db.execute(f"PRAGMA synchronous={sync.upper()}")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,"
             " key BLOB, value BLOB NOT NULL)"

@@ -140,3 +140,17 @@ async def test_the_drainer_moves_many_ticks_of_events_in_one_drain_in_order(tmp_
         await asyncio.gather(task, return_exceptions=True)
         await log.close()
         spool.close()
+
+
+def test_the_spool_syncs_every_commit_to_disk_unless_told_normal(tmp_path: Path) -> None:
+    full = EventSpool(tmp_path / "full.db")
+    normal = EventSpool(tmp_path / "normal.db", sync="normal")
+    # SQLite's own answer for this connection: 2 = FULL (fsync at each WAL commit), 1 = NORMAL
+    assert full._db.execute("PRAGMA synchronous").fetchone() == (2,)
+    assert normal._db.execute("PRAGMA synchronous").fetchone() == (1,)
+    full.put("t", None, b"v")
+    assert rows(full) == [("t", None, b"v")]
+    full.close()
+    normal.close()
+    with pytest.raises(SpoolError, match="full or normal"):
+        EventSpool(tmp_path / "other.db", sync="off")
