@@ -63,7 +63,11 @@ def build_app(state: ServerState) -> Starlette:
     routes = [
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/readyz", api.readyz, methods=["GET"]),
-        Route("/metrics", api.metrics, methods=["GET"]),
+        Route(
+            "/metrics",
+            guard(api.metrics, (state.settings.metrics_key,)) if state.settings.metrics_key else api.metrics,
+            methods=["GET"],
+        ),
         Route("/v1/models", guard(api.models, state.settings.api_keys), methods=["GET"]),
         Route("/v1/chat/completions", guard(api.chat, state.settings.api_keys), methods=["POST"]),
         Route(

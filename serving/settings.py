@@ -53,6 +53,13 @@ class ServeSettings(ConnectionSettings):
         "fp32) | bf16 | fp32.",
     )
     capture: bool = setting(True, "ORL_CAPTURE", "Record every turn as events (off only for benchmarks).")
+    metrics_key: str = setting(
+        "",
+        "ORL_METRICS_KEY",
+        "Bearer key that GET /metrics requires (empty: /metrics answers anyone who can reach the port, "
+        "like /healthz and /readyz).",
+        secret=True,
+    )
     spool_sync: str = setting(
         "full",
         "ORL_SPOOL_SYNC",

@@ -36,11 +36,11 @@ def template(base_model_dir: Path) -> ChatTemplate:
 
 
 class Server:
-    def __init__(self, tmp_path: Path, template: ChatTemplate) -> None:
+    def __init__(self, tmp_path: Path, template: ChatTemplate, metrics_key: str = "") -> None:
         self.spool_path = tmp_path / "spool.db"
         self.spool = EventSpool(self.spool_path)
         self.state = ServerState(
-            settings=ServeSettings(api_keys=(KEY,), admin_key="admin"),
+            settings=ServeSettings(api_keys=(KEY,), admin_key="admin", metrics_key=metrics_key),
             backend=EchoBackend(),
             template=template,
             recorder=EventRecorder(self.spool, "live", clock_ms=lambda: 1_700_000_000_000),
@@ -174,3 +174,22 @@ async def test_stock_openclaw_turns_share_one_session(server: Server, cache_key:
     expected = ["new", "prefix", "prefix"] if cache_key is None else ["cache_key"] * 3
     assert [r["link_method"] for r in requests] == expected
     assert [r["previous_turn_id"] for r in requests[1:]] == [r["envelope"]["turn_id"] for r in requests[:2]]
+
+
+async def test_metrics_answer_anyone_by_default_and_only_the_metrics_key_once_one_is_set(
+    tmp_path: Path, template: ChatTemplate
+) -> None:
+    open_server = Server(tmp_path / "open", template)
+    assert (await open_server.client.get("/metrics")).status_code == 200
+    keyed = Server(tmp_path / "keyed", template, metrics_key="scrape-key")
+    try:
+        assert (await keyed.client.get("/metrics")).status_code == 401
+        client_key = {"authorization": f"Bearer {KEY}"}
+        assert (await keyed.client.get("/metrics", headers=client_key)).status_code == 401
+        reply = await keyed.client.get("/metrics", headers={"authorization": "Bearer scrape-key"})
+        assert reply.status_code == 200 and "orl_spool_depth" in reply.text
+        assert (await keyed.client.get("/healthz")).status_code == 200  # probes stay open
+    finally:
+        for server in (open_server, keyed):
+            await server.client.aclose()
+            server.spool.close()
