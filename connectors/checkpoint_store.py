@@ -3,6 +3,9 @@
 Both sides import this module (and never each other). Object keys:
 
     checkpoints/<run_id>/<version:08d>/<file>           every file of the checkpoint folder
+    checkpoints/<run_id>/<version:08d>/trainer_state/   the trainer's own state (optimizer moments):
+                                                        listed and verified like the rest, not
+                                                        downloaded by servers
     checkpoints/<run_id>/<version:08d>/manifest.json    written LAST, with put_if_absent
 
 A version is complete exactly when its manifest exists, so a crash mid-upload leaves an incomplete
@@ -33,6 +36,7 @@ from schemas.errors import CheckpointError
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+TRAINER_STATE_DIR = "trainer_state"  # files under it resume the trainer; a server has no use for them
 MANIFEST_FORMAT = 1
 CHECKPOINT_KINDS = ("full", "lora")
 _ROOT = "checkpoints"
@@ -350,9 +354,17 @@ def _read_manifest(
 
 
 def download_and_verify(
-    store: ObjectStore, manifest_key: str, dest_dir: Path, expected_manifest_sha256: str | None = None
+    store: ObjectStore,
+    manifest_key: str,
+    dest_dir: Path,
+    expected_manifest_sha256: str | None = None,
+    *,
+    trainer_state: bool = True,
 ) -> Manifest:
     """Check the manifest (hash if given), download every listed file into `dest_dir`, verify each.
+
+    `trainer_state=False` (servers, and a run started from another run's checkpoint) leaves out the
+    files under TRAINER_STATE_DIR.
 
     Raises CheckpointRejected naming the reason; the files this call wrote are then removed. A store
     that cannot be read raises its ObjectStoreError instead (a reason to retry, not to refuse). Objects
@@ -368,6 +380,8 @@ def download_and_verify(
     written: list[Path] = []
     try:
         for entry in manifest.files:
+            if not trainer_state and entry.path.startswith(f"{TRAINER_STATE_DIR}/"):
+                continue
             dest = dest_dir / entry.path
             written.append(dest)
             _download_entry(store, manifest_key, manifest.prefix + entry.path, entry, dest)

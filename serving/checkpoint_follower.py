@@ -193,7 +193,9 @@ class CheckpointFollower:
 def _fresh_download(store: ObjectStore, ref: CheckpointRef, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
-    download_and_verify(store, ref.manifest_key, dest, expected_manifest_sha256=ref.manifest_sha256)
+    download_and_verify(
+        store, ref.manifest_key, dest, expected_manifest_sha256=ref.manifest_sha256, trainer_state=False
+    )
 
 
 def _checkpoint_ref(value: bytes) -> CheckpointRef | None:

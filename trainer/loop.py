@@ -11,8 +11,9 @@ weights and reads on from exactly those offsets (`trainer.sample_stream`), so a 
 (before, during or after a checkpoint write) neither repeats nor skips a sample; a half-uploaded
 version has no manifest and is deleted on start; events missing after a crash between the manifest
 and the append are re-emitted from the manifest (`trainer.resume`). One trainer process per run.
-Adam's moments are not checkpointed: after a restart they start from zero (weights and data
-position are exact). A run with no checkpoint starts from the base model, or from another run's
+The torch backend checkpoints AdamW's state too (`trainer_state/optimizer.pt`), so a resumed run
+takes the same steps as an uninterrupted one; the megatron backend's moments start from zero after
+a restart (weights and data position are exact). A run with no checkpoint starts from the base model, or from another run's
 checkpoint with `--init-from` (`trainer.resume.find_init_point`); its manifests record that start.
 
 The loop itself (`consume_and_train`) is the same for every backend: a `StepRunner` takes and
@@ -35,7 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
-from connectors.checkpoint_store import Manifest, publish_checkpoint
+from connectors.checkpoint_store import TRAINER_STATE_DIR, Manifest, publish_checkpoint
 from connectors.compute import CoreBoard, available_cores, resolved_numerics
 from connectors.event_log.base import EventLog, TopicPartition
 from connectors.event_log.catalog import create_catalog_topics
@@ -60,6 +61,8 @@ from trainer.sample_stream import SampleStream
 from trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
+
+OPTIMIZER_STATE = f"{TRAINER_STATE_DIR}/optimizer.pt"  # torch.save of the optimizer's state_dict
 
 POLL_MAX_RECORDS = 256
 
@@ -166,11 +169,17 @@ def publish_step(
     batch: Batch,
     step: StepResult,
     work_dir: Path,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> Manifest:
     """Save the policy to a temp folder and publish it as `version`, trained from `parent_version` (0: the
-    base model), files first, manifest last."""
+    base model), files first, manifest last. With `optimizer`, its state goes along (OPTIMIZER_STATE),
+    so a resume continues exactly."""
     with tempfile.TemporaryDirectory(prefix=f"v{version:08d}-", dir=work_dir) as tmp:
         policy.save(Path(tmp))
+        if optimizer is not None:
+            state_file = Path(tmp) / OPTIMIZER_STATE
+            state_file.parent.mkdir()
+            torch.save(optimizer.state_dict(), state_file)
         return publish_checkpoint(
             store,
             settings.run_id,
@@ -207,6 +216,23 @@ def check_resumable(settings: TrainSettings, point: ResumePoint) -> None:
             f"run {settings.run_id!r} was trained from --model {point.manifest.base_model!r}, "
             f"not {settings.model!r}: pass that model or a new --run-id"
         )
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, point: ResumePoint) -> bool:
+    """Load the resumed checkpoint's optimizer state into `optimizer`; False if it has none.
+
+    A checkpoint written before optimizer states were saved (or by the megatron backend) has none:
+    the moments then start from zero, which is said in the log.
+    """
+    if point.manifest is None or point.checkpoint_dir is None:
+        return False
+    state_file = point.checkpoint_dir / OPTIMIZER_STATE
+    if not state_file.is_file():
+        log.warning("v%d has no optimizer state: AdamW's moments start from zero", point.version)
+        return False
+    optimizer.load_state_dict(torch.load(state_file, weights_only=True))
+    log.info("optimizer state of v%d restored", point.version)
+    return True
 
 
 def load_resumed_policy(settings: TrainSettings, model_dir: Path, point: ResumePoint) -> PolicyModel:
@@ -346,6 +372,7 @@ class TorchStepRunner:
             batch,
             step,
             self.work_dir,
+            self.optimizer,
         )
 
     async def waiting(self) -> None:
@@ -370,6 +397,7 @@ async def run_trainer(
     optimizer = torch.optim.AdamW(
         policy.trainable_parameters(), lr=settings.effective_lr(), betas=(0.9, 0.999), weight_decay=0.0
     )
+    restore_optimizer(optimizer, point)
     board = CoreBoard(settings.data_dir / "cores", settings.threads or available_cores())
     fit_threads_every_layer(policy.module, board)
     log.info(

@@ -156,7 +156,7 @@ def find_init_point(store: ObjectStore, spec: str, kind: str, base_model: str, w
         )
     local = work_dir / f"init-{manifest.run_id}-{manifest.version:08d}"
     try:
-        download_and_verify(store, manifest.manifest_key, local, manifest.sha256)
+        download_and_verify(store, manifest.manifest_key, local, manifest.sha256, trainer_state=False)
     except CheckpointRejected as exc:
         raise ConfigError(f"--init-from {spec}: {exc}") from exc
     lineage = {

@@ -214,3 +214,38 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_run_goes_on_from_the_one
     assert [(r["by"], r["event_id"]) for r in step["served"]["refusals"]] == [
         ("trainer", refusals[0]["envelope"]["event_id"])
     ]
+
+
+def test_a_run_restarted_after_every_step_takes_the_same_steps_as_an_uninterrupted_one(
+    tmp_path: Path, base_model_dir: Path
+) -> None:
+    """Weights and AdamW state equal at every version: the optimizer's moments are resumed too."""
+    import torch
+    from safetensors.torch import load_file
+
+    events = sample_events()
+    runs = {name: tmp_path / name for name in ("straight", "restarted")}
+    for folder in runs.values():
+        folder.mkdir()
+        asyncio.run(write_samples(folder / "log.db", events))
+    assert wait(start_trainer(runs["straight"], base_model_dir, "--max-steps", str(STEPS))) == 0
+    for _ in range(STEPS):
+        assert wait(start_trainer(runs["restarted"], base_model_dir, "--max-steps", "1")) == 0
+
+    for version in range(1, STEPS + 1):
+        folders = {
+            name: run / "objects" / "checkpoints" / RUN / f"{version:08d}" for name, run in runs.items()
+        }
+        weights = {name: load_file(folder / "adapter_model.safetensors") for name, folder in folders.items()}
+        assert weights["straight"].keys() == weights["restarted"].keys()
+        for key, tensor in weights["straight"].items():
+            assert torch.equal(tensor, weights["restarted"][key]), (version, key)
+        states = {
+            name: torch.load(folder / "trainer_state" / "optimizer.pt", weights_only=True)
+            for name, folder in folders.items()
+        }
+        straight, restarted = states["straight"]["state"], states["restarted"]["state"]
+        assert straight.keys() == restarted.keys() and len(straight) > 0
+        for index, moments in straight.items():
+            for name, value in moments.items():
+                assert torch.equal(value, restarted[index][name]), (version, index, name)
