@@ -11,6 +11,8 @@ read errors and 5xx only for GET/HEAD/DELETE, never for a PUT whose outcome woul
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import inspect
 import io
 import os
 from collections.abc import Iterator
@@ -39,6 +41,23 @@ _NOT_FOUND_ERRORS = frozenset({"NoSuchKey", "ResourceNotFound"})
 _BUCKET_EXISTS_ERRORS = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 
 
+# put_if_absent calls minio's private single-PUT `Minio._put_object` (the public put_object would turn
+# If-None-Match into an x-amz-meta header): pinned below 7.3 in pyproject.toml and checked at start.
+_PRIVATE_PUT_PARAMETERS = ("bucket_name", "object_name", "data", "headers")
+
+
+def check_minio_internals(client_class: type = Minio) -> None:
+    """ConfigError unless minio's private `_put_object` takes the parameters put_if_absent passes."""
+    method = getattr(client_class, "_put_object", None)
+    found = list(inspect.signature(method).parameters)[1:] if callable(method) else None
+    if found is None or list(_PRIVATE_PUT_PARAMETERS) != found[: len(_PRIVATE_PUT_PARAMETERS)]:
+        raise ConfigError(
+            f"minio {importlib.metadata.version('minio')} changed the private Minio._put_object that orl's "
+            f"conditional put uses (parameters {found}, expected {list(_PRIVATE_PUT_PARAMETERS)} first): "
+            "pip install 'minio>=7.2,<7.3'"
+        )
+
+
 class S3ObjectStore(ObjectStore):
     """Objects in one S3 bucket; `endpoint` is "host:port" (no scheme; `secure` picks https)."""
 
@@ -56,6 +75,7 @@ class S3ObjectStore(ObjectStore):
         read_timeout_s: float = 20.0,
         retries: int = 2,
     ) -> None:
+        check_minio_internals()
         try:
             check_bucket_name(bucket, strict=True)
         except ValueError as exc:

@@ -64,3 +64,22 @@ def test_s3_without_credentials_names_the_setting(
 def test_bad_urls_raise_config_error(url: str) -> None:
     with pytest.raises(ConfigError):
         open_object_store(url, access_key="a", secret_key="s")
+
+
+def test_a_minio_whose_private_put_changed_is_refused_at_start_with_the_pin() -> None:
+    from minio import Minio
+
+    from connectors.object_store.s3_store import check_minio_internals
+
+    check_minio_internals(Minio)  # the installed, pinned minio fits
+
+    class RenamedParameters(Minio):
+        def _put_object(self, bucket: str, name: str, body: bytes, headers: dict | None = None) -> None:  # type: ignore[override]
+            raise AssertionError("never called")
+
+    class NoPrivatePut:
+        pass
+
+    for changed in (RenamedParameters, NoPrivatePut):
+        with pytest.raises(ConfigError, match=r"minio>=7.2,<7.3"):
+            check_minio_internals(changed)
