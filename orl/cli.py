@@ -93,6 +93,12 @@ COMMANDS: tuple[Command, ...] = (
         "orl.samples:list_samples",
     ),
     Command(
+        "report",
+        "Is the model improving? Per policy version: judged reward, feedback, relevance, KL, activations.",
+        "orl.report:ReportSettings",
+        "orl.report:run_report",
+    ),
+    Command(
         "topics",
         "Create every topic of a namespace on the event log.",
         "orl.admin:AdminSettings",

@@ -4,6 +4,7 @@ Checks that it completed, that the server activated the new checkpoints, that th
 PNG were written, and that it learned: with its fixed seed, the held-out score after two steps is
 at least 0.3 above the base model's (issue 17; three runs on the 2-core AVX2 VM all gave
 0.12 -> 0.38 -> 0.62). The time it takes is the loop benchmark's business, not this test's.
+`orl report` then rebuilds the demo's held-out scores from the log alone, one version per step.
 """
 
 from __future__ import annotations
@@ -46,3 +47,17 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     scores = {step: row["score"] for step, row in results["methods"]["combined"].items()}
     assert set(scores) == {"0", "1", "2"}
     assert scores["2"] >= scores["0"] + 0.3, scores
+
+    from orl.cli import main
+
+    report_dir = tmp_path / "orl-report"
+    where = ["--data-dir", str(tmp_path / "data"), "--namespace", namespace]
+    assert main(["report", *where, "--scenario", "student", "--out-dir", str(report_dir)]) == 0
+    rows = json.loads((report_dir / "report.json").read_text())
+    held_out = {r["version"]: r["held_out_score"]["mean"] for r in rows if r["held_out_score"]}
+    assert sorted(held_out) == [0, 1, 2], rows  # the demo waits for each step's version before it evaluates
+    assert [held_out[v] for v in (0, 1, 2)] == [scores[step] for step in ("0", "1", "2")]
+    assert all(
+        r["approval"] is not None for r in rows if r["version"] < 2
+    )  # versions 0 and 1 served sessions
+    assert (report_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

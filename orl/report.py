@@ -1,0 +1,300 @@
+"""`orl report`: is the model improving? Figures per policy version, from any namespace's log.
+
+Reads the requests, responses, next_states, rewards, train_steps and policy_activations topics of a
+namespace (live, replayed or imported). Writes report.md, report.json and report.png to --out-dir.
+For every policy version that served a turn (0 is the base model):
+
+- main turns it answered; of those the judge took a side on (reward +1 or -1; at-least-one
+  promotions left out) its **approval**: the share judged +1, with a 95% cluster-bootstrap interval
+  over sessions; and how many were **neutral** (reward 0: a tie, no verdict, a session that ended
+  without a reply);
+- **satisfied**: the share of positive explicit feedback (a thumbs or a reward outcome) among its
+  turns that got any;
+- **relevance**: the on-topic rate of the judged answers (the answer mentions a content word of the
+  user's last message: `orl.demo.scoring.relevance`, the demo's reward-hacking detector) and their
+  mean **words** (judged answers only: a client's closing turn that no one judges says little);
+- **KL** to the base: the trainer's KL at the step that made the version;
+- **activations** and **refusals** of the version by servers and the trainer (PolicyActivated,
+  PolicyRejected).
+
+With `--scenario student|teacher` the side turns (the demo's held-out evaluation asks its prompts as
+side turns) are scored per version with that scenario's scorer, with the demo's intervals: the
+demo's own table rebuilt from its log alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from connectors.event_log.factory import open_event_log
+from connectors.event_log.reading import read_to_end
+from connectors.settings import ConnectionSettings, setting
+from orl.demo.scenarios import get_scenario
+from orl.demo.scoring import bootstrap_ci, relevance, word_count
+from schemas.codec import decode
+from schemas.errors import OrlError
+from schemas.messages import prompt_text
+from schemas.topics import topic_name
+
+REPORT_TOPICS = ("requests", "responses", "next_states", "rewards", "train_steps", "policy_activations")
+Event = dict[str, Any]
+Scorer = Callable[[str, str], float]
+
+
+@dataclass(frozen=True)
+class ReportSettings(ConnectionSettings):
+    out_dir: Path = setting(Path(".orl/report"), "ORL_REPORT_DIR", "Where report.md, .json and .png go.")
+    scenario: str = setting(
+        "",
+        "ORL_REPORT_SCENARIO",
+        "Also score the side turns per version with this demo scenario's scorer (student | teacher).",
+    )
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: float
+    high: float
+
+
+@dataclass
+class VersionFigures:
+    """What one policy version did; None where the log holds nothing to measure."""
+
+    version: int
+    main_turns: int = 0
+    judged_turns: int = 0  # reward +1 or -1
+    neutral_turns: int = 0  # reward 0
+    approval: Interval | None = None
+    feedback_turns: int = 0
+    satisfied: float | None = None
+    relevance: float | None = None
+    words: float | None = None
+    kl: float | None = None
+    activations: int = 0
+    refusals: list[str] = field(default_factory=list)
+    held_out_samples: int = 0
+    held_out_score: Interval | None = None
+    held_out_relevance: float | None = None
+
+
+def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The text of the last user message (what an answer should be about); "" if there is none."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return prompt_text(message.get("content"))
+    return ""
+
+
+def _interval(clusters: Mapping[str, list[float]]) -> Interval | None:
+    if not clusters:
+        return None
+    mean, low, high = bootstrap_ci(list(clusters.values()))
+    return Interval(mean, low, high)
+
+
+def _positive_feedback(outcome: Mapping[str, Any] | None) -> bool | None:
+    """True / False for a thumbs or a reward outcome, None for anything else (no explicit feedback)."""
+    if not outcome:
+        return None
+    if outcome.get("thumbs") is not None:
+        return bool(outcome["thumbs"] > 0)
+    if outcome.get("kind") == "reward" and outcome.get("reward") is not None:
+        return bool(outcome["reward"] > 0)
+    return None
+
+
+def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = None) -> list[VersionFigures]:
+    """The figures of every version that served a turn or was activated, refused or trained, ascending."""
+    requests = {e["request_id"]: e for e in events.get("requests", [])}
+    by_version: dict[int, VersionFigures] = {}
+
+    def of(version: int) -> VersionFigures:
+        return by_version.setdefault(version, VersionFigures(version))
+
+    # main turn id -> (version, session id, on-topic, words)
+    turn_version: dict[str, tuple[int, str, float, int]] = {}
+    held_out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    held_out_on_topic: dict[int, list[float]] = defaultdict(list)
+    for response in events.get("responses", []):
+        request = requests.get(response["request_id"])
+        if request is None:
+            continue
+        version = int(response["policy_version"])
+        prompt = last_user_text(json.loads(request["messages_json"]))
+        answer = response["response_text"]
+        if request["turn_kind"] == "main":
+            of(version).main_turns += 1
+            session = request["envelope"]["session_id"]
+            turn = (version, session, relevance(prompt, answer), word_count(answer))
+            turn_version[request["envelope"]["turn_id"]] = turn
+        elif scorer is not None and prompt:
+            held_out[version][prompt].append(scorer(prompt, answer))
+            held_out_on_topic[version].append(relevance(prompt, answer))
+
+    approvals: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    on_topic: dict[int, list[float]] = defaultdict(list)
+    words: dict[int, list[int]] = defaultdict(list)
+    for decided in events.get("rewards", []):
+        served = turn_version.get(decided["envelope"]["turn_id"])
+        if served is None or decided["promoted"]:
+            continue
+        version, session, answer_on_topic, answer_words = served
+        if decided["reward"] == 0:
+            of(version).neutral_turns += 1
+            continue
+        approvals[version][session].append(1.0 if decided["reward"] > 0 else 0.0)
+        on_topic[version].append(answer_on_topic)
+        words[version].append(answer_words)
+    feedback: dict[int, list[bool]] = defaultdict(list)
+    for observed in events.get("next_states", []):
+        served = turn_version.get(observed["envelope"]["turn_id"])
+        positive = _positive_feedback(observed.get("outcome"))
+        if served is not None and positive is not None:
+            feedback[served[0]].append(positive)
+    for step in events.get("train_steps", []):
+        of(int(step["policy_version"])).kl = float(step["kl"])
+    for activation in events.get("policy_activations", []):
+        figures = of(int(activation["version"]))
+        if activation["envelope"]["event_type"] == "PolicyActivated":
+            figures.activations += 1
+        else:
+            figures.refusals.append(f"{activation['server_id']}: {activation['reason']}")
+
+    for version, figures in by_version.items():
+        figures.judged_turns = sum(len(r) for r in approvals[version].values())
+        figures.approval = _interval(approvals[version])
+        figures.feedback_turns = len(feedback[version])
+        figures.satisfied = sum(feedback[version]) / len(feedback[version]) if feedback[version] else None
+        figures.relevance = sum(on_topic[version]) / len(on_topic[version]) if on_topic[version] else None
+        figures.words = sum(words[version]) / len(words[version]) if words[version] else None
+        figures.held_out_samples = sum(len(s) for s in held_out[version].values())
+        figures.held_out_score = _interval(held_out[version])
+        checked = held_out_on_topic[version]
+        figures.held_out_relevance = sum(checked) / len(checked) if checked else None
+    return [by_version[v] for v in sorted(by_version)]
+
+
+def _cell(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _interval_cell(interval: Interval | None) -> str:
+    return "-" if interval is None else f"{interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
+
+
+def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str) -> str:
+    held = bool(scenario)
+    header = [
+        "version",
+        "main turns",
+        "judged",
+        "approval [95% CI]",
+        "neutral",
+        "satisfied (feedback)",
+        "relevance",
+        "words",
+        "KL",
+    ]
+    header += ["activations", "refusals"] + (
+        ["held-out score [95% CI]", "held-out relevance"] if held else []
+    )
+    lines = [
+        f"# orl report: namespace {namespace}",
+        "",
+        "Per policy version (0 = the base model). Judged: main turns the judge rewarded +1 or -1; "
+        "approval: the share of them at +1, 95% cluster-bootstrap interval over sessions; neutral: turns "
+        "rewarded 0. Satisfied: positive explicit feedback among turns that got any. Relevance and words: "
+        "of the judged answers. KL: the trainer's KL to the base at the step that made the version."
+        + (f" Held-out: the side turns scored with the {scenario!r} scenario's scorer." if held else ""),
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for r in rows:
+        cells = [
+            str(r.version),
+            str(r.main_turns),
+            str(r.judged_turns),
+            _interval_cell(r.approval),
+            str(r.neutral_turns),
+            "-" if r.satisfied is None else f"{r.satisfied:.2f} ({r.feedback_turns})",
+            _cell(r.relevance),
+            _cell(r.words, 0),
+            _cell(r.kl, 3),
+            str(r.activations),
+            str(len(r.refusals)),
+        ]
+        if held:
+            cells += [_interval_cell(r.held_out_score), _cell(r.held_out_relevance)]
+        lines.append("| " + " | ".join(cells) + " |")
+    refusals = [(r.version, reason) for r in rows for reason in r.refusals]
+    if refusals:
+        lines += ["", "Refusals:", ""] + [f"- v{version}: {reason}" for version, reason in refusals]
+    return "\n".join(lines) + "\n"
+
+
+def plot_report(namespace: str, rows: list[VersionFigures], path: Path) -> None:
+    """Judged (and held-out) reward with intervals, relevance and KL against the version."""
+    figure = Figure(figsize=(11, 4.5), dpi=100)
+    FigureCanvasAgg(figure)
+    reward_axes, quality_axes = figure.subplots(1, 2)
+    for name, pick in (("approval", "approval"), ("held-out score", "held_out_score")):
+        points = [(r.version, getattr(r, pick)) for r in rows if getattr(r, pick) is not None]
+        if points:
+            versions = [v for v, _ in points]
+            reward_axes.plot(versions, [i.mean for _, i in points], marker="o", label=name)
+            reward_axes.fill_between(
+                versions, [i.low for _, i in points], [i.high for _, i in points], alpha=0.2
+            )
+    for name, pick in (("relevance", "relevance"), ("KL to the base", "kl")):
+        points = [(r.version, getattr(r, pick)) for r in rows if getattr(r, pick) is not None]
+        if points:
+            quality_axes.plot([v for v, _ in points], [x for _, x in points], marker="o", label=name)
+    figure.suptitle(f"orl report: {namespace}")
+    reward_axes.set(xlabel="policy version", ylabel="share (95% CI)", ylim=(-0.02, 1.02))
+    quality_axes.set(xlabel="policy version")
+    for axes in (reward_axes, quality_axes):
+        axes.grid(alpha=0.3)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(loc="best")
+    figure.tight_layout()
+    figure.savefig(path, format="png", metadata={"Software": None})
+
+
+async def read_report_events(log_url: str, namespace: str) -> dict[str, list[Event]]:
+    async with open_event_log(log_url) as log:
+        return {
+            topic: [decode(r.value) for r in await read_to_end(log, topic_name(namespace, topic))]
+            for topic in REPORT_TOPICS
+        }
+
+
+def run_report(settings: ReportSettings) -> int:
+    """Entry point of `orl report`."""
+    scorer = None
+    if settings.scenario:
+        scenario_scorer = get_scenario(settings.scenario).scorer
+        scorer = lambda prompt, answer: scenario_scorer(prompt, answer).score  # noqa: E731
+    events = asyncio.run(read_report_events(settings.effective_log_url(), settings.namespace))
+    rows = version_figures(events, scorer)
+    if not rows:
+        raise OrlError(f"namespace {settings.namespace!r} has no served turn, checkpoint or activation yet")
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    table = render_markdown(settings.namespace, rows, settings.scenario)
+    (settings.out_dir / "report.md").write_text(table)
+    (settings.out_dir / "report.json").write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    plot_report(settings.namespace, rows, settings.out_dir / "report.png")
+    print(table, end="")
+    print(f"wrote {settings.out_dir / 'report.md'}, report.json and report.png")
+    return 0

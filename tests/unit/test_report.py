@@ -1,0 +1,87 @@
+"""`orl report`'s figures per policy version, from events shaped as on the log."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from orl.report import render_markdown, version_figures
+
+
+def turn(
+    turn_id: str, session: str, version: int, question: str, answer: str, kind: str = "main"
+) -> list[dict]:
+    envelope = {"turn_id": turn_id, "session_id": session, "event_type": "RequestReceived"}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]
+    request = {
+        "envelope": envelope,
+        "request_id": f"r-{turn_id}",
+        "turn_kind": kind,
+        "messages_json": json.dumps(messages),
+    }
+    response = {
+        "envelope": {**envelope, "event_type": "ResponseGenerated"},
+        "request_id": f"r-{turn_id}",
+        "policy_version": version,
+        "response_text": answer,
+    }
+    return [request, response]
+
+
+def reward(turn_id: str, value: float, promoted: bool = False) -> dict:
+    return {
+        "envelope": {"turn_id": turn_id, "event_type": "RewardDecided"},
+        "reward": value,
+        "promoted": promoted,
+    }
+
+
+def events() -> dict[str, list[dict[str, Any]]]:
+    turns = [
+        turn("t1", "s1", 0, "How do photosynthesis plants work?", "Plants use photosynthesis to make sugar."),
+        turn("t2", "s1", 0, "Thanks", "You're"),  # the session's closing turn: judged 0
+        turn("t3", "s2", 0, "What is a noun?", "I like trains."),
+        turn("t4", "s3", 1, "What is a noun?", "A noun names a thing."),
+        turn("t5", "s3", 1, "And a verb?", "A verb is an action word, like run."),
+        turn("e1", "x", 1, "What is a noun?", "A noun names a person or thing.", kind="side"),
+        turn("e2", "x", 1, "What is a verb?", "**Verb**: an action.", kind="side"),
+    ]
+    feedback = {
+        "envelope": {"turn_id": "t4", "event_type": "NextStateObserved"},
+        "outcome": {"kind": "thumbs", "thumbs": 1, "reward": None},
+    }
+    return {
+        "requests": [pair[0] for pair in turns],
+        "responses": [pair[1] for pair in turns],
+        "rewards": [reward("t1", 1), reward("t2", 0), reward("t3", -1), reward("t4", 1), reward("t5", -1, promoted=True)],
+        "next_states": [feedback],
+        "train_steps": [{"policy_version": 1, "kl": 0.05}],
+        "policy_activations": [
+            {"envelope": {"event_type": "PolicyActivated"}, "version": 1, "server_id": "serve-0"},
+            {"envelope": {"event_type": "PolicyRejected"}, "version": 2, "server_id": "trainer", "reason": "sha256 mismatch"},
+        ],
+    }  # fmt: skip
+
+
+def test_each_version_gets_its_approval_relevance_feedback_kl_and_refusals() -> None:
+    v0, v1, v2 = version_figures(events())
+    assert (v0.version, v0.main_turns, v0.judged_turns, v0.neutral_turns) == (0, 3, 2, 1)
+    assert v0.approval is not None and v0.approval.mean == pytest.approx(0.5)  # one session +1, one -1
+    assert v0.relevance == pytest.approx(0.5)  # "I like trains." says nothing about nouns
+    assert v0.kl is None and v0.satisfied is None and v0.activations == 0
+    assert (v1.main_turns, v1.judged_turns) == (2, 1)  # the promoted turn is not a judgement
+    assert v1.approval is not None and v1.approval.mean == 1.0 and v1.satisfied == 1.0
+    assert (v1.kl, v1.activations, v1.held_out_score) == (0.05, 1, None)  # no scorer: side turns unscored
+    assert (v2.main_turns, v2.refusals) == (0, ["trainer: sha256 mismatch"])
+
+
+def test_side_turns_are_scored_per_prompt_with_the_given_scorer() -> None:
+    rows = version_figures(events(), scorer=lambda prompt, answer: 0.0 if "**" in answer else 1.0)
+    v1 = rows[1]
+    assert v1.held_out_samples == 2 and v1.held_out_score is not None
+    assert v1.held_out_score.mean == pytest.approx(0.5) and v1.held_out_relevance == 1.0
+    table = render_markdown("live", rows, "student")
+    assert "| 1 | 2 | 1 | 1.00 [1.00, 1.00] | 0 | 1.00 (1) |" in table
+    assert "- v2: trainer: sha256 mismatch" in table
