@@ -22,6 +22,7 @@ class UpStack:
     data_dir: Path
     log_path: Path
     api_key: str
+    process: subprocess.Popen[bytes]  # `orl up` itself (the supervisor)
 
     @property
     def log_url(self) -> str:
@@ -53,7 +54,7 @@ def running_up(
         base_url = f"http://127.0.0.1:{port}"
         wait_ready(base_url, process, 240, log_path, what="orl up")
         api_key = json.loads((data_dir / "keys.json").read_text())["api_key"]
-        yield UpStack(base_url, data_dir, log_path, api_key)
+        yield UpStack(base_url, data_dir, log_path, api_key, process)
     finally:
         process.send_signal(signal.SIGTERM)
         try:
