@@ -3,7 +3,7 @@
 Everything here subclasses or leans on faust-streaming's private internals (its aiokafka consumer
 thread, consumer and transport), so the version is pinned (pyproject.toml) and checked when a worker
 starts (`check_faust_version`): another version fails loudly rather than silently losing records.
-tests/integration/test_faust_multiworker.py shows each defect. One of them loses records: faust can
+tests/integration/test_faust_multiworker.py shows each defect; docs/faust-notes.md writes them up for upstream. One of them loses records: faust can
 drop records it fetched while a rebalance seeks the partitions and then commit past them. The
 consumer tells the agents every offset it fetches (`PipelineConsumer`); an agent that sees a gap
 holding fetched offsets it never handled reads those records from the broker and handles them
@@ -184,6 +184,7 @@ class PipelineApp(faust.App):
 
 class PipelineConsumer(faust_aiokafka.Consumer):
     fetch_round = 0
+    _fetched: dict[TP, set[int]] | None = None  # per partition: fetched offsets not yet committed past
 
     async def _wait_next_records(self, timeout: float) -> tuple[RecordMap | None, set[TP] | None]:
         """faust's fetch, then every fetched offset to the agents (with this fetch's number), before any is delivered."""
@@ -193,9 +194,49 @@ class PipelineConsumer(faust_aiokafka.Consumer):
             listeners = cast(PipelineApp, self.app).fetch_listeners
             for tp, batch in records.items():
                 offsets = [record.offset for record in batch]
+                self.fetched_offsets(tp).update(offsets)
                 for listener in listeners:
                     listener(tp.topic, tp.partition, offsets, self.fetch_round)
         return records, active_partitions
+
+    def fetched_offsets(self, tp: TP) -> set[int]:
+        if self._fetched is None:
+            self._fetched = {}
+        return self._fetched.setdefault(tp, set())
+
+    def _new_offset(self, tp: TP) -> int | None:
+        """faust's next commit offset for `tp`, unless it would pass a fetched record that no agent handled.
+
+        The head-gap defect (docs/faust-notes.md): faust-streaming 0.15.3 commits past ONE missing
+        offset at the head of the acknowledged ones (meant for a transaction's commit marker, which
+        takes an offset and is never fetched) and checks the head not at all in a partition with no
+        committed offset (or one committed at 0). A data record fetched there and dropped by a
+        rebalance was then committed past and lost. Fetched offsets are known here, so the commit
+        waits until such a record is handled (the agents re-read it: InputProgress). Called by faust
+        before it mutates its acknowledged list, so returning None keeps every acknowledgement.
+        """
+        acked = self._acked[tp]
+        if acked:
+            committed = self._committed_offset[tp]
+            fetched = self.fetched_offsets(tp)
+            start = committed if committed is not None else min(fetched, default=min(acked))
+            gap = self._gap[tp]
+            head = min(acked)
+            unhandled = [
+                o
+                for o in range(start, head)
+                if o in fetched and o not in self._acked_index[tp] and not gap[o]
+            ]
+            if unhandled:
+                logger.warning(
+                    "%s: not committing past fetched offsets %s that no agent handled yet", tp, unhandled[:10]
+                )
+                return None
+        offset = cast(int | None, super()._new_offset(tp))
+        if offset is not None:
+            fetched = self.fetched_offsets(tp)
+            fetched.difference_update([o for o in fetched if o < offset])
+        return offset
 
     def acknowledge(self, topic: str, partition: int, offsets: Sequence[int]) -> None:
         """Mark records an agent handled outside faust's stream as acknowledged, as `Consumer.ack` does.
