@@ -24,6 +24,7 @@ job), so batching, resume and the events cannot drift apart between backends.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import math
 import tempfile
@@ -62,7 +63,7 @@ from trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-OPTIMIZER_STATE = f"{TRAINER_STATE_DIR}/optimizer.pt"  # torch.save of the optimizer's state_dict
+OPTIMIZER_STATE = "optimizer.pt"  # the torch backend's file under TRAINER_STATE_DIR
 
 POLL_MAX_RECORDS = 256
 
@@ -169,17 +170,17 @@ def publish_step(
     batch: Batch,
     step: StepResult,
     work_dir: Path,
-    optimizer: torch.optim.Optimizer | None = None,
+    trainer_state: Mapping[str, bytes] | None = None,
 ) -> Manifest:
     """Save the policy to a temp folder and publish it as `version`, trained from `parent_version` (0: the
-    base model), files first, manifest last. With `optimizer`, its state goes along (OPTIMIZER_STATE),
-    so a resume continues exactly."""
+    base model), files first, manifest last. `trainer_state` (file name -> bytes, the optimizer's
+    state) goes along under TRAINER_STATE_DIR, so a resume continues exactly."""
     with tempfile.TemporaryDirectory(prefix=f"v{version:08d}-", dir=work_dir) as tmp:
         policy.save(Path(tmp))
-        if optimizer is not None:
-            state_file = Path(tmp) / OPTIMIZER_STATE
-            state_file.parent.mkdir()
-            torch.save(optimizer.state_dict(), state_file)
+        for name, data in (trainer_state or {}).items():
+            state_file = Path(tmp) / TRAINER_STATE_DIR / name
+            state_file.parent.mkdir(exist_ok=True)
+            state_file.write_bytes(data)
         return publish_checkpoint(
             store,
             settings.run_id,
@@ -218,20 +219,27 @@ def check_resumable(settings: TrainSettings, point: ResumePoint) -> None:
         )
 
 
-def restore_optimizer(optimizer: torch.optim.Optimizer, point: ResumePoint) -> bool:
-    """Load the resumed checkpoint's optimizer state into `optimizer`; False if it has none.
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> bytes:
+    """The optimizer's state_dict as torch.save writes it (tensors and numbers: loads with weights_only)."""
+    buffer = io.BytesIO()
+    torch.save(optimizer.state_dict(), buffer)
+    return buffer.getvalue()
 
-    A checkpoint written before optimizer states were saved (or by the megatron backend) has none:
-    the moments then start from zero, which is said in the log.
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, checkpoint_dir: Path | None, name: str) -> bool:
+    """Load `checkpoint_dir`'s TRAINER_STATE_DIR/`name` into `optimizer`; False if there is none.
+
+    A checkpoint written before optimizer states were saved has none (nor does a run's start from
+    another run's checkpoint, `--init-from`): the moments then start from zero, which is logged.
     """
-    if point.manifest is None or point.checkpoint_dir is None:
+    if checkpoint_dir is None:
         return False
-    state_file = point.checkpoint_dir / OPTIMIZER_STATE
+    state_file = checkpoint_dir / TRAINER_STATE_DIR / name
     if not state_file.is_file():
-        log.warning("v%d has no optimizer state: AdamW's moments start from zero", point.version)
+        log.warning("%s has no %s: AdamW's moments start from zero", checkpoint_dir, name)
         return False
     optimizer.load_state_dict(torch.load(state_file, weights_only=True))
-    log.info("optimizer state of v%d restored", point.version)
+    log.info("optimizer state restored from %s", state_file)
     return True
 
 
@@ -372,7 +380,7 @@ class TorchStepRunner:
             batch,
             step,
             self.work_dir,
-            self.optimizer,
+            {OPTIMIZER_STATE: optimizer_state_bytes(self.optimizer)},
         )
 
     async def waiting(self) -> None:
@@ -397,7 +405,8 @@ async def run_trainer(
     optimizer = torch.optim.AdamW(
         policy.trainable_parameters(), lr=settings.effective_lr(), betas=(0.9, 0.999), weight_decay=0.0
     )
-    restore_optimizer(optimizer, point)
+    if point.manifest is not None:  # a resume (not a start from --init-from)
+        restore_optimizer(optimizer, point.checkpoint_dir, OPTIMIZER_STATE)
     board = CoreBoard(settings.data_dir / "cores", settings.threads or available_cores())
     fit_threads_every_layer(policy.module, board)
     log.info(

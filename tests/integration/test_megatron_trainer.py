@@ -333,3 +333,35 @@ def test_orl_train_megatron_two_steps_then_exact_resume(tiny_model_dir: Path, tm
     assert f"was trained from --model {str(tiny_model_dir)!r}" in output
     assert "orl train: error: rank 0 could not resume: run 'megatron-run' was trained from" in output
     assert sorted(manifests(store, RUN)) == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_orl_train_megatron_restarted_after_each_step_equals_an_uninterrupted_run(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Weights and every rank's AdamW state equal after step 2, at tensor parallel 2 (optimizer resume)."""
+    store = LocalObjectStore(tmp_path / "objects")
+    asyncio.run(append(tmp_path / "log.db", [sample_event(i) for i in range(4)]))
+    torchrun_orl_train(tmp_path, tiny_model_dir, 2, "--tensor-parallel", "2", "--run-id", "straight")
+    for _ in range(2):
+        torchrun_orl_train(tmp_path, tiny_model_dir, 1, "--tensor-parallel", "2", "--run-id", "restarted")
+    runs = {run_id: manifests(store, run_id)[2] for run_id in ("straight", "restarted")}
+    assert runs["straight"].metrics["sample_ids"] == runs["restarted"].metrics["sample_ids"]
+    folders = {run_id: tmp_path / run_id for run_id in runs}
+    for run_id, manifest in runs.items():
+        download_and_verify(store, manifest.manifest_key, folders[run_id], manifest.sha256)
+    straight, restarted = (
+        load_file(str(folders[r] / "model.safetensors")) for r in ("straight", "restarted")
+    )
+    assert straight.keys() == restarted.keys()
+    assert all(torch.equal(straight[name], restarted[name]) for name in straight)
+    state_files = sorted(p.name for p in (folders["straight"] / "trainer_state").iterdir())
+    assert state_files == ["optimizer-tp0-of-2-dp0-of-1.pt", "optimizer-tp1-of-2-dp0-of-1.pt"]
+    for name in state_files:
+        states = [
+            torch.load(folders[r] / "trainer_state" / name, weights_only=True)["state"]
+            for r in ("straight", "restarted")
+        ]
+        assert states[0].keys() == states[1].keys() and len(states[0]) > 0
+        for index, moments in states[0].items():
+            assert all(torch.equal(value, states[1][index][key]) for key, value in moments.items()), name

@@ -20,8 +20,10 @@ events and metrics. Its `MegatronStepRunner` drives the other ranks through a co
 - `stop`: rank 0's loop ended (max_steps or the idle exit); every rank returns.
 
 Reads `<ns>.samples` and `checkpoints/<run>/` (rank 0; the resumed version on other nodes); writes
-`checkpoints/<run>/<version>/`, `<ns>.train_steps` and `<ns>.checkpoints` (rank 0 only). As in the
-torch backend, Adam's moments are not checkpointed.
+`checkpoints/<run>/<version>/`, `<ns>.train_steps` and `<ns>.checkpoints` (rank 0 only). Each rank's
+AdamW state goes into the checkpoint too (`trainer_state/optimizer-tp<i>-of-<t>-dp<j>-of-<d>.pt`,
+gathered to rank 0 after the weights); a resume with the same parallel layout loads it and continues
+exactly, as the torch backend does, and one with another layout starts the moments from zero.
 """
 
 from __future__ import annotations
@@ -48,8 +50,10 @@ from trainer.loop import (
     check_resumable,
     consume_and_train,
     loss_config,
+    optimizer_state_bytes,
     prepare_resume,
     publish_step,
+    restore_optimizer,
 )
 from trainer.megatron_backend.batch_file import sample_from_json, sample_to_json
 from trainer.megatron_backend.export import gather_checkpoint
@@ -59,6 +63,7 @@ from trainer.megatron_backend.model import MegatronPolicy, load_megatron_policy
 from trainer.megatron_backend.parallel import (
     ParallelContext,
     broadcast_json,
+    gather_bytes,
     init_parallel,
     shutdown_parallel,
 )
@@ -122,7 +127,27 @@ def _load(
     optimizer = torch.optim.AdamW(
         policy.trainable_parameters(), lr=settings.effective_lr(), betas=(0.9, 0.999), weight_decay=0.0
     )
+    restore_optimizer(optimizer, init_dir, optimizer_file(parallel))
     return policy, optimizer
+
+
+def optimizer_file(parallel: ParallelContext) -> str:
+    """This rank's optimizer state file under the checkpoint's trainer_state folder, named by its shard.
+
+    A restart with another parallel layout finds no file of its own and starts the moments from zero.
+    """
+    return (
+        f"optimizer-tp{parallel.tp_rank}-of-{parallel.tp_size}-dp{parallel.dp_rank}-of-{parallel.dp_size}.pt"
+    )
+
+
+def gather_optimizer_states(optimizer: torch.optim.Optimizer, parallel: ParallelContext) -> dict[str, bytes]:
+    """Every rank's optimizer state by its file name, on rank 0 ({} elsewhere). A collective."""
+    names = gather_bytes(optimizer_file(parallel).encode(), parallel)
+    states = gather_bytes(optimizer_state_bytes(optimizer), parallel)
+    if names is None or states is None:
+        return {}
+    return {name.decode(): data for name, data in zip(names, states, strict=True)}
 
 
 def _resume_message(point: ResumePoint) -> dict[str, Any]:
@@ -167,8 +192,9 @@ class MegatronStepRunner:
         checkpoint = gather_checkpoint(self.policy)
         if checkpoint is None:
             raise MegatronBackendError("rank 0 must hold the gathered weights")
+        states = gather_optimizer_states(self.optimizer, self.policy.parallel)
         return publish_step(
-            self.store, self.settings, checkpoint, version, parent_version, batch, step, self.work_dir
+            self.store, self.settings, checkpoint, version, parent_version, batch, step, self.work_dir, states
         )
 
     async def train(self, batch: Batch) -> StepResult:
@@ -244,5 +270,6 @@ def _follow(
             raise MegatronBackendError(f"unknown command {command['op']!r} from rank 0")
         samples = tuple(sample_from_json(body, index) for index, body in enumerate(command["samples"]))
         train_step(policy, optimizer, Batch(samples, {}, {}, (0,) * len(samples)), config, settings.grad_clip)
-        gather_checkpoint(policy)  # rank 0 writes and publishes it
+        gather_checkpoint(policy)  # rank 0 writes and publishes it, with every rank's optimizer state
+        gather_optimizer_states(optimizer, parallel)
         steps += 1

@@ -124,6 +124,22 @@ def broadcast_json(message: Any, parallel: ParallelContext) -> Any:
     return json.loads(payload.cpu().numpy().tobytes())
 
 
+def gather_bytes(data: bytes, parallel: ParallelContext) -> list[bytes] | None:
+    """Every rank's `data`, in rank order, on rank 0 (None elsewhere). A collective."""
+    size = torch.tensor([len(data)], dtype=torch.long, device=parallel.device)
+    sizes = [torch.zeros(1, dtype=torch.long, device=parallel.device) for _ in range(parallel.world_size)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    payload = torch.zeros(longest, dtype=torch.uint8, device=parallel.device)
+    if data:
+        payload[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    gathered = [torch.empty_like(payload) for _ in range(parallel.world_size)] if parallel.rank == 0 else None
+    dist.gather(payload, gathered, dst=0)
+    if gathered is None:
+        return None
+    return [g[: int(s.item())].cpu().numpy().tobytes() for g, s in zip(gathered, sizes, strict=True)]
+
+
 def tp_group() -> dist.ProcessGroup:
     from megatron.core import parallel_state
 
