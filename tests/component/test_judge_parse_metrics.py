@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from pipeline.effects.contract import EffectCall
 from pipeline.effects.judge_stage import JudgeStage
 from pipeline.effects.judging import JudgeConfig
 from tests.fixtures.fake_sglang import free_port, serve_in_thread
+from tests.unit.test_pipeline_judge_rules import call as reward_call
 
 RAW_REPLIES = ("The answer is fine. \\boxed{1}", "It seems good to me.", "Wrong. \\boxed{-1}")
 
@@ -34,16 +34,6 @@ def judge_app(replies: itertools.cycle[str]) -> Starlette:
         )
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
-
-
-def reward_call(index: int) -> EffectCall:
-    next_state = {
-        "event_id": "NextStateObserved-1", "namespace": "test", "session_id": "s1", "turn_id": "s1-t0",
-        "occurred_at": 1_700_000_000_000, "role": "user", "content": "thanks", "source": "conversation",
-        "outcome": None,
-    }  # fmt: skip
-    turn = {"messages": [{"role": "user", "content": "Question?"}], "response_text": "Answer."}
-    return EffectCall("reward", {"turn": turn, "next_state": next_state, "vote_index": index})
 
 
 def sample_value(exposition: str, name: str, **labels: str) -> float | None:
