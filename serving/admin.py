@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -11,6 +9,9 @@ from starlette.routing import Route
 from schemas.errors import CheckpointError
 from serving.checkpoint_follower import CheckpointFollower
 from serving.openai_api import bad_request
+from serving.request_guards import json_object, read_body
+
+MAX_BODY_BYTES = 4096  # {"version": n} and nothing else
 
 
 def admin_routes(follower: CheckpointFollower) -> list[Route]:
@@ -18,10 +19,10 @@ def admin_routes(follower: CheckpointFollower) -> list[Route]:
         return JSONResponse(_status(follower))
 
     async def pin(request: Request) -> Response:
-        try:
-            version = json.loads(await request.body())["version"]
-        except (ValueError, KeyError, TypeError) as error:
-            raise bad_request('body must be {"version": <int>}', param="version") from error
+        body = json_object(await read_body(request, MAX_BODY_BYTES))
+        if "version" not in body:
+            raise bad_request('body must be {"version": <int>}', param="version")
+        version = body["version"]
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise bad_request("'version' must be a positive integer", param="version")
         try:

@@ -2,7 +2,8 @@
 
 Routes: POST /v1/chat/completions (plain and server-sent events), GET /v1/models,
 POST /v1/sessions/{id}/end, POST /v1/orl/score (teacher logprobs for the pipeline), GET /healthz,
-/readyz, /metrics, and /admin/* (admin key). Writes RequestReceived, ResponseGenerated and
+/readyz, /metrics, /openapi.json (`serving.openapi`: every route, no key needed), the ingest routes
+and /admin/* (admin key). Unknown routes and methods get OpenAI-shaped 404 / 405 bodies. Writes RequestReceived, ResponseGenerated and
 SessionClosed through the recorder; reads nothing from the log itself.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -25,10 +27,11 @@ from starlette.routing import Route
 from connectors.metrics import Metrics
 from serving.capture import EventRecorder
 from serving.ingest import ingest_routes
-from serving.openai_api import ChatRequest, bad_request, parse_chat_request, parse_score_request
+from serving.openai_api import ChatRequest, bad_request, error_body, parse_chat_request, parse_score_request
+from serving.openapi import openapi_document
 from serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
 from serving.policy.chat_template import ChatTemplate
-from serving.request_guards import guard, read_body
+from serving.request_guards import DEFAULT_BODY_TIMEOUT_S, guard, read_body
 from serving.session_tracker import SessionTracker, TurnAssignment
 from serving.settings import ServeSettings
 from serving.tool_calls import (
@@ -56,6 +59,7 @@ class ServerState:
     tracker: SessionTracker = field(default_factory=SessionTracker)
     ready: bool = False
     admin_routes: list[Route] = field(default_factory=list)
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the longest a request body may take to arrive
 
 
 def build_app(state: ServerState) -> Starlette:
@@ -63,6 +67,7 @@ def build_app(state: ServerState) -> Starlette:
     routes = [
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/readyz", api.readyz, methods=["GET"]),
+        Route("/openapi.json", api.openapi, methods=["GET"]),
         Route(
             "/metrics",
             guard(api.metrics, (state.settings.metrics_key,)) if state.settings.metrics_key else api.metrics,
@@ -82,7 +87,18 @@ def build_app(state: ServerState) -> Starlette:
             for r in state.admin_routes
         ],
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    """Starlette's own refusals (no such route, wrong method) in OpenAI's error shape."""
+    assert isinstance(error, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
+    return JSONResponse(
+        error_body(str(error.detail), "invalid_request_error", code=code),
+        status_code=error.status_code,
+        headers=error.headers,
+    )
 
 
 class _ApiHandlers:
@@ -92,6 +108,9 @@ class _ApiHandlers:
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_document(self.state))
 
     async def readyz(self, request: Request) -> Response:
         ready = self.state.ready
@@ -130,7 +149,7 @@ class _ApiHandlers:
     async def chat(self, request: Request) -> Response:
         started = time.perf_counter()
         req = parse_chat_request(
-            await read_body(request, self.settings.max_body_bytes),
+            await read_body(request, self.settings.max_body_bytes, self.state.body_timeout_s),
             max_tokens_limit=self.settings.max_tokens_limit,
         )
         main = _turn_type(request, self.settings.default_turn_type) == "main"
@@ -167,7 +186,7 @@ class _ApiHandlers:
         return JSONResponse(body, headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id})
 
     async def score(self, request: Request) -> Response:
-        raw = await read_body(request, self.settings.max_body_bytes)
+        raw = await read_body(request, self.settings.max_body_bytes, self.state.body_timeout_s)
         req = parse_score_request(raw, vocab_size=len(self.state.template.tokenizer))
         try:
             prompt_ids = self.state.template.render(req.messages, req.tools)

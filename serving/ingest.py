@@ -109,8 +109,8 @@ class _IngestHandlers:
 
     async def reward(self, request: Request) -> Response:
         body = await self._body(request)
-        if "reward" not in body:
-            raise PayloadError("'reward' is required", "reward")
+        if body.get("reward") is None:  # null too: a reward of nothing is not a reward of 0
+            raise PayloadError("'reward' is required (a finite number)", "reward")
         reward = finite_number(body["reward"], "reward")
         detail = body.get("detail")
         if detail is not None and not isinstance(detail, dict):
@@ -146,8 +146,8 @@ class _IngestHandlers:
         )
 
     async def _body(self, request: Request, *, allow_empty: bool = False) -> dict[str, Any]:
-        raw = await read_body(request, self.state.settings.max_body_bytes)
-        if allow_empty and not raw.strip():
+        raw = await read_body(request, self.state.settings.max_body_bytes, self.state.body_timeout_s)
+        if allow_empty and not raw:
             return {}
         return json_object(raw)
 

@@ -160,12 +160,29 @@ def _json_object(raw: bytes) -> dict[str, Any]:
             f"request body is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
             code="invalid_json",
         ) from error
+    except ValueError as error:  # an integer literal longer than Python converts (4300 digits)
+        raise bad_request(
+            "request body has an integer of more than 4300 digits", code="invalid_value"
+        ) from error
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object", code="invalid_type")
+    check_encodable(body)
     n = body.get("n", 1)
-    if n != 1:
+    if isinstance(n, bool) or n != 1:
         raise bad_request("only n=1 is supported", param="n")
     return body
+
+
+def check_encodable(value: Any) -> None:
+    """A 400 for a string holding a lone UTF-16 surrogate (JSON's "\\ud800"): valid JSON, but no
+    UTF-8 text, so the tokenizer, the spool and the event codec could not take it."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise bad_request(
+            "request body has a string with a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text",
+            code="invalid_encoding",
+        ) from error
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
@@ -280,7 +297,12 @@ def _top_p(body: dict[str, Any]) -> float:
 
 
 def _max_tokens(body: dict[str, Any], limit: int) -> int | None:
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    """max_completion_tokens (OpenAI's newer name) wins over max_tokens; both must be valid."""
+    given = _token_limit(body, "max_tokens", limit)
+    return _token_limit(body, "max_completion_tokens", limit) or given
+
+
+def _token_limit(body: dict[str, Any], name: str, limit: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -307,6 +329,8 @@ def _seed(value: Any) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request("'seed' must be an integer", param="seed", code="invalid_type")
+    if not -(2**63) <= value < 2**63:  # recorded as a 64-bit integer
+        raise bad_request("'seed' must fit in a signed 64-bit integer", param="seed")
     return value
 
 

@@ -5,18 +5,20 @@ Every error leaves as OpenAI-shaped JSON (`{"error": {...}}`) with the right sta
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from serving.openai_api import ApiError, bad_request, error_body
+from serving.openai_api import ApiError, bad_request, check_encodable, error_body
 from serving.policy.base import PolicyError
 
 Handler = Callable[[Request], Awaitable[Response]]
+DEFAULT_BODY_TIMEOUT_S = 30.0  # the whole body, however it is sent; a client that trickles it gets a 408
 
 
 def api_error(error: ApiError) -> JSONResponse:
@@ -48,7 +50,9 @@ def guard(handler: Handler, keys: tuple[str, ...]) -> Handler:
     return guarded
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> bytes:
+    """The whole body: 413 once it exceeds `limit` (declared or sent, without reading the rest), 408
+    when it has not all arrived within `timeout_s` (a slow client must not hold a handler forever)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise ApiError(
@@ -56,10 +60,26 @@ async def read_body(request: Request, limit: int) -> bytes:
             f"request body of {declared} bytes exceeds the limit of {limit} bytes",
             code="request_too_large",
         )
-    body = await request.body()
-    if len(body) > limit:
-        raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
-    return body
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(
+                        413, f"request body exceeds the limit of {limit} bytes", code="request_too_large"
+                    )
+                chunks.append(chunk)
+    except ClientDisconnect as error:  # nobody will read the answer; the status is for the logs
+        raise ApiError(
+            499, "the client left before its request body arrived", code="client_disconnected"
+        ) from error
+    except TimeoutError as error:
+        raise ApiError(
+            408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout"
+        ) from error
+    return b"".join(chunks)
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
@@ -69,4 +89,5 @@ def json_object(raw: bytes) -> dict[str, Any]:
         raise bad_request(f"request body is not valid JSON: {error}", code="invalid_json") from error
     if not isinstance(value, dict):
         raise bad_request("request body must be a JSON object", code="invalid_type")
+    check_encodable(value)
     return value

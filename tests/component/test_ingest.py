@@ -149,6 +149,7 @@ def test_session_start_returns_a_fresh_id(server: Server) -> None:
         ("/v1/feedback", {"session_id": 7, "thumbs": 1}, 400, "session_id"),
         ("/v1/rewards", {"session_id": "s1"}, 400, "reward"),
         ("/v1/rewards", {"session_id": "s1", "reward": "high"}, 400, "reward"),
+        ("/v1/rewards", {"session_id": "s1", "reward": None}, 400, "reward"),  # was a 500 (tests/fuzz)
         ("/v1/rewards", {"session_id": "s1", "reward": 1, "detail": [1]}, 400, "detail"),
         ("/v1/observations", {"session_id": "s1", "turn_id": "t", "content": "x"}, 400, "source"),
         (
@@ -181,10 +182,20 @@ def test_malformed_payloads_get_a_4xx_with_the_reason(
     assert b"ingest_rejected" in server.state.metrics.exposition()
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"x" * 20_000])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b"x" * 20_000,
+        b'{"session_id": "s1", "turn_id": "t", "text": "\\udc00"}',  # a lone surrogate: was a 500 (tests/fuzz)
+    ],
+)
 def test_unreadable_bodies_are_refused(server: Server, raw: bytes) -> None:
-    reply = server.post("/v1/rewards", raw)
-    assert reply.status_code in (400, 413) and reply.json()["error"]["message"]
+    for path in ("/v1/rewards", "/v1/feedback"):
+        reply = server.post(path, raw)
+        assert reply.status_code in (400, 413) and reply.json()["error"]["message"]
+    assert server.next_states() == []
 
 
 def test_every_ingest_route_needs_the_api_key(server: Server) -> None:

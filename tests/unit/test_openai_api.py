@@ -61,6 +61,13 @@ def test_sampling_parameters_and_stream_options_are_read() -> None:
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        # found by tests/fuzz: each of these was accepted (n=true) or crashed the handler (a 500)
+        ({"messages": [{"role": "user", "content": "x"}], "n": True}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "seed": 2**63}, "seed"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 5, "max_tokens": "x"},
+            "max_tokens",
+        ),
         (
             {
                 "messages": [{"role": "user", "content": "x"}],
@@ -78,6 +85,17 @@ def test_invalid_json_and_utf8_are_400() -> None:
     assert rejected(b"{not json").code == "invalid_json"
     assert rejected(b'{"messages": "\xff"}').code == "invalid_encoding"
     assert rejected([1, 2]).code == "invalid_type"
+
+
+def test_unencodable_json_is_400_not_a_crash() -> None:
+    """Found by tests/fuzz: both parsed as JSON, then failed deep in the handler with a 500."""
+    lone_surrogate = b'{"messages": [{"role": "user", "content": "\\ud800"}]}'
+    assert rejected(lone_surrogate).code == "invalid_encoding"
+    huge_integer = b'{"messages": [], "seed": ' + b"9" * 5000 + b"}"
+    assert rejected(huge_integer).code == "invalid_value"
+    # a surrogate pair is one character, not an error
+    pair = b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'
+    assert parse(pair).messages[0]["content"] == "\U0001f600"
 
 
 def test_tool_calls_are_parsed_into_openai_shape() -> None:
