@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from connectors.checkpoint_store import Manifest, incomplete_checkpoints, latest_checkpoint
@@ -30,6 +31,7 @@ from connectors.object_store.local_store import LocalObjectStore
 from schemas.codec import decode, encode
 from schemas.events import make_event
 from schemas.topics import topic_name
+from tests.integration.serve_process import ADMIN_KEY, serve_process
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -197,7 +199,8 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_run_goes_on_from_the_one
     ready_ids = [e["envelope"]["event_id"] for e in events if e["envelope"]["event_type"] == "SampleReady"]
     assert trained == ready_ids  # along the good chain: every sample once, in topic order
 
-    activations = asyncio.run(read_topic(db, topic_name(NAMESPACE, "policy_activations")))
+    activations_topic = topic_name(NAMESPACE, "policy_activations")
+    activations = asyncio.run(read_topic(db, activations_topic))
     refusals = [decode(r.value) for r in activations]
     assert [(e["server_id"], e["version"]) for e in refusals] == [("trainer", 3)], refusals
     assert "sha256" in refusals[0]["reason"] and refusals[0]["uri"].endswith(f"{RUN}/00000003/")
@@ -213,6 +216,21 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_run_goes_on_from_the_one
     (step,) = json.loads(capsys.readouterr().out)["train_steps"]
     assert [(r["by"], r["event_id"]) for r in step["served"]["refusals"]] == [
         ("trainer", refusals[0]["envelope"]["event_id"])
+    ]
+
+    # A server started on the run when its newest checkpoint is corrupt serves the one before it.
+    flip_one_byte(tmp_path / "objects" / "checkpoints" / RUN / "00000006" / "adapter_model.safetensors")
+    env = {"ORL_RUN_ID": RUN, "ORL_NAMESPACE": NAMESPACE}
+    with serve_process(tmp_path, log_url=f"sqlite:///{db}", extra_env=env) as server:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        assert httpx.get(f"{server.base_url}/admin/policy", headers=admin).json()["policy_version"] == 5
+        deadline = time.monotonic() + 30
+        while not (served := [decode(r.value) for r in asyncio.run(read_topic(db, activations_topic))][1:]):
+            assert time.monotonic() < deadline, "the server's policy events never reached the log"
+            time.sleep(0.5)
+    assert [(e["envelope"]["event_type"], e["version"]) for e in served] == [
+        ("PolicyRejected", 6),
+        ("PolicyActivated", 5),
     ]
 
 
