@@ -31,7 +31,7 @@ from serving.openai_api import ChatRequest, bad_request, error_body, parse_chat_
 from serving.openapi import openapi_document
 from serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
 from serving.policy.chat_template import ChatTemplate
-from serving.request_guards import DEFAULT_BODY_TIMEOUT_S, guard, read_body
+from serving.request_guards import guard, read_body
 from serving.session_tracker import SessionTracker, TurnAssignment
 from serving.settings import ServeSettings
 from serving.tool_calls import (
@@ -59,7 +59,6 @@ class ServerState:
     tracker: SessionTracker = field(default_factory=SessionTracker)
     ready: bool = False
     admin_routes: list[Route] = field(default_factory=list)
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the longest a request body may take to arrive
 
 
 def build_app(state: ServerState) -> Starlette:
@@ -149,7 +148,7 @@ class _ApiHandlers:
     async def chat(self, request: Request) -> Response:
         started = time.perf_counter()
         req = parse_chat_request(
-            await read_body(request, self.settings.max_body_bytes, self.state.body_timeout_s),
+            await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s),
             max_tokens_limit=self.settings.max_tokens_limit,
         )
         main = _turn_type(request, self.settings.default_turn_type) == "main"
@@ -186,7 +185,7 @@ class _ApiHandlers:
         return JSONResponse(body, headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id})
 
     async def score(self, request: Request) -> Response:
-        raw = await read_body(request, self.settings.max_body_bytes, self.state.body_timeout_s)
+        raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
         req = parse_score_request(raw, vocab_size=len(self.state.template.tokenizer))
         try:
             prompt_ids = self.state.template.render(req.messages, req.tools)

@@ -146,7 +146,7 @@ class _IngestHandlers:
         )
 
     async def _body(self, request: Request, *, allow_empty: bool = False) -> dict[str, Any]:
-        raw = await read_body(request, self.state.settings.max_body_bytes, self.state.body_timeout_s)
+        raw = await read_body(request, self.state.settings.max_body_bytes, self.state.settings.body_timeout_s)
         if allow_empty and not raw:
             return {}
         return json_object(raw)

@@ -26,6 +26,11 @@ class ServeSettings(ConnectionSettings):
     default_max_tokens: int = setting(256, "ORL_DEFAULT_MAX_TOKENS", "max_tokens when a request gives none.")
     max_tokens_limit: int = setting(4096, "ORL_MAX_TOKENS_LIMIT", "Largest max_tokens a request may ask for.")
     max_body_bytes: int = setting(4_000_000, "ORL_MAX_BODY_BYTES", "Largest request body accepted (bytes).")
+    body_timeout_s: float = setting(
+        30.0,
+        "ORL_BODY_TIMEOUT_S",
+        "Longest a request body may take to arrive, however it is sent; a slower client gets a 408.",
+    )
     max_batch_size: int = setting(
         16,
         "ORL_MAX_BATCH_SIZE",

@@ -89,13 +89,13 @@ def fuzz_state(tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path) -
             metrics_key=METRICS_KEY,
             webhooks_file=str(root / "webhooks.json"),
             max_body_bytes=MAX_BODY_BYTES,
+            body_timeout_s=BODY_TIMEOUT_S,
         ),
         backend=backend,
         template=ChatTemplate.from_dir(base_model_dir),
         recorder=recorder,
         metrics=metrics,
         admin_routes=admin_routes(follower),
-        body_timeout_s=BODY_TIMEOUT_S,
     )
     state.ready = True
     yield state
