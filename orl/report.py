@@ -15,7 +15,8 @@ For every policy version that served a turn (0 is the base model):
   mean **words** (judged answers only: a client's closing turn that no one judges says little);
 - **KL** to the base: the trainer's KL at the step that made the version;
 - **activations** and **refusals** of the version by servers and the trainer (PolicyActivated,
-  PolicyRejected).
+  PolicyRejected), and whether the trainer **rolled it back** (PolicyRolledBack: judged worse than
+  its parent, whose weights were republished as a new version).
 
 With `--scenario student|teacher` the side turns (the demo's held-out evaluation asks its prompts as
 side turns) are scored per version with that scenario's scorer, with the demo's intervals: the
@@ -40,12 +41,15 @@ from connectors.event_log.reading import read_to_end
 from connectors.settings import ConnectionSettings, setting
 from orl.demo.scenarios import get_scenario
 from orl.demo.scoring import bootstrap_ci, relevance, word_count
+from pipeline.history.namespace_io import partition_count
 from schemas.codec import decode
 from schemas.errors import OrlError
 from schemas.messages import prompt_text
 from schemas.topics import topic_name
 
-REPORT_TOPICS = ("requests", "responses", "next_states", "rewards", "train_steps", "policy_activations")
+REPORT_TOPICS = (
+    "requests", "responses", "next_states", "rewards", "train_steps", "checkpoints", "policy_activations",
+)  # fmt: skip
 Event = dict[str, Any]
 Scorer = Callable[[str, str], float]
 
@@ -83,6 +87,7 @@ class VersionFigures:
     kl: float | None = None
     activations: int = 0
     refusals: list[str] = field(default_factory=list)
+    rolled_back: str | None = None  # "to vP as vN (approval a vs b)"
     held_out_samples: int = 0
     held_out_score: Interval | None = None
     held_out_relevance: float | None = None
@@ -164,6 +169,13 @@ def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = N
             feedback[served[0]].append(positive)
     for step in events.get("train_steps", []):
         of(int(step["policy_version"])).kl = float(step["kl"])
+    for rolled in events.get("checkpoints", []):
+        if rolled["envelope"]["event_type"] == "PolicyRolledBack":
+            of(int(rolled["new_version"]))
+            of(int(rolled["from_version"])).rolled_back = (
+                f"to v{rolled['to_version']} as v{rolled['new_version']} (approval "
+                f"{rolled['from_approval']:.2f} vs {rolled['to_approval']:.2f} over {rolled['window']} turns)"
+            )
     for activation in events.get("policy_activations", []):
         figures = of(int(activation["version"]))
         if activation["envelope"]["event_type"] == "PolicyActivated":
@@ -241,6 +253,9 @@ def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str) -
     refusals = [(r.version, reason) for r in rows for reason in r.refusals]
     if refusals:
         lines += ["", "Refusals:", ""] + [f"- v{version}: {reason}" for version, reason in refusals]
+    rollbacks = [(r.version, r.rolled_back) for r in rows if r.rolled_back]
+    if rollbacks:
+        lines += ["", "Rollbacks:", ""] + [f"- v{version} rolled back {what}" for version, what in rollbacks]
     return "\n".join(lines) + "\n"
 
 
@@ -273,11 +288,14 @@ def plot_report(namespace: str, rows: list[VersionFigures], path: Path) -> None:
 
 
 async def read_report_events(log_url: str, namespace: str) -> dict[str, list[Event]]:
+    """Every event of the report's topics; a topic the namespace does not have yet reads as empty."""
     async with open_event_log(log_url) as log:
-        return {
-            topic: [decode(r.value) for r in await read_to_end(log, topic_name(namespace, topic))]
-            for topic in REPORT_TOPICS
-        }
+        events: dict[str, list[Event]] = {}
+        for topic in REPORT_TOPICS:
+            name = topic_name(namespace, topic)
+            exists = await partition_count(log, name) is not None
+            events[topic] = [decode(r.value) for r in await read_to_end(log, name)] if exists else []
+        return events
 
 
 def run_report(settings: ReportSettings) -> int:

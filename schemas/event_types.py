@@ -315,6 +315,28 @@ class CheckpointPublished(TypedDict):
     sample_id_digest: str
 
 
+class PolicyRolledBack(TypedDict):
+    """The trainer saw a version's judged approval fall below its parent's and republished the parent's weights
+    as a new version (topic: checkpoints).
+    """
+
+    envelope: Envelope
+    run_id: str
+    # the version judged worse
+    from_version: int
+    # its parent, whose weights are restored (0 = the base model)
+    to_version: int
+    # the version published with the restored weights
+    new_version: int
+    # judged turns compared per version
+    window: int
+    margin: float
+    # share of the from_version's last window judged turns rewarded above 0
+    from_approval: float
+    # the same share for to_version
+    to_approval: float
+
+
 class PolicyActivated(TypedDict):
     """A server now serves a policy version (topic: policy_activations)."""
 
@@ -364,6 +386,7 @@ EVENT_CLASSES: dict[str, type] = {
     "SampleRejected": SampleRejected,
     "TrainStepCompleted": TrainStepCompleted,
     "CheckpointPublished": CheckpointPublished,
+    "PolicyRolledBack": PolicyRolledBack,
     "PolicyActivated": PolicyActivated,
     "PolicyRejected": PolicyRejected,
     "DeadLettered": DeadLettered,

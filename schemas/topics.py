@@ -21,7 +21,7 @@ TOPICS: dict[str, tuple[str, ...]] = {
     "teacher_scores": ("TeacherScored",),
     "samples": ("SampleReady", "SampleRejected"),
     "train_steps": ("TrainStepCompleted",),
-    "checkpoints": ("CheckpointPublished",),
+    "checkpoints": ("CheckpointPublished", "PolicyRolledBack"),
     "policy_activations": ("PolicyActivated", "PolicyRejected"),
 }
 DEAD_LETTER_EVENT = "DeadLettered"

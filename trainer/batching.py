@@ -49,6 +49,7 @@ class TrainingSample:
     offset: int
     teacher_top_ids: tuple[tuple[int, ...], ...] | None = None  # [T][K] for top-K distillation
     teacher_top_logprobs: tuple[tuple[float, ...], ...] | None = None  # [T][K], at `temperature`
+    promoted: bool = False  # an at-least-one promotion: its reward is not a judgement of the answer
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ def training_sample(pending: _Pending) -> TrainingSample:
         offset=pending.record.offset,
         teacher_top_ids=_rows(event.get("teacher_top_ids")),
         teacher_top_logprobs=_rows(event.get("teacher_top_logprobs")),
+        promoted=bool(event["promoted"]),
     )
 
 

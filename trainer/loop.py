@@ -27,6 +27,7 @@ import asyncio
 import io
 import logging
 import math
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -37,13 +38,24 @@ from typing import Any, Protocol
 
 import torch
 
-from connectors.checkpoint_store import TRAINER_STATE_DIR, Manifest, publish_checkpoint
+from connectors.checkpoint_store import (
+    MANIFEST_NAME,
+    TRAINER_STATE_DIR,
+    Manifest,
+    complete_versions,
+    download_and_verify,
+    publish_checkpoint,
+    read_manifest,
+    version_prefix,
+)
 from connectors.compute import CoreBoard, available_cores, resolved_numerics
-from connectors.event_log.base import EventLog, TopicPartition
+from connectors.event_log.base import EventLog, OutgoingRecord, TopicPartition
 from connectors.event_log.catalog import create_catalog_topics
 from connectors.metrics import Metrics
 from connectors.object_store.base import ObjectStore
-from schemas.errors import ConfigError, OrlError
+from schemas.codec import encode
+from schemas.errors import CheckpointError, ConfigError, OrlError
+from schemas.events import make_event
 from schemas.topics import topic_name
 from trainer.batch_loss import LossConfig, batch_loss
 from trainer.batching import Batch, SampleBatcher
@@ -51,6 +63,7 @@ from trainer.core_sharing import fit_threads_every_layer
 from trainer.flush_request import FlushRequest
 from trainer.policy_model import LoraSettings, PolicyKind, PolicyModel, load_policy
 from trainer.resume import (
+    PRODUCER,
     ResumePoint,
     append_step_events,
     find_init_point,
@@ -58,6 +71,7 @@ from trainer.resume import (
     record_refusals,
     reemit_missing_events,
 )
+from trainer.rollback import Rollback, RollbackWatch
 from trainer.sample_stream import SampleStream
 from trainer.settings import TrainSettings
 
@@ -329,6 +343,73 @@ async def prepare_resume(
     return point
 
 
+def recent_lineage(store: ObjectStore, run_id: str, count: int = 16) -> list[tuple[int, int]]:
+    """(version, parent) of the run's newest `count` published versions, oldest first (unreadable ones left out)."""
+    lineage = []
+    for version in complete_versions(store, run_id)[-count:]:
+        try:
+            manifest = read_manifest(store, version_prefix(run_id, version) + MANIFEST_NAME)
+        except CheckpointError:
+            continue
+        lineage.append((version, manifest.parent_version or 0))
+    return lineage
+
+
+async def roll_back(
+    settings: TrainSettings,
+    log_: EventLog,
+    store: ObjectStore,
+    runner: StepRunner,
+    rollback: Rollback,
+    version: int,
+    point: ResumePoint,
+    offsets: Mapping[TopicPartition, int],
+) -> int:
+    """Republish `rollback.to_version`'s weights as the next version and continue from them; returns it.
+
+    The restored version covers no new sample (its offsets are the newest published version's), so a
+    restart resumes where the trainer was. Appends its TrainStepCompleted and CheckpointPublished,
+    then PolicyRolledBack with the figures.
+    """
+    restored_dir = None
+    if rollback.to_version > 0:
+        key = version_prefix(settings.run_id, rollback.to_version) + MANIFEST_NAME
+        restored_dir = point_dir = Path(tempfile.mkdtemp(prefix=f"restore-{rollback.to_version:08d}-"))
+        await asyncio.to_thread(download_and_verify, store, key, point_dir)
+    await runner.restore(restored_dir)
+    new_version = max(version, point.newest_version) + 1
+    log.warning(
+        "rollback: v%d's approval %.2f is below its parent v%d's %.2f by more than %.2f over %d judged turns "
+        "each; republishing v%d's weights as v%d",
+        rollback.from_version, rollback.from_approval, rollback.to_version, rollback.to_approval,
+        settings.rollback_margin, settings.rollback_window, rollback.to_version, new_version,
+    )  # fmt: skip
+    empty = Batch((), dict(offsets), {}, ())
+    restored = StepResult({"rollback_of": rollback.from_version, "restored": rollback.to_version})
+    manifest = await runner.publish(new_version, rollback.to_version, empty, restored)
+    await append_step_events(log_, manifest, settings.namespace, folder_uri(store, manifest))
+    event = make_event(
+        "PolicyRolledBack",
+        id_parts=[settings.run_id, rollback.from_version, new_version],
+        namespace=settings.namespace,
+        producer=PRODUCER,
+        occurred_at_ms=int(time.time() * 1000),
+        run_id=settings.run_id,
+        from_version=rollback.from_version,
+        to_version=rollback.to_version,
+        new_version=new_version,
+        window=settings.rollback_window,
+        margin=settings.rollback_margin,
+        from_approval=rollback.from_approval,
+        to_approval=rollback.to_approval,
+    )
+    topic = topic_name(settings.namespace, "checkpoints")
+    await log_.append(topic, OutgoingRecord(value=encode(event), key=settings.run_id.encode()))
+    if restored_dir is not None:
+        shutil.rmtree(restored_dir, ignore_errors=True)
+    return new_version
+
+
 class StepRunner(Protocol):
     """How a backend takes one step and publishes it; `consume_and_train` does everything else."""
 
@@ -337,6 +418,9 @@ class StepRunner(Protocol):
     async def publish(
         self, version: int, parent_version: int, batch: Batch, step: StepResult
     ) -> Manifest: ...
+
+    async def restore(self, checkpoint_dir: Path | None) -> None:
+        """Continue from a published version's weights and optimizer state (None: the base model)."""
 
     async def waiting(self) -> None:
         """Called on every loop turn without a batch (megatron: keeps the other ranks' collective alive)."""
@@ -382,6 +466,24 @@ class TorchStepRunner:
             self.work_dir,
             {OPTIMIZER_STATE: optimizer_state_bytes(self.optimizer)},
         )
+
+    async def restore(self, checkpoint_dir: Path | None) -> None:
+        policy = await asyncio.to_thread(
+            load_policy,
+            self.policy.base_dir,
+            self.policy.kind,
+            lora=LoraSettings(r=self.settings.lora_r, alpha=self.settings.lora_alpha),
+            init_dir=checkpoint_dir,
+        )
+        optimizer = torch.optim.AdamW(
+            policy.trainable_parameters(),
+            lr=self.settings.effective_lr(),
+            betas=(0.9, 0.999),
+            weight_decay=0.0,
+        )
+        restore_optimizer(optimizer, checkpoint_dir, OPTIMIZER_STATE)
+        fit_threads_every_layer(policy.module, self.board)
+        self.policy, self.optimizer = policy, optimizer
 
     async def waiting(self) -> None:
         return None
@@ -431,6 +533,11 @@ async def consume_and_train(
     """Consume, batch, step, publish from `point` until `max_steps` (or idle exit); returns the steps taken."""
     samples_topic = topic_name(settings.namespace, "samples")
     version = point.version
+    last_offsets = dict(point.consumed_offsets)  # the newest published version's resume position
+    watch = RollbackWatch(settings.rollback_window, settings.rollback_margin)
+    if watch.window:
+        for published, parent in await asyncio.to_thread(recent_lineage, store, settings.run_id):
+            watch.published(published, parent)
     batcher = SampleBatcher(
         settings.batch_size, settings.max_staleness, point.consumed_offsets, point.trained_ids
     )
@@ -468,6 +575,15 @@ async def consume_and_train(
                     break
                 continue
 
+            for sample in batch.samples:
+                watch.judged(sample.policy_version, sample.reward, sample.promoted)
+            rollback = watch.check()
+            if rollback is not None:
+                version = await roll_back(
+                    settings, log_, store, runner, rollback, version, point, last_offsets
+                )
+                watch.rolled_back(rollback, version)
+
             # Loss, backward, optimizer step (the runner keeps the consumer heartbeating meanwhile).
             step = await runner.train(batch)
             if point.init_from is not None:  # every version of the run records where the run started
@@ -480,6 +596,8 @@ async def consume_and_train(
             manifest = await runner.publish(version, parent_version, batch, step)
             await append_step_events(log_, manifest, settings.namespace, folder_uri(store, manifest))
             await stream.commit(batch.consumed_offsets)
+            watch.published(version, parent_version)
+            last_offsets = dict(batch.consumed_offsets)
 
             steps += 1
             count_step(metrics, version, batch, step)

@@ -112,6 +112,18 @@ class TrainSettings(ConnectionSettings):
         "ORL_TRAIN_MAX_STALENESS",
         "Drop samples whose policy version is below current - K (negative: keep all).",
     )
+    rollback_window: int = setting(
+        0,
+        "ORL_ROLLBACK_WINDOW",
+        "Automatic rollback: compare each version's last N judged turns with its parent's; when its share "
+        "rewarded above 0 is lower by more than --rollback-margin, republish the parent's weights as a new "
+        "version and train on from there (0: off; torch backend).",
+    )
+    rollback_margin: float = setting(
+        0.25,
+        "ORL_ROLLBACK_MARGIN",
+        "How much lower a version's approval must be than its parent's to roll back.",
+    )
     grad_clip: float = setting(1.0, "ORL_TRAIN_GRAD_CLIP", "Clip the global gradient norm to this (0: off).")
     precision: str = setting(
         "auto",
@@ -232,6 +244,15 @@ def check_settings(settings: TrainSettings) -> None:
             "the sample's temperature)",
         ),
         (settings.max_steps < 0, f"--max-steps must be >= 0, not {settings.max_steps}"),
+        (settings.rollback_window < 0, f"--rollback-window must be >= 0, not {settings.rollback_window}"),
+        (
+            not 0 <= settings.rollback_margin < 1,
+            f"--rollback-margin must be in [0, 1), not {settings.rollback_margin}",
+        ),
+        (
+            settings.rollback_window > 0 and settings.backend == "megatron",
+            "--rollback-window needs the torch backend (the megatron backend cannot reload a version yet)",
+        ),
         (settings.poll_timeout_s <= 0, f"--poll-timeout-s must be > 0, not {settings.poll_timeout_s}"),
         (
             not settings.run_id or "/" in settings.run_id,

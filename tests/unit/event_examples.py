@@ -259,6 +259,21 @@ def checkpoint_published() -> dict[str, Any]:
     )
 
 
+def policy_rolled_back() -> dict[str, Any]:
+    return _event(
+        "PolicyRolledBack",
+        "trainer/0.1.0",
+        run_id="run-1",
+        from_version=8,
+        to_version=7,
+        new_version=10,
+        window=32,
+        margin=0.25,
+        from_approval=0.41,
+        to_approval=0.78,
+    )
+
+
 def policy_activated() -> dict[str, Any]:
     return _event(
         "PolicyActivated",
@@ -310,6 +325,7 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
     "SampleRejected": sample_rejected,
     "TrainStepCompleted": train_step_completed,
     "CheckpointPublished": checkpoint_published,
+    "PolicyRolledBack": policy_rolled_back,
     "PolicyActivated": policy_activated,
     "PolicyRejected": policy_rejected,
     "DeadLettered": dead_lettered,

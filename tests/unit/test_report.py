@@ -58,6 +58,13 @@ def events() -> dict[str, list[dict[str, Any]]]:
         "rewards": [reward("t1", 1), reward("t2", 0), reward("t3", -1), reward("t4", 1), reward("t5", -1, promoted=True)],
         "next_states": [feedback],
         "train_steps": [{"policy_version": 1, "kl": 0.05}],
+        "checkpoints": [
+            {"envelope": {"event_type": "CheckpointPublished"}, "version": 1},
+            {
+                "envelope": {"event_type": "PolicyRolledBack"}, "from_version": 1, "to_version": 0,
+                "new_version": 3, "window": 4, "from_approval": 0.25, "to_approval": 0.75,
+            },
+        ],
         "policy_activations": [
             {"envelope": {"event_type": "PolicyActivated"}, "version": 1, "server_id": "serve-0"},
             {"envelope": {"event_type": "PolicyRejected"}, "version": 2, "server_id": "trainer", "reason": "sha256 mismatch"},
@@ -66,7 +73,8 @@ def events() -> dict[str, list[dict[str, Any]]]:
 
 
 def test_each_version_gets_its_approval_relevance_feedback_kl_and_refusals() -> None:
-    v0, v1, v2 = version_figures(events())
+    v0, v1, v2, v3 = version_figures(events())
+    assert v3.version == 3 and v3.main_turns == 0
     assert (v0.version, v0.main_turns, v0.judged_turns, v0.neutral_turns) == (0, 3, 2, 1)
     assert v0.approval is not None and v0.approval.mean == pytest.approx(0.5)  # one session +1, one -1
     assert v0.relevance == pytest.approx(0.5)  # "I like trains." says nothing about nouns
@@ -75,6 +83,7 @@ def test_each_version_gets_its_approval_relevance_feedback_kl_and_refusals() -> 
     assert v1.approval is not None and v1.approval.mean == 1.0 and v1.satisfied == 1.0
     assert (v1.kl, v1.activations, v1.held_out_score) == (0.05, 1, None)  # no scorer: side turns unscored
     assert (v2.main_turns, v2.refusals) == (0, ["trainer: sha256 mismatch"])
+    assert v1.rolled_back == "to v0 as v3 (approval 0.25 vs 0.75 over 4 turns)" and v0.rolled_back is None
 
 
 def test_side_turns_are_scored_per_prompt_with_the_given_scorer() -> None:
@@ -85,3 +94,4 @@ def test_side_turns_are_scored_per_prompt_with_the_given_scorer() -> None:
     table = render_markdown("live", rows, "student")
     assert "| 1 | 2 | 1 | 1.00 [1.00, 1.00] | 0 | 1.00 (1) |" in table
     assert "- v2: trainer: sha256 mismatch" in table
+    assert "- v1 rolled back to v0 as v3" in table

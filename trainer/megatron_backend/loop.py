@@ -203,6 +203,11 @@ class MegatronStepRunner:
     async def publish(self, version: int, parent_version: int, batch: Batch, step: StepResult) -> Manifest:
         return await asyncio.to_thread(self._publish, version, parent_version, batch, step)
 
+    async def restore(self, checkpoint_dir: Path | None) -> None:
+        raise MegatronBackendError(
+            "the megatron backend cannot reload a version (--rollback-window is refused)"
+        )
+
     async def waiting(self) -> None:
         keepalive_s = min(KEEPALIVE_S, self.settings.megatron_timeout_s / 4)
         if time.monotonic() - self._last_command_s >= keepalive_s:

@@ -1,0 +1,83 @@
+"""Automatic rollback in the real trainer: a version whose judged turns go bad is replaced by its parent's weights.
+
+`orl train` (the real entry point, LoRA on the real SmolLM2) with `--rollback-window 4` reads a
+samples topic in which the base model's turns were approved and v1's were all rejected. It steps on
+the first batch (v1), then sees v1's four judged turns against v0's and republishes the base weights
+as v2 (a zero LoRA update), appends PolicyRolledBack with the figures, and trains on from v2 (v3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file
+
+from connectors.checkpoint_store import Manifest
+from connectors.object_store.local_store import LocalObjectStore
+from schemas.codec import decode
+from schemas.topics import topic_name
+from tests.e2e.test_trainer_resume import (
+    NAMESPACE,
+    RUN,
+    read_topic,
+    sample_events,
+    start_trainer,
+    wait,
+    write_samples,
+)
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+
+def judged_samples() -> list[dict[str, Any]]:
+    """Four SampleReady answered by v0 and rewarded +1, then four answered by v1 and rewarded -1."""
+    ready = [e for e in sample_events() if e["envelope"]["event_type"] == "SampleReady"][:8]
+    for index, event in enumerate(ready):
+        event["policy_version"] = 0 if index < 4 else 1
+        event["reward"] = 1.0 if index < 4 else -1.0
+    return ready
+
+
+def test_a_version_judged_worse_than_its_parent_is_rolled_back_to_the_parents_weights(
+    tmp_path: Path, base_model_dir: Path
+) -> None:
+    events = judged_samples()
+    db = tmp_path / "log.db"
+    asyncio.run(write_samples(db, events))
+    store = LocalObjectStore(tmp_path / "objects")
+    flags = ("--batch-size", "4", "--rollback-window", "4", "--rollback-margin", "0.25")
+    assert wait(start_trainer(tmp_path, base_model_dir, *flags)) == 0
+
+    manifests = {
+        v: Manifest.from_json(store.get(f"checkpoints/{RUN}/{v:08d}/manifest.json")) for v in (1, 2, 3)
+    }
+    assert not store.exists(f"checkpoints/{RUN}/00000004/manifest.json")
+    assert [manifests[v].parent_version for v in (1, 2, 3)] == [0, 0, 2]
+    assert manifests[2].metrics["rollback_of"] == 1 and manifests[2].metrics["restored"] == 0
+    assert manifests[2].sample_count == 0  # the restore trains nothing
+    ids = [e["envelope"]["event_id"] for e in events]
+    assert manifests[1].metrics["sample_ids"] == ids[:4] and manifests[3].metrics["sample_ids"] == ids[4:]
+    restored = load_file(
+        tmp_path / "objects" / "checkpoints" / RUN / "00000002" / "adapter_model.safetensors"
+    )
+    lora_b = [tensor for name, tensor in restored.items() if "lora_B" in name]
+    assert lora_b and all(bool((t == 0).all()) for t in lora_b)  # LoRA's B at zero: the base model
+
+    checkpoints = [decode(r.value) for r in asyncio.run(read_topic(db, topic_name(NAMESPACE, "checkpoints")))]
+    (rolled,) = [e for e in checkpoints if e["envelope"]["event_type"] == "PolicyRolledBack"]
+    assert (rolled["from_version"], rolled["to_version"], rolled["new_version"]) == (1, 0, 2)
+    assert (rolled["from_approval"], rolled["to_approval"], rolled["window"]) == (0.0, 1.0, 4)
+    published = [e["version"] for e in checkpoints if e["envelope"]["event_type"] == "CheckpointPublished"]
+    assert published == [1, 2, 3]
+
+    # `orl report` says so: v1 rolled back to v0 as v2, with the figures.
+    from orl.cli import main
+
+    report_dir = tmp_path / "report"
+    where = ["--data-dir", str(tmp_path), "--log-url", f"sqlite:///{db}", "--namespace", NAMESPACE]
+    assert main(["report", *where, "--out-dir", str(report_dir)]) == 0
+    table = (report_dir / "report.md").read_text()
+    assert "- v1 rolled back to v0 as v2 (approval 0.00 vs 1.00 over 4 turns)" in table
