@@ -31,11 +31,15 @@ class UpStack:
 
 @contextmanager
 def running_up(
-    tmp_path: Path, idle_timeout_s: float, extra_env: dict[str, str] | None = None
+    tmp_path: Path,
+    idle_timeout_s: float,
+    extra_env: dict[str, str] | None = None,
+    components: str = "serve,pipeline",
 ) -> Iterator[UpStack]:
     """`orl up --method binary --components serve,pipeline` on a free port, ready; SIGTERM at the end.
 
-    `extra_env` adds settings (environment variables), e.g. the SGLang backend's.
+    `extra_env` adds settings (environment variables), e.g. the SGLang backend's; `components` is
+    passed to --components (the fault suite adds `train`).
     """
     port, data_dir, log_path = free_port(), tmp_path / "orl", tmp_path / "up.log"
     env = {
@@ -47,7 +51,7 @@ def running_up(
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "orl.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
-             "--method", "binary", "--components", "serve,pipeline"],
+             "--method", "binary", "--components", components],
             env=env, stdout=log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
