@@ -162,6 +162,8 @@ class _ApiHandlers:
             cache_key=req.prompt_cache_key,
             main=main,
         )
+        # committed with this turn's events: a restarted server continues the session's numbering
+        self.state.recorder.spool.stage_turn_index(turn.session_id, turn.turn_index + 1)
         request_id = "chatcmpl-" + uuid.uuid4().hex
         spooled = self.state.recorder.request_received(
             request_id, turn, req, params, main=main, client_id=req.user

@@ -29,6 +29,7 @@ from serving.capture import EventRecorder
 from serving.checkpoint_follower import CheckpointFollower
 from serving.policy.base import PolicyBackend
 from serving.policy.chat_template import ChatTemplate
+from serving.session_tracker import SessionTracker
 from serving.settings import ServeSettings
 from serving.spool import SPOOL_SYNC_MODES, EventSpool, SpoolDrainer
 
@@ -123,7 +124,15 @@ async def running_server(
         settings.server_id,
         settings.data_dir / "served-checkpoints",
     )
-    state = ServerState(settings, backend, template, recorder, metrics, admin_routes=admin_routes(follower))
+    state = ServerState(
+        settings,
+        backend,
+        template,
+        recorder,
+        metrics,
+        tracker=SessionTracker(stored_next_turn_index=spool.next_turn_index),
+        admin_routes=admin_routes(follower),
+    )
     await backend.start()
     if settings.follow_checkpoints:
         await follower.activate_latest()

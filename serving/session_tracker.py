@@ -15,6 +15,9 @@ remembered after the request minus its trailing user messages, as long as what i
 a user or tool message. A conversation two sessions both answered alike (same key, different
 sessions) links to neither: a new session is safer than a turn chained into another conversation.
 Turn indexes are given at arrival, so concurrent requests in one session are ordered by request.
+A session this tracker does not hold (new, closed, evicted, or from before a restart of the server)
+continues from `stored_next_turn_index`, which the server answers from its spool file, where every
+assignment is committed with the turn's events: a turn id is never given twice.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class SessionTracker:
 
     max_conversations: int = 100_000
     new_session_id: Callable[[], str] = field(default=lambda: "s-" + uuid.uuid4().hex[:16])
+    stored_next_turn_index: Callable[[str], int] = field(default=lambda session_id: 0)
     _sessions: OrderedDict[str, _SessionState] = field(default_factory=OrderedDict)
     _by_conversation: OrderedDict[str, tuple[str, str]] = field(default_factory=OrderedDict)
 
@@ -140,7 +144,7 @@ class SessionTracker:
     def _session(self, session_id: str) -> _SessionState:
         state = self._sessions.get(session_id)
         if state is None:
-            state = self._sessions[session_id] = _SessionState()
+            state = self._sessions[session_id] = _SessionState(self.stored_next_turn_index(session_id))
         self._sessions.move_to_end(session_id)
         while len(self._sessions) > self.max_conversations:
             self._sessions.popitem(last=False)

@@ -36,6 +36,10 @@ from schemas.errors import OrlError
 logger = logging.getLogger(__name__)
 
 _INSERT = "INSERT INTO spool (topic, key, value) VALUES (?, ?, ?)"
+_SET_TURN_INDEX = (
+    "INSERT INTO turn_indexes (session_id, next_turn_index) VALUES (?, ?) ON CONFLICT (session_id) "
+    "DO UPDATE SET next_turn_index = MAX(next_turn_index, excluded.next_turn_index)"
+)
 SPOOL_SYNC_MODES = ("full", "normal")  # SQLite's synchronous=FULL / NORMAL in WAL mode
 _Row = tuple[str, bytes | None, bytes]
 
@@ -73,7 +77,12 @@ class EventSpool:
             "CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,"
             " key BLOB, value BLOB NOT NULL)"
         )
+        # per session: the next turn index to give, so a restarted server never gives a turn id twice
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS turn_indexes (session_id TEXT PRIMARY KEY, next_turn_index INTEGER NOT NULL)"
+        )
         self._staged: list[_Row] = []
+        self._staged_turn_indexes: dict[str, int] = {}
         self._group: asyncio.Future[None] | None = None  # resolved when the staged rows are committed
 
     def put(self, topic: str, key: bytes | None, value: bytes) -> None:
@@ -95,18 +104,32 @@ class EventSpool:
             loop.call_soon(self._commit_group)
         return self._group
 
+    def stage_turn_index(self, session_id: str, next_turn_index: int) -> None:
+        """Record a session's next turn index with the next commit (the turn's events' transaction)."""
+        known = self._staged_turn_indexes.get(session_id, 0)
+        self._staged_turn_indexes[session_id] = max(known, next_turn_index)
+
+    def next_turn_index(self, session_id: str) -> int:
+        """The session's next turn index as recorded (staged or committed); 0 for a session never seen."""
+        if session_id in self._staged_turn_indexes:
+            return self._staged_turn_indexes[session_id]
+        row = self._db.execute(
+            "SELECT next_turn_index FROM turn_indexes WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
     def commit(self) -> None:
-        """Commit every staged event in one transaction (nothing to do if none is staged).
+        """Commit every staged event and turn index in one transaction (nothing to do if none is staged).
 
         On failure the staged events are dropped, the waiters of their group get SpoolError, and
         this raises it too.
         """
-        rows, group = self._staged, self._group
-        self._staged, self._group = [], None
-        if not rows:
+        rows, group, turn_indexes = self._staged, self._group, self._staged_turn_indexes
+        self._staged, self._group, self._staged_turn_indexes = [], None, {}
+        if not rows and not turn_indexes:
             return
         try:
-            self._write(rows)
+            self._write(rows, turn_indexes)
         except sqlite3.Error as error:
             failure = SpoolError(f"the spool could not commit {len(rows)} event(s): {error}")
             if group is not None and not group.done():
@@ -115,7 +138,8 @@ class EventSpool:
             raise failure from error
         if group is not None and not group.done():
             group.set_result(None)
-        self.on_committed()
+        if rows:
+            self.on_committed()
 
     def _commit_group(self) -> None:
         try:
@@ -123,13 +147,14 @@ class EventSpool:
         except SpoolError as error:  # the waiting handlers raise it; the server keeps serving
             logger.error("%s", error)
 
-    def _write(self, rows: list[_Row]) -> None:
-        if len(rows) == 1:
+    def _write(self, rows: list[_Row], turn_indexes: dict[str, int]) -> None:
+        if len(rows) == 1 and not turn_indexes:
             self._db.execute(_INSERT, rows[0])  # autocommit: one statement is its own transaction
             return
         self._db.execute("BEGIN")
         try:
             self._db.executemany(_INSERT, rows)
+            self._db.executemany(_SET_TURN_INDEX, list(turn_indexes.items()))
             self._db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):  # the transaction may already be gone (disk I/O error)

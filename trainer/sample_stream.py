@@ -4,9 +4,12 @@ The trainer's resume point is the newest manifest's consumed offsets, not the gr
 offsets. A consumer starts at the committed offsets, and a partition can arrive later (the SQLite
 log keeps a SIGKILLed member's partitions until its session times out; Kafka rebalances), so every
 partition is positioned when it first appears and every record is checked against the offset the
-stream expects next in its partition. Records that do not continue that sequence (a rebalance
-restarted the partition somewhere else) are dropped and the partition is sought back: the batcher
-never sees a duplicate or a gap. Reads the samples topic; writes nothing (commit is the loop's).
+stream expects next in its partition. A record below it is a re-delivery (a rebalance restarted the
+partition from the group's committed offset, which trails the stream): it is dropped and the
+partition is sought back to the expected offset, so the batcher never sees a duplicate. A record
+above it follows offsets that hold no record for a reader: on Kafka the samples topic is written in
+transactions, and every commit marker takes an offset (aborted records are skipped by
+read_committed), so it is accepted. Reads the samples topic; writes nothing (commit is the loop's).
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from connectors.event_log.base import ConsumedRecord, Consumer, TopicPartition
+from connectors.event_log.base import ConsumedRecord, Consumer, EventLogError, TopicPartition
+from schemas.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +40,7 @@ class SampleStream:
         log.info("samples partition %s[%d] positioned at %s", tp.topic, tp.partition, self._expected[tp] or 0)
 
     async def poll(self, max_records: int, timeout_s: float) -> list[ConsumedRecord]:
-        """The next records, each exactly the one after the previous in its partition."""
+        """The next records, each after the previous in its partition (never one read before)."""
         for tp in sorted(await self.consumer.assignment() - self._expected.keys()):
             await self._position(tp)
         records = await self.consumer.poll(max_records=max_records, timeout_s=timeout_s)
@@ -50,9 +54,9 @@ class SampleStream:
                 broken.add(tp)
                 continue
             expected = self._expected[tp]
-            if expected is not None and record.offset != expected:
+            if expected is not None and record.offset < expected:
                 log.warning(
-                    "samples %s[%d]: got offset %d, expected %d (rebalance?); seeking back",
+                    "samples %s[%d]: got offset %d again, expected %d (rebalance?); seeking forward",
                     tp.topic,
                     tp.partition,
                     record.offset,
@@ -87,6 +91,14 @@ class SampleStream:
         return True
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Record the trained position in the group (for lag monitoring; the manifest is the truth)."""
+        """Record the trained position in the group (for lag monitoring; the manifest is the truth).
+
+        A commit the log refuses (on Kafka, after a rebalance: the broker was unreachable longer than
+        the group's timeouts) is logged and skipped: the next step's commit covers it, and a resume
+        reads the manifest's offsets, not the group's.
+        """
         owned = await self.consumer.assignment()
-        await self.consumer.commit({tp: offset for tp, offset in offsets.items() if tp in owned})
+        try:
+            await self.consumer.commit({tp: offset for tp, offset in offsets.items() if tp in owned})
+        except (EventLogError, ServiceUnavailable) as error:
+            log.warning("group offsets not committed (the next step's commit will): %s", error)

@@ -154,3 +154,19 @@ def test_the_spool_syncs_every_commit_to_disk_unless_told_normal(tmp_path: Path)
     normal.close()
     with pytest.raises(SpoolError, match="full or normal"):
         EventSpool(tmp_path / "other.db", sync="off")
+
+
+async def test_a_sessions_next_turn_index_is_committed_with_its_events_and_survives_a_reopen(
+    tmp_path: Path,
+) -> None:
+    spool = EventSpool(tmp_path / "spool.db")
+    assert spool.next_turn_index("s1") == 0
+    spool.stage_turn_index("s1", 2)
+    assert spool.next_turn_index("s1") == 2  # staged: seen before the commit too
+    await spool.stage("requests", b"s1", b"turn 1")
+    spool.stage_turn_index("s1", 1)  # a late, lower value never moves it back
+    spool.put("requests", b"s1", b"more")
+    spool.close()
+    reopened = EventSpool(tmp_path / "spool.db")  # a restarted server
+    assert (reopened.next_turn_index("s1"), reopened.next_turn_index("s2")) == (2, 0)
+    reopened.close()

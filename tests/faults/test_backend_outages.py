@@ -57,12 +57,6 @@ def test_outages_lose_and_duplicate_nothing_acknowledged(outage_run: tuple[Fault
     assert verdict.problems == [], results_table(verdict)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="orl train on Kafka never steps: trainer/sample_stream.py expects contiguous offsets, and the "
-    "samples topic's transaction commit markers take offsets (it seeks back to the marker forever)",
-)
 @pytest.mark.timeout(900)
 def test_the_trainer_publishes_verified_checkpoints_through_the_outages(
     outage_run: tuple[FaultRun, Verdict],

@@ -1,10 +1,10 @@
 """A session's turn ids stay unique across a restart of the server (found by the crash-anywhere suite).
 
-The server's session tracker lives in memory: after a kill -9 and a restart it no longer knows a
-session, so the next request under the same `X-Session-Id` is given turn index 0 again, i.e. the turn
-id of the session's first turn. Every pipeline stage keys turns by turn id, so the second turn is
-never derived into a sample (tests/faults/checks.py, "acknowledged turns never derived"). Real
-processes: `orl up --components serve` on the real model.
+The server's session tracker lives in memory: after a kill -9 and a restart it used to give the next
+request under the same `X-Session-Id` turn index 0 again, i.e. the turn id of the session's first
+turn, and since every pipeline stage keys turns by turn id the second turn was never derived into a
+sample. Each session's next turn index is now committed to the spool file with the turn's events and
+read back by the restarted server. Real processes: `orl up --components serve` on the real model.
 """
 
 from __future__ import annotations
@@ -31,11 +31,6 @@ def turn_id_of(stack: UpStack, session_id: str, messages: list[dict[str, str]]) 
     return reply.headers["x-turn-id"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="serving reuses turn ids after a restart (issue 22 fault suite)",
-)
 def test_the_turn_after_a_server_restart_gets_a_new_turn_id(tmp_path: Path, base_model_dir: Path) -> None:
     with running_up(tmp_path, idle_timeout_s=600, components="serve") as stack:
         messages = [{"role": "user", "content": "What is 2 + 2?"}]

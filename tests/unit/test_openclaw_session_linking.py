@@ -170,3 +170,14 @@ def test_a_tool_result_is_the_next_state_even_with_openclaws_internal_context_be
     assert next_state_role(appended) == "tool"
     assert next_state_role([user("Thanks!"), internal_context(2)]) == "user"
     assert next_state_role([]) == "user"
+
+
+def test_a_session_the_tracker_does_not_hold_continues_its_stored_numbering() -> None:
+    stored = {"s1": 2}
+    restarted = SessionTracker(stored_next_turn_index=lambda session_id: stored.get(session_id, 0))
+    first = restarted.assign([user("Again?")], header_session="s1")
+    assert (first.turn_id, first.turn_index) == ("s1/t2", 2)  # not s1/t0, the session's first turn
+    restarted.close("s1")
+    stored["s1"] = 3
+    assert restarted.assign([user("Once more")], header_session="s1").turn_id == "s1/t3"
+    assert restarted.assign([user("New")], header_session="s9").turn_id == "s9/t0"
