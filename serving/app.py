@@ -203,6 +203,12 @@ class _ApiHandlers:
             "policy_version": 0 if req.use_base else version,
         }
         backend = self.state.backend
+        if req.top_k and not backend.supports_top_k:
+            raise bad_request(
+                f"top_k needs a backend that returns top-K logprobs (transformers or sglang); this server "
+                f"runs {type(backend).__name__}",
+                param="top_k",
+            )
         if req.top_k:
             scores = await backend.score_top_k(
                 prompt_ids, req.response_token_ids, req.temperature, req.top_k, use_base=req.use_base

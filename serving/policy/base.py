@@ -200,6 +200,8 @@ class PolicyBackend(abc.ABC):
     ) -> list[float]:
         """Logprobs of `response_ids` after `prompt_ids`; one per response token."""
 
+    supports_top_k: bool = False  # whether score_top_k works (the transformers and SGLang backends)
+
     async def score_top_k(
         self,
         prompt_ids: list[int],

@@ -224,6 +224,8 @@ class SGLangBackend(PolicyBackend):
         meta = await self._prefill(prompt_ids, response_ids, temperature, use_base, {})
         return response_logprobs(meta.get("input_token_logprobs"), response_ids)
 
+    supports_top_k = True
+
     async def score_top_k(
         self,
         prompt_ids: list[int],

@@ -215,6 +215,8 @@ class TransformersBackend(PolicyBackend):
         result: list[float] = await self._run_job(job)
         return result
 
+    supports_top_k = True
+
     async def score_top_k(
         self,
         prompt_ids: list[int],

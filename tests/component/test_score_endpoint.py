@@ -54,6 +54,7 @@ async def test_a_valid_request_gets_one_logprob_per_response_token(server: Serve
         ({"messages": HI, "response_token_ids": [1], "top_k": "5"}, "top_k"),
         ({"messages": HI, "response_token_ids": [1], "top_k": True}, "top_k"),
         ({"messages": HI, "response_token_ids": [1], "top_k": 2.5}, "top_k"),
+        ({"messages": HI, "response_token_ids": [1], "top_k": 5}, "top_k"),  # the echo backend has no top-K
     ],
 )
 async def test_a_bad_request_is_a_400_naming_the_field(

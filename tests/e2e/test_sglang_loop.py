@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from connectors.checkpoint_store import Manifest, publish_checkpoint
+from connectors.checkpoint_store import TRAINER_STATE_DIR, Manifest, publish_checkpoint
 from connectors.event_log.base import OutgoingRecord
 from connectors.event_log.factory import open_event_log
 from connectors.object_store.local_store import LocalObjectStore
@@ -134,6 +134,12 @@ def published_manifest(data_dir: Path, version: int) -> Manifest:
     return Manifest.from_json(store.get(f"checkpoints/{RUN}/{version:08d}/manifest.json"))
 
 
+def served_files(manifest: Manifest) -> dict[str, str]:
+    """The files a server downloads and verifies (path -> sha256): the manifest's, but the trainer's state."""
+    files = {e.path: e.sha256 for e in manifest.files if not e.path.startswith(f"{TRAINER_STATE_DIR}/")}
+    return files | {"manifest.json": manifest.sha256}
+
+
 def check_the_update_call(fake: FakeSGLang, data_dir: Path) -> Call:
     """Exactly one update call: /load_lora_adapter, a fresh name for v1, the verified folder's path."""
     assert [name for name, _ in fake.calls] == ["load_lora_adapter"], fake.calls
@@ -145,7 +151,7 @@ def check_the_update_call(fake: FakeSGLang, data_dir: Path) -> Call:
     assert load.body["lora_path"] == str(folder)
     manifest = published_manifest(data_dir, 1)
     assert manifest.kind == "lora"
-    expected = {entry.path: entry.sha256 for entry in manifest.files} | {"manifest.json": manifest.sha256}
+    expected = served_files(manifest)
     assert {"adapter_model.safetensors", "adapter_config.json"} <= set(expected)
     assert load.folder == expected  # what SGLang read at call time: the manifest's files, verified
     assert folder_digest(folder) == expected  # and still there for SGLang to reload from
@@ -232,7 +238,7 @@ def test_a_full_checkpoint_reaches_sglang_through_update_weights_from_disk(
         body = {"model_path": str(folder), "weight_version": "1", "abort_all_requests": False}
         assert fake_sglang.calls == [("update_weights_from_disk", body)]
         update = next(call for call in fake_sglang.history if call.endpoint == "update_weights_from_disk")
-        expected = {entry.path: entry.sha256 for entry in manifest.files} | {"manifest.json": manifest.sha256}
+        expected = served_files(manifest)
         assert update.status == 200 and update.folder == expected == folder_digest(folder)
         # SGLang held the requests that arrived during the load (its writer lock) and answered them after
         check_requests_around_the_swap(fake_sglang, update, clients.results, adapter=None)
