@@ -27,7 +27,6 @@ import asyncio
 import io
 import logging
 import math
-import shutil
 import tempfile
 import time
 from collections import Counter
@@ -371,12 +370,13 @@ async def roll_back(
     restart resumes where the trainer was. Appends its TrainStepCompleted and CheckpointPublished,
     then PolicyRolledBack with the figures.
     """
-    restored_dir = None
     if rollback.to_version > 0:
         key = version_prefix(settings.run_id, rollback.to_version) + MANIFEST_NAME
-        restored_dir = point_dir = Path(tempfile.mkdtemp(prefix=f"restore-{rollback.to_version:08d}-"))
-        await asyncio.to_thread(download_and_verify, store, key, point_dir)
-    await runner.restore(restored_dir)
+        with tempfile.TemporaryDirectory(prefix=f"restore-{rollback.to_version:08d}-") as folder:
+            await asyncio.to_thread(download_and_verify, store, key, Path(folder))
+            await runner.restore(Path(folder))  # loads into memory: the folder may go
+    else:
+        await runner.restore(None)
     new_version = max(version, point.newest_version) + 1
     log.warning(
         "rollback: v%d's approval %.2f is below its parent v%d's %.2f by more than %.2f over %d judged turns "
@@ -405,8 +405,6 @@ async def roll_back(
     )
     topic = topic_name(settings.namespace, "checkpoints")
     await log_.append(topic, OutgoingRecord(value=encode(event), key=settings.run_id.encode()))
-    if restored_dir is not None:
-        shutil.rmtree(restored_dir, ignore_errors=True)
     return new_version
 
 
