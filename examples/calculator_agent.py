@@ -3,7 +3,8 @@
 It talks to orl's server with the official `openai` client like any agent would. Each task is one
 session (POST /v1/sessions/start); each model call is one turn (the server answers with the
 turn's id in the `x-turn-id` header). Tool calls are executed here, by a safe arithmetic evaluator
-(no `eval`), and sent back as tool messages, which the pipeline's turn linker turns into each
+(no `eval`; `connectors.environment.tool_env.calculate`, which `orl rollout --env tool` uses too),
+and sent back as tool messages, which the pipeline's turn linker turns into each
 step's next state. When the task ends, a connector (`CalculatorVerdict`, run through
 `run_connector`) checks the final answer against the true value and the agent posts its
 observation (outcome kind "task", reward +1 / -1) for the last turn to POST /v1/observations;
@@ -17,14 +18,10 @@ Prints one JSON line per task: session id, turn ids, the answer, and whether it 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import math
-import operator
 import random
-import re
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,68 +29,13 @@ import openai
 
 from connectors.environment.api import Observation, Outcome, TurnContext, run_connector
 from connectors.environment.ingest_client import IngestClient
+from connectors.environment.tool_env import CALCULATE, calculate, final_number
 
 SYSTEM = (
     "You are a careful calculator assistant. Call the `calculate` tool with an arithmetic "
     "expression, then reply with the final number only."
 )
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculate",
-            "description": "Evaluate an arithmetic expression (+ - * / // % ** and parentheses).",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string", "description": "e.g. (3 + 4) * 12"}},
-                "required": ["expression"],
-            },
-        },
-    }
-]
-
-_OPERATORS: dict[type, Callable[..., Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-    ast.USub: operator.neg,
-    ast.UAdd: operator.pos,
-}
-
-
-def calculate(expression: str) -> float:
-    """Evaluate `expression` with numbers and arithmetic operators only; ValueError otherwise."""
-    if len(expression) > 200:
-        raise ValueError("expression longer than 200 characters")
-    try:
-        tree = ast.parse(expression.replace("^", "**").replace("×", "*"), mode="eval")
-    except SyntaxError as error:
-        raise ValueError(f"not an arithmetic expression: {error.msg}") from None
-    return float(_value(tree.body))
-
-
-def _value(node: ast.AST) -> float:
-    if (
-        isinstance(node, ast.Constant)
-        and isinstance(node.value, int | float)
-        and not isinstance(node.value, bool)
-    ):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-        return float(_OPERATORS[type(node.op)](_value(node.operand)))
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        left, right = _value(node.left), _value(node.right)
-        if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 1e6):
-            raise ValueError("exponent too large")
-        try:
-            return float(_OPERATORS[type(node.op)](left, right))
-        except (ZeroDivisionError, OverflowError) as error:
-            raise ValueError(str(error)) from None
-    raise ValueError(f"unsupported element {type(node).__name__}")
+TOOLS = [CALCULATE]
 
 
 @dataclass(frozen=True)
@@ -111,11 +53,6 @@ def make_tasks(count: int, seed: int) -> list[Task]:
         expression = f"({a} + {b}) * {c}"
         tasks.append(Task(f"calc-{seed}-{index}", f"What is {expression}?", calculate(expression)))
     return tasks
-
-
-def final_number(text: str | None) -> float | None:
-    numbers = re.findall(r"-?\d+(?:\.\d+)?", (text or "").replace(",", ""))
-    return float(numbers[-1]) if numbers else None
 
 
 @dataclass

@@ -99,6 +99,12 @@ COMMANDS: tuple[Command, ...] = (
         "orl.report:run_report",
     ),
     Command(
+        "rollout",
+        "Run agents through an environment's tasks (tool, terminal, plugins) against the server, in groups.",
+        "orl.rollout:RolloutSettings",
+        "orl.rollout:run_rollout",
+    ),
+    Command(
         "topics",
         "Create every topic of a namespace on the event log.",
         "orl.admin:AdminSettings",
