@@ -58,6 +58,17 @@ class UpSettings(ConnectionSettings):
     )
     judge_api_key: str = setting("", "ORL_JUDGE_API_KEY", "API key of the judge endpoint.", secret=True)
     judge_model: str = setting("", "ORL_JUDGE_MODEL", "Model name sent to the judge endpoint.")
+    reward_rule: str = setting(
+        "single",
+        "ORL_REWARD_RULE",
+        "single | step_outcome (agent tracks: each step's judge score combined with the task's outcome; "
+        "ORL_STEP_WEIGHT and ORL_OUTCOME_JUDGE tune it). See docs/agents.md.",
+    )
+    group_advantage: bool = setting(
+        False,
+        "ORL_GROUP_ADVANTAGE",
+        "step_outcome: normalise step rewards within rollout groups (sessions sharing X-Group-Id).",
+    )
     run_id: str = setting("live", "ORL_RUN_ID", "Name of the training run (checkpoints/<run_id>/...).")
     batch_size: int = setting(16, "ORL_TRAIN_BATCH_SIZE", "Effective samples per training step.")
     components: tuple[str, ...] = setting(
@@ -200,6 +211,8 @@ def component_env(settings: UpSettings) -> dict[str, str]:
         "ORL_API_KEY": api_key,
         "ORL_SERVER_URL": f"http://127.0.0.1:{settings.port}/v1",
         "ORL_METHOD": settings.method,
+        "ORL_REWARD_RULE": settings.reward_rule,
+        "ORL_GROUP_ADVANTAGE": "true" if settings.group_advantage else "false",
         "ORL_JUDGE": rewards.judge,
         "ORL_HINT_JUDGE": rewards.hint_judge,
         "ORL_JUDGE_URL": settings.judge_url,
@@ -226,12 +239,12 @@ def check_opd_settings(settings: UpSettings) -> None:
 
 # On 2+ cores the pipeline runs as two processes, one core each: on the benchmark stream the
 # upstream stages (turn_linker, judge, teacher) and these downstream ones cost about the same CPU.
-DOWNSTREAM_STAGES = ("vote_tally", "hint_selector", "sample_builder")
+DOWNSTREAM_STAGES = ("vote_tally", "hint_selector", "sample_builder", "group_advantage")
 
 
-def pipeline_roles(method: str, cores: int) -> dict[str, str]:
+def pipeline_roles(method: str, cores: int, group_advantage: bool = False) -> dict[str, str]:
     """The `orl pipeline` processes of the stack: process name -> its --role."""
-    names = method_stage_names(method)
+    names = method_stage_names(method, group_advantage)
     upstream = [name for name in names if name not in DOWNSTREAM_STAGES]
     downstream = [name for name in names if name in DOWNSTREAM_STAGES]
     if cores < 2:
@@ -252,7 +265,7 @@ def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launc
     launches = {}
     for component in settings.components:
         if component == "pipeline":
-            roles = pipeline_roles(settings.method, stack_cores(settings))
+            roles = pipeline_roles(settings.method, stack_cores(settings), settings.group_advantage)
             for index, (name, role) in enumerate(roles.items()):
                 pipeline_env = {**env, "ORL_PIPELINE_ROLE": role}
                 if settings.pipeline_metrics_port:

@@ -62,6 +62,13 @@ class PolicySpan(TypedDict):
     policy_version: int
 
 
+class RewardPart(TypedDict):
+    reward_event_id: str
+    judge_id: str | None
+    reward: float
+    weight: float
+
+
 class SamplingParams(TypedDict):
     """Sampling parameters of one generation."""
 
@@ -78,6 +85,14 @@ class TopicOffset(TypedDict):
     topic: str
     partition: int
     offset: int
+
+
+class TrajectoryStep(TypedDict):
+    turn_id: str
+    # 0-based position among the session's trainable main turns.
+    step_index: int
+    reward: float
+    reward_event_id: str
 
 
 class RequestReceived(TypedDict):
@@ -99,6 +114,11 @@ class RequestReceived(TypedDict):
     model: str
     stream: bool
     client_id: str | None
+    # Rollout group: sessions that attempt the same task (X-Group-Id); their rewards can be normalised
+    # together.
+    group_id: str | None
+    # How many sessions the group has (X-Group-Size).
+    group_size: int | None
 
 
 class ResponseGenerated(TypedDict):
@@ -180,9 +200,16 @@ class RewardDecided(TypedDict):
     rule: str
     rule_version: str
     reward: float
-    # majority | tie | no_valid_votes | outcome | at_least_one_promotion
+    # majority | tie | no_valid_votes | outcome | at_least_one_promotion | step_outcome | no_outcome |
+    # normalised | single_entry | zero_variance
     reason: str
     promoted: bool
+    # The judge whose votes were tallied; null for a reward combined from other rewards.
+    judge_id: str | None
+    # The rewards a combining rule (step_outcome, group normalisation) read, with their weights.
+    parts: list[RewardPart]
+    # The rule's arithmetic in words, for audit.
+    explanation: str | None
 
 
 class HintVoteCast(TypedDict):
@@ -244,6 +271,19 @@ class TeacherScored(TypedDict):
     teacher_top_ids: list[list[int]] | None
     # their logprobs at `temperature` ([T][K])
     teacher_top_logprobs: list[list[float]] | None
+
+
+class TrajectoryScored(TypedDict):
+    """A finished session of a rollout group and its per-step rewards, keyed by group id for group normalisation
+    (topic: trajectories).
+    """
+
+    envelope: Envelope
+    group_id: str
+    # How many sessions the group has; the group is decided when that many trajectories arrived (or at the
+    # timeout).
+    group_size: int
+    steps: list[TrajectoryStep]
 
 
 class SampleReady(TypedDict):
@@ -382,6 +422,7 @@ EVENT_CLASSES: dict[str, type] = {
     "HintSelected": HintSelected,
     "HintRejected": HintRejected,
     "TeacherScored": TeacherScored,
+    "TrajectoryScored": TrajectoryScored,
     "SampleReady": SampleReady,
     "SampleRejected": SampleRejected,
     "TrainStepCompleted": TrainStepCompleted,

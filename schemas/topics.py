@@ -7,6 +7,8 @@ its dead-letter topic is `<full name>.dlq` and carries DeadLettered events.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from schemas.errors import ConfigError, UnknownEventTypeError
 
@@ -19,11 +21,16 @@ TOPICS: dict[str, tuple[str, ...]] = {
     "rewards": ("RewardDecided",),
     "hints": ("HintVoteCast", "HintSelected", "HintRejected"),
     "teacher_scores": ("TeacherScored",),
+    "trajectories": ("TrajectoryScored",),
     "samples": ("SampleReady", "SampleRejected"),
     "train_steps": ("TrainStepCompleted",),
     "checkpoints": ("CheckpointPublished", "PolicyRolledBack"),
     "policy_activations": ("PolicyActivated", "PolicyRejected"),
 }
+# Records are keyed by session id (all events of a session in one partition: joins need no
+# repartitioning), except the event types named here, keyed by another field so that a stage keyed
+# by it sees every record of one key: trajectories go by rollout group (pipeline/processors/group_advantage.py).
+KEY_FIELDS: dict[str, str] = {"TrajectoryScored": "group_id"}
 DEAD_LETTER_EVENT = "DeadLettered"
 DLQ_SUFFIX = ".dlq"
 
@@ -37,6 +44,14 @@ def topic_name(namespace: str, topic: str) -> str:
         if not isinstance(value, str) or not _NAME_PART.fullmatch(value):
             raise ConfigError(f"invalid {label} {value!r}: use lowercase letters, digits, '_' and '-'")
     return f"{namespace}.{topic}"
+
+
+def record_key(event: Mapping[str, Any]) -> str | None:
+    """The key an event's record is written with: its session id, or its KEY_FIELDS field."""
+    envelope = event["envelope"]
+    field = KEY_FIELDS.get(envelope["event_type"])
+    key = event[field] if field is not None else envelope.get("session_id")
+    return None if key is None else str(key)
 
 
 def dlq_topic(topic_name: str) -> str:

@@ -27,7 +27,14 @@ from starlette.routing import Route
 from connectors.metrics import Metrics
 from serving.capture import EventRecorder
 from serving.ingest import ingest_routes
-from serving.openai_api import ChatRequest, bad_request, error_body, parse_chat_request, parse_score_request
+from serving.openai_api import (
+    ChatRequest,
+    bad_request,
+    error_body,
+    parse_chat_request,
+    parse_rollout_group,
+    parse_score_request,
+)
 from serving.openapi import openapi_document
 from serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
 from serving.policy.chat_template import ChatTemplate
@@ -152,6 +159,7 @@ class _ApiHandlers:
             max_tokens_limit=self.settings.max_tokens_limit,
         )
         main = _turn_type(request, self.settings.default_turn_type) == "main"
+        group = parse_rollout_group(request.headers.get("x-group-id"), request.headers.get("x-group-size"))
         prompt_ids = self._prompt_ids(req)
         params = self._sampling(req, len(prompt_ids))
         turn = self.state.tracker.assign(
@@ -166,7 +174,7 @@ class _ApiHandlers:
         self.state.recorder.spool.stage_turn_index(turn.session_id, turn.turn_index + 1)
         request_id = "chatcmpl-" + uuid.uuid4().hex
         spooled = self.state.recorder.request_received(
-            request_id, turn, req, params, main=main, client_id=req.user
+            request_id, turn, req, params, main=main, client_id=req.user, group=group
         )
         done = _truthy(request.headers.get("x-session-done"))
         turn_call = _Turn(self.state, req, turn, request_id, params, main, done, started, [spooled])

@@ -22,7 +22,7 @@ from schemas.codec import encode
 from schemas.event_types import Envelope, NextStateObserved
 from schemas.events import make_event
 from schemas.topics import topic_name
-from serving.openai_api import ChatRequest
+from serving.openai_api import ChatRequest, RolloutGroup
 from serving.policy.base import Generation, SamplingParams
 from serving.session_tracker import TurnAssignment
 from serving.spool import EventSpool
@@ -70,6 +70,7 @@ class EventRecorder:
         *,
         main: bool,
         client_id: str | None,
+        group: RolloutGroup | None = None,
     ) -> Awaitable[None]:
         """Stage RequestReceived; await the result before acknowledging the request."""
         return self._stage(
@@ -90,6 +91,8 @@ class EventRecorder:
             model=req.model,
             stream=req.stream,
             client_id=client_id,
+            group_id=group.group_id if group else None,
+            group_size=group.size if group else None,
         )
 
     def response_generated(

@@ -111,6 +111,39 @@ class ScoreRequest:
     top_k: int  # 0: no top-K logprobs
 
 
+@dataclass(frozen=True)
+class RolloutGroup:
+    """Sessions that attempt the same task (`X-Group-Id`, `X-Group-Size`): the pipeline can normalise
+    their rewards together (pipeline/processors/group_advantage.py)."""
+
+    group_id: str
+    size: int | None
+
+
+MAX_GROUP_SIZE = 1024
+
+
+def parse_rollout_group(group_id: str | None, size: str | None) -> RolloutGroup | None:
+    """The request's rollout group from its headers, or None; a malformed header is a 400."""
+    if group_id is None or not group_id.strip():
+        if size is not None:
+            raise bad_request("X-Group-Size needs X-Group-Id", param="X-Group-Size")
+        return None
+    if len(group_id) > 200:
+        raise bad_request("X-Group-Id is longer than 200 characters", param="X-Group-Id")
+    if size is None:
+        return RolloutGroup(group_id.strip(), None)
+    try:
+        count = int(size)
+    except ValueError:
+        raise bad_request(
+            f"X-Group-Size must be an integer, not {size[:40]!r}", param="X-Group-Size"
+        ) from None
+    if not 1 <= count <= MAX_GROUP_SIZE:
+        raise bad_request(f"X-Group-Size must be in [1, {MAX_GROUP_SIZE}], not {count}", param="X-Group-Size")
+    return RolloutGroup(group_id.strip(), count)
+
+
 def parse_score_request(raw: bytes, *, vocab_size: int) -> ScoreRequest:
     body = _json_object(raw)
     ids = body.get("response_token_ids")

@@ -243,6 +243,9 @@ def _chat(max_tokens_limit: int) -> dict[str, Any]:
     headers = [
         _header("X-Session-Id", {"type": "string"}),
         _header("X-Session-Done", {"type": "string"}),
+        # a rollout group: sessions attempting the same task, normalised together by the pipeline
+        _header("X-Group-Id", {"type": "string", "maxLength": 200}),
+        _header("X-Group-Size", {"type": "string", "pattern": "^[0-9]{1,4}$"}),
         # main or side in any case; empty means the server's default
         _header("X-Turn-Type", {"type": "string", "pattern": "^([Mm][Aa][Ii][Nn]|[Ss][Ii][Dd][Ee])?$"}),
     ]

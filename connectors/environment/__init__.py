@@ -2,7 +2,7 @@
 
 `api` (the Connector interface, discovery via the "orl.connectors" entry points, isolation),
 `outcome_events` (NextStateObserved building, payload validation), built-ins `shell`,
-`pytest_runner`, `webhook`, `ingest_client` (posts observations to the server) and `trajectory`
-(the step-wise plus outcome reward rule). The default connector, "conversation" (the next user
-message), is the pipeline's turn linker.
+`pytest_runner`, `webhook` and `ingest_client` (posts observations to the server). The default
+connector, "conversation" (the next user message), is the pipeline's turn linker; the step-wise plus
+outcome reward rule is the pipeline's (pipeline/processors/step_rule.py).
 """

@@ -1,4 +1,4 @@
-"""The judge effect stage: m reward votes and m hint votes for every next state of a main turn.
+"""The judge effect stage: each reward judge's m votes and the hint judge's m votes on every next state of a main turn.
 
 Reads: requests, responses (to remember each turn), next_states. Writes: judge_votes
 (JudgeVoteCast), hints (HintVoteCast). An LLM judge is any OpenAI-compatible chat endpoint (by
@@ -54,22 +54,28 @@ from pipeline.processors.turn_memory import (
     remember_turn_event,
     take_ready_triggers,
 )
+from schemas.errors import ConfigError
 from schemas.event_types import NextStateObserved
 
 logger = logging.getLogger(__name__)
 PRODUCER = "pipeline.judge/1"
 RETENTION_MS = 6 * 3600 * 1000
 RULE_TIMEOUT_S = 30.0
+HINT = "hint"  # the hint judge's key among the config versions (reward judges are keyed by judge id)
 INLINE_RULE_CPU_S = 0.01
 INLINE_RULE_WALL_S = 0.1
 
 
 @dataclass
 class JudgeStage:
-    reward_judge: JudgeConfig | None
+    """Every reward judge casts its votes on every next state (several judges at once: e.g. an LLM
+    process judge and the `outcome` rule judge), the hint judge its hint votes. A rule judge's
+    callable is in `rule_judges` under its judge id."""
+
+    reward_judges: tuple[JudgeConfig, ...]
     hint_judge: JudgeConfig | None
     api_key: str = ""
-    rule_judge: RuleJudge | None = None
+    rule_judges: dict[str, RuleJudge] = field(default_factory=dict)
     hint_extractor: HintExtractor | None = None
     concurrency: int = 4
     name: str = "judge"
@@ -85,9 +91,15 @@ class JudgeStage:
     metrics: Metrics = field(default_factory=Metrics, repr=False)
 
     def __post_init__(self) -> None:
-        for kind, judge in (("reward", self.reward_judge), ("hint", self.hint_judge)):
-            if judge is not None:
-                self._config_versions[kind] = judge.config_version
+        ids = [judge.judge_id for judge in self.reward_judges]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"reward judges need distinct ids; got {ids}")
+        for judge in self.reward_judges:
+            if judge.kind == "rule" and judge.judge_id not in self.rule_judges:
+                raise ConfigError(f"rule judge {judge.judge_id!r} has no callable in rule_judges")
+            self._config_versions[judge.judge_id] = judge.config_version
+        if self.hint_judge is not None:
+            self._config_versions[HINT] = self.hint_judge.config_version
 
     def plan(self, state: State | None, event: Event, config: PipelineConfig) -> PlanResult:
         state = state or new_turn_memory()
@@ -101,27 +113,31 @@ class JudgeStage:
             _forget_unjudged_fields(state, turn_id)
         # A side turn's request is never remembered: its next states wait until retention drops them.
         turn, next_states = take_ready_triggers(state, turn_id)
-        calls = []
-        for next_state in next_states:
-            for purpose, judge in (("reward", self.reward_judge), ("hint", self.hint_judge)):
-                for index in range(judge.m if judge else 0):
-                    calls.append(
-                        EffectCall(purpose, {"turn": turn, "next_state": next_state, "vote_index": index})
-                    )
+        judges = [("reward", judge) for judge in self.reward_judges]
+        if self.hint_judge is not None:
+            judges.append(("hint", self.hint_judge))
+        calls = [
+            EffectCall(
+                purpose,
+                {"turn": turn, "next_state": next_state, "vote_index": index, "judge_id": judge.judge_id},
+            )
+            for next_state in next_states
+            for purpose, judge in judges
+            for index in range(judge.m)
+        ]
         return state, calls
 
     def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> tuple[State | None, list[Emit]]:
         return forget_if_idle(state, now_ms, RETENTION_MS), []
 
     async def perform(self, call: EffectCall) -> list[Emit]:
-        judge = self.reward_judge if call.kind == "reward" else self.hint_judge
-        assert judge is not None
+        judge = self._judge(call.kind, call.payload["judge_id"])
         turn, next_state, index = call.payload["turn"], call.payload["next_state"], call.payload["vote_index"]
         seed = vote_seed(next_state["turn_id"], index, judge.seed_base)
         started = time.perf_counter()
         if judge.kind == "rule":
             prompt_text = judge_user_message(turn["messages"], turn["response_text"], next_state)
-            raw, usage = await self._rule_vote(call.kind, turn, next_state)
+            raw, usage = await self._rule_vote(call.kind, judge.judge_id, turn, next_state)
         else:
             builder = build_reward_judge_messages if call.kind == "reward" else build_hint_judge_messages
             messages = builder(turn["messages"], turn["response_text"], next_state)
@@ -163,14 +179,19 @@ class JudgeStage:
             await asyncio.sleep(min(2.0, 0.2 * 2**attempt))
         return _FAILED + last_error, {}
 
+    def _judge(self, kind: str, judge_id: str) -> JudgeConfig:
+        if kind == "hint":
+            assert self.hint_judge is not None
+            return self.hint_judge
+        return next(judge for judge in self.reward_judges if judge.judge_id == judge_id)
+
     async def _rule_vote(
-        self, kind: str, turn: dict[str, Any], next_state: dict[str, Any]
+        self, kind: str, judge_id: str, turn: dict[str, Any], next_state: dict[str, Any]
     ) -> tuple[str, dict]:
         args = (turn["messages"], turn["response_text"], next_state)
         try:
             if kind == "reward":
-                assert self.rule_judge is not None
-                score, explanation = await self._call_rule(self.rule_judge, args)
+                score, explanation = await self._call_rule(self.rule_judges[judge_id], args)
                 return json.dumps({"score": score, "explanation": explanation}), {}
             assert self.hint_extractor is not None
             score, hint, explanation = await self._call_rule(self.hint_extractor, args)
@@ -214,6 +235,7 @@ class JudgeStage:
         latency_ms: float,
     ) -> Emit:
         score, hint, error = _parse(kind, judge, raw)
+        version_key = HINT if kind == "hint" else judge.judge_id
         self.metrics.count(
             "judge_votes", judge_id=judge.judge_id, parsed="false" if error is not None else "true"
         )
@@ -228,7 +250,7 @@ class JudgeStage:
         fields: dict[str, Any] = dict(
             judge_id=judge.judge_id,
             judge_kind=judge.kind,
-            judge_config_version=self._config_versions[kind],
+            judge_config_version=self._config_versions[version_key],
             model=judge.model or None,
             model_version=None,
             vote_index=index,
@@ -259,7 +281,7 @@ class JudgeStage:
             session_id=next_state["session_id"],
             turn_id=next_state["turn_id"],
             occurred_at_ms=next_state["occurred_at"],
-            id_parts=(next_state["event_id"], self._config_versions[kind], kind, str(index)),
+            id_parts=(next_state["event_id"], self._config_versions[version_key], kind, str(index)),
             **fields,
         )
         return Emit("judge_votes" if kind == "reward" else "hints", event)

@@ -19,7 +19,7 @@ from pipeline.processors.topology import STAGES
 from schemas.codec import HEADER_LEN, MARKER, decode, encode
 from schemas.event_types import Envelope
 from schemas.registry import default_registry
-from schemas.topics import TOPICS, dlq_topic, topic_for_event, topic_name
+from schemas.topics import TOPICS, dlq_topic, record_key, topic_for_event, topic_name
 
 Event = dict[str, Any]
 BATCH_RECORDS = 5000
@@ -226,9 +226,9 @@ class EncodedEvent(NamedTuple):
 
 
 def encoded(event: Event) -> EncodedEvent:
-    """The event encoded, keyed by its session as every orl producer keys its records."""
+    """The event encoded, keyed as every orl producer keys its records (schemas.topics.record_key)."""
     envelope: Envelope = event["envelope"]
-    session = envelope.get("session_id")
+    session = record_key(event)
     key = session.encode() if session else None
     return EncodedEvent(envelope["event_id"], envelope["event_type"], key, encode(event))
 

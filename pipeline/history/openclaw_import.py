@@ -202,6 +202,8 @@ def conversation_events(
             model=options.model,
             stream=False,
             client_id="openclaw-rl",
+            group_id=None,
+            group_size=None,
         ),  # fmt: skip
         make_event(
             "ResponseGenerated",

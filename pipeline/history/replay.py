@@ -67,7 +67,7 @@ from pipeline.runtime.stream_runner import StreamRunner
 from schemas.codec import encode, event_type_of
 from schemas.errors import ConfigError
 from schemas.event_types import Envelope
-from schemas.topics import topic_for_event, topic_name
+from schemas.topics import record_key, topic_for_event, topic_name
 
 logger = logging.getLogger(__name__)
 Event = dict[str, Any]
@@ -194,7 +194,7 @@ def event_source(events: list[Event]) -> ReplaySource:
     by_topic: dict[str, list[RawRecord]] = {}
     for event in events:
         envelope: Envelope = event["envelope"]
-        key = (envelope.get("session_id") or "").encode() or None
+        key = (record_key(event) or "").encode() or None
         by_topic.setdefault(topic_for_event(envelope["event_type"]), []).append((key, encode(event)))
 
     async def read(chosen: Sequence[str]) -> AsyncIterator[list[RawRecord]]:

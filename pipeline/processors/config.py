@@ -20,6 +20,8 @@ from schemas.errors import ConfigError
 
 SampleMethod = Literal["binary", "opd", "combined"]
 SAMPLE_METHODS: tuple[str, ...] = ("binary", "opd", "combined")
+RewardRule = Literal["single", "step_outcome"]
+REWARD_RULES: tuple[str, ...] = ("single", "step_outcome")
 
 
 def content_version(section: Any) -> str:
@@ -97,6 +99,57 @@ class SampleConfig:
 
 
 @dataclass(frozen=True)
+class RewardRuleConfig:
+    """sample_builder: how the rewards of several judges become one reward per turn.
+
+    - "single": one judge; its RewardDecided is the turn's reward (the default).
+    - "step_outcome" (general-agent tracks): every main turn of a session is a step, judged by the
+      process judge on its own next state; the task's outcome is the outcome judge's reward on any
+      turn of the session (the connector's verdict). When the session is over, each step gets
+      `step_weight * process + (1 - step_weight) * outcome` (pipeline/processors/step_rule.py), as
+      a RewardDecided of its own that names both parts. With `group_advantage`, sessions that carry
+      a group id then wait for their group's normalisation (group_advantage stage) before sampling.
+    """
+
+    rule: RewardRule = "single"
+    process_judge_id: str = "prm"
+    outcome_judge_id: str = "prm:outcome"
+    step_weight: float = 0.5
+    group_advantage: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rule not in REWARD_RULES:
+            raise ConfigError(f"reward rule must be one of {REWARD_RULES}, not {self.rule!r}")
+        if not 0.0 <= self.step_weight <= 1.0:
+            raise ConfigError(f"step_weight must be in [0, 1], not {self.step_weight}")
+        if self.rule == "step_outcome" and self.process_judge_id == self.outcome_judge_id:
+            raise ConfigError("step_outcome needs two judges: the process judge and the outcome judge differ")
+        if self.group_advantage and self.rule != "step_outcome":
+            raise ConfigError("group advantages normalise step rewards: they need the step_outcome rule")
+
+    @cached_property
+    def version(self) -> str:
+        return content_version(self)
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """group_advantage: how long a group waits for its missing rollouts, and its state's retention.
+
+    A group is decided when `group_size` trajectories arrived, or `timeout_s` after its first one
+    with those that did. Kept shorter than sample_builder's `closed_retention_s`, which is how long
+    a finished session waits for its group's rewards.
+    """
+
+    timeout_s: float = 600.0
+    retention_s: float = 3600.0
+
+    @cached_property
+    def version(self) -> str:
+        return content_version(self)
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     """Everything the pure processors need; `seen_window` bounds the redelivery memory per session.
 
@@ -110,5 +163,11 @@ class PipelineConfig:
     tally: TallyConfig = field(default_factory=TallyConfig)
     hints: HintSelectionConfig = field(default_factory=HintSelectionConfig)
     samples: SampleConfig = field(default_factory=SampleConfig)
+    rewards: RewardRuleConfig = field(default_factory=RewardRuleConfig)
+    groups: GroupConfig = field(default_factory=GroupConfig)
     seen_window: int = 512
     compact_states: bool = True
+
+    def __post_init__(self) -> None:
+        if self.rewards.rule == "step_outcome" and self.samples.method != "binary":
+            raise ConfigError("the step_outcome reward rule trains with method binary (no OPD term yet)")

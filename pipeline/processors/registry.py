@@ -6,11 +6,13 @@ Reads and writes no topics itself.
 from __future__ import annotations
 
 from pipeline.processors.contract import Processor
+from pipeline.processors.group_advantage import GROUP_ADVANTAGE
 from pipeline.processors.hint_selector import HINT_SELECTOR
 from pipeline.processors.sample_builder import SAMPLE_BUILDER
 from pipeline.processors.turn_linker import TURN_LINKER
 from pipeline.processors.vote_tally import VOTE_TALLY
 
 PURE_PROCESSORS: dict[str, Processor] = {
-    processor.name: processor for processor in (TURN_LINKER, VOTE_TALLY, HINT_SELECTOR, SAMPLE_BUILDER)
+    processor.name: processor
+    for processor in (TURN_LINKER, VOTE_TALLY, HINT_SELECTOR, SAMPLE_BUILDER, GROUP_ADVANTAGE)
 }

@@ -1,9 +1,11 @@
 """sample_builder: one SampleReady or SampleRejected per judged main turn, and at least one per session.
 
 Reads requests (RequestReceived), responses (ResponseGenerated), next_states (NextStateObserved),
-rewards (RewardDecided; its own promotions skipped), hints (HintSelected / HintRejected; votes
+rewards (RewardDecided; its own promotions and step rewards skipped), hints (HintSelected / HintRejected; votes
 skipped), teacher_scores (TeacherScored) and sessions (SessionClosed). Writes samples
-(SampleReady / SampleRejected) and rewards (RewardDecided, reason "at_least_one_promotion").
+(SampleReady / SampleRejected), rewards (RewardDecided, reason "at_least_one_promotion", or a
+step's combined reward under the step_outcome rule) and trajectories (TrajectoryScored: a grouped
+session's step rewards, for group_advantage).
 
 One input goes down three layers, each entered once and calling only further down:
 1. sample_inputs records it into its turn record (the first reward / hint outcome / teacher
@@ -18,8 +20,9 @@ One input goes down three layers, each entered once and calling only further dow
 All three share the turn record format of sample_turns. The closed session's tombstone is deleted
 `closed_retention_s` after the close.
 State per session: namespace, session_id, seen, turns (turn_id -> index, kind, request_event_id,
-response, next_states, reward, hint, teacher, decided), request_turns (request_id -> turn_id),
-waiting_responses (responses that came before their request), ready_count, closed, finalized.
+response, next_states, reward, judge_rewards, hint, teacher, decided), request_turns (request_id ->
+turn_id), waiting_responses (responses that came before their request), ready_count, closed,
+finalized, group (the rollout group's id and size, or None).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from pipeline.processors.event_building import (
 )
 from pipeline.processors.sample_events import NAME
 from pipeline.processors.topology import stage_named
-from schemas.event_types import ResponseGenerated
+from schemas.event_types import ResponseGenerated, RewardDecided
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +63,14 @@ class SampleBuilder:
         if event_type == "ResponseGenerated":
             response = cast(ResponseGenerated, event)
             turn_id = sample_inputs.record_response(state, response, packed=config.compact_states)
+        elif event_type == "RewardDecided":
+            turn_id = sample_inputs.record_reward(state, cast(RewardDecided, event), config.rewards)
         else:
             recorder = sample_inputs.INPUT_RECORDERS.get(event_type)
             if recorder is None:
                 return state, []
             turn_id = recorder(state, event)
-        outcomes = sample_decisions.settle(state, turn_id, config.samples)
+        outcomes = sample_decisions.settle(state, turn_id, config.samples, config.rewards)
         return state, sample_events.emits_for(state, outcomes, config)
 
     def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
@@ -80,7 +85,7 @@ class SampleBuilder:
             return state, []
         logger.info("session %s: settle timeout, finalizing with what is known", state["session_id"])
         state = dict(state)  # a new object: finalizing may change the state without emitting anything
-        outcomes = sample_decisions.finalize(state, deadline_ms, config.samples)
+        outcomes = sample_decisions.finalize(state, deadline_ms, config.samples, config.rewards)
         return state, sample_events.emits_for(state, outcomes, config)
 
 
@@ -95,6 +100,7 @@ def new_state(event: Event) -> State:
         "ready_count": 0,
         "closed": None,
         "finalized": False,
+        "group": None,
     }
 
 

@@ -23,7 +23,9 @@ helpful, and unlike OpenClaw-RL's 0-reward promotion (a gradient no-op) the prom
 actually moves the policy, gently. Not under opd: its trainer term needs teacher scores, which a
 session without a sample has none of, so a promoted OPD sample would only add zero-advantage
 tokens (diluting the batch's real ones) and KL (issue 19).
-Calls only sample_turns; reads and writes no topics.
+Under the step_outcome reward rule (general-agent tracks) the session decides its turns together
+when it is over: see step_decisions.
+Calls only sample_turns and step_decisions; reads and writes no topics.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.processors.config import SampleConfig
+from pipeline.processors import step_decisions
+from pipeline.processors.config import RewardRuleConfig, SampleConfig
 from pipeline.processors.event_building import State
 from pipeline.processors.sample_turns import TurnRecord, new_turn, response_arrays, response_problem
 from schemas.top_k import top_k_rows_aligned
@@ -55,28 +58,39 @@ WAIT: Decision | None = None
 @dataclass(frozen=True)
 class Outcome:
     """A decided turn. `turn` is its record as decided (the state may already hold only a marker);
-    `promoted_at_ms` is set for an at-least-one promotion: the close (or settle deadline) time."""
+    `promoted_at_ms` is set for an at-least-one promotion: the close (or settle deadline) time.
+    `step` (step_outcome rule): the step's combined reward, a RewardDecided of its own, decided at
+    `promoted_at_ms` too; `awaits_group`: the step goes to its group's normalisation, no sample yet."""
 
     turn_id: str
     turn: TurnRecord
     decision: Decision
     promoted_at_ms: int | None = None
+    step: step_decisions.StepReward | None = None
+    awaits_group: bool = False
 
 
-def settle(state: State, turn_id: str | None, samples: SampleConfig) -> list[Outcome]:
+def settle(
+    state: State, turn_id: str | None, samples: SampleConfig, rules: RewardRuleConfig
+) -> list[Outcome]:
     """What an input that touched `turn_id` (None: no turn) decides: that turn, then the session."""
-    outcomes = settle_turn(state, turn_id, samples) if turn_id is not None else []
-    if state["closed"] is not None and not state["finalized"] and all_settled(state):
-        outcomes += finalize(state, state["closed"]["occurred_at_ms"], samples)
+    outcomes = settle_turn(state, turn_id, samples, rules) if turn_id is not None else []
+    if state["closed"] is not None and not state["finalized"]:
+        by_steps = rules.rule == step_decisions.STEP_RULE
+        if step_decisions.steps_settled(state, rules) if by_steps else all_settled(state):
+            outcomes += finalize(state, state["closed"]["occurred_at_ms"], samples, rules)
     return outcomes
 
 
-def settle_turn(state: State, turn_id: str, samples: SampleConfig) -> list[Outcome]:
-    """Decide the turn if everything its method needs is known."""
+def settle_turn(state: State, turn_id: str, samples: SampleConfig, rules: RewardRuleConfig) -> list[Outcome]:
+    """Decide the turn if everything its method needs is known (under step_outcome: its group's
+    reward, the only reward recorded as the turn's own)."""
     turn = state["turns"].get(turn_id)
     if turn is None or turn["decided"] or turn["kind"] != "main" or turn["response"] is None:
         return []
     if not turn["next_states"]:
+        return []
+    if rules.rule == step_decisions.STEP_RULE and turn["reward"] is None:
         return []
     decision = decide_turn(turn, samples.method)
     if decision is None:
@@ -165,9 +179,13 @@ def all_settled(state: State) -> bool:
     return last is not None and last["kind"] is not None and (last["kind"] != "main" or last["decided"])
 
 
-def finalize(state: State, occurred_at_ms: int, samples: SampleConfig) -> list[Outcome]:
+def finalize(
+    state: State, occurred_at_ms: int, samples: SampleConfig, rules: RewardRuleConfig
+) -> list[Outcome]:
     """The session is over: promote a turn if it earned no sample, then drop decided turns' data."""
     state["finalized"] = True
+    if rules.rule == step_decisions.STEP_RULE:
+        return finalize_steps(state, occurred_at_ms, samples, rules)
     outcomes: list[Outcome] = []
     if samples.at_least_one and state["ready_count"] == 0 and samples.method == "opd":
         logger.info(
@@ -184,6 +202,34 @@ def finalize(state: State, occurred_at_ms: int, samples: SampleConfig) -> list[O
             turn["decided"] = True
             state["ready_count"] += 1
             outcomes = [Outcome(turn_id, turn, Decision(reward=reward), promoted_at_ms=occurred_at_ms)]
+    prune_decided_turns(state, samples)
+    return outcomes
+
+
+def finalize_steps(
+    state: State, occurred_at_ms: int, samples: SampleConfig, rules: RewardRuleConfig
+) -> list[Outcome]:
+    """Every pending step gets its combined reward: a sample now, or (grouped) its group's reward later.
+    A response that cannot be trained on exactly is rejected as under every rule."""
+    rewards = step_decisions.step_rewards(state, rules)
+    grouped = rules.group_advantage and state.get("group") is not None
+    outcomes: list[Outcome] = []
+    for turn_id, turn in sorted(state["turns"].items(), key=lambda item: item[1]["index"] or 0):
+        if turn["kind"] != "main" or turn["response"] is None or turn["decided"]:
+            continue
+        step = rewards.get(turn_id)
+        if step is None:  # not trainable
+            turn["decided"] = True
+            outcomes.append(Outcome(turn_id, turn, Decision(reason=response_problem(turn["response"]))))
+            continue
+        if grouped:
+            outcomes.append(Outcome(turn_id, turn, Decision(reward=step.reward), occurred_at_ms, step, True))
+            continue
+        turn["decided"] = True
+        decision = Decision(reward=step.reward) if step.reward != 0 else Decision(reason="reward_zero")
+        if decision.reason is None:
+            state["ready_count"] += 1
+        outcomes.append(Outcome(turn_id, turn, decision, occurred_at_ms, step))
     prune_decided_turns(state, samples)
     return outcomes
 

@@ -2,7 +2,9 @@
 
 An Outcome (sample_decisions) becomes a SampleReady or a SampleRejected on samples; a promotion
 becomes a RewardDecided on rewards (reason "at_least_one_promotion", promoted=True, the turn's
-original votes) followed by its SampleReady. Samples carry the exact sampled token ids, their
+original votes) followed by its SampleReady; a step (step_outcome rule) becomes its combined
+RewardDecided (naming its parts) followed by its sample, or, when it awaits its group, by nothing:
+the session's awaiting steps become one TrajectoryScored on trajectories, keyed by the group id. Samples carry the exact sampled token ids, their
 logprobs, the temperature actually used and the policy version of the response. A sample's lineage
 and occurred_at come only from the inputs its method uses, so an input the method ignores (a hint
 under binary) never makes the output depend on arrival order; ids are deterministic from the
@@ -21,6 +23,7 @@ from pipeline.processors.contract import Emit
 from pipeline.processors.event_building import Event, State, build_event, event_id_of, producer_name
 from pipeline.processors.sample_decisions import Decision, Outcome
 from pipeline.processors.sample_turns import TurnRecord, response_arrays
+from pipeline.processors.step_decisions import STEP_RULE
 from schemas.event_types import Lineage
 
 NAME = "sample_builder"
@@ -34,8 +37,17 @@ METHOD_INPUTS = {"binary": ("reward",), "opd": ("hint", "teacher"), "combined": 
 
 def emits_for(state: State, outcomes: list[Outcome], config: PipelineConfig) -> list[Emit]:
     emits: list[Emit] = []
+    trajectory: list[tuple[Outcome, Event]] = []
     for outcome in outcomes:
         turn_id, turn, decision = outcome.turn_id, outcome.turn, outcome.decision
+        if outcome.step is not None:
+            step_reward = step_reward_event(state, outcome, config)
+            emits.append(Emit("rewards", step_reward))
+            if outcome.awaits_group:
+                trajectory.append((outcome, step_reward))
+            else:
+                emits.append(Emit("samples", step_sample_event(state, outcome, step_reward, config)))
+            continue
         if outcome.promoted_at_ms is not None:
             emits += promotion_emits(state, turn_id, turn, decision, outcome.promoted_at_ms, config)
             continue
@@ -45,7 +57,94 @@ def emits_for(state: State, outcomes: list[Outcome], config: PipelineConfig) -> 
         else:
             event = ready_event(state, turn_id, turn, decision, occurred_at_ms, config)
         emits.append(Emit("samples", event))
+    if trajectory:
+        emits.append(Emit("trajectories", trajectory_event(state, trajectory, config)))
     return emits
+
+
+def step_reward_event(state: State, outcome: Outcome, config: PipelineConfig) -> Event:
+    """A step's combined reward (step_outcome rule), naming the rewards it combined and how."""
+    step = outcome.step
+    assert step is not None and outcome.promoted_at_ms is not None
+    occurred_at_ms = max(
+        outcome.promoted_at_ms,
+        int(outcome.turn["response"]["occurred_at_ms"]),
+        *(part.occurred_at_ms for part in step.parts),
+    )
+    part_ids = tuple(part.reward_event_id for part in step.parts)
+    return build_event(
+        "RewardDecided",
+        **envelope_args(
+            state,
+            outcome.turn_id,
+            occurred_at_ms,
+            (outcome.turn_id, STEP_RULE, *part_ids, config.rewards.version),
+        ),
+        vote_ids=[],
+        votes=[],
+        rule=STEP_RULE,
+        rule_version=LOGIC_VERSION,
+        reward=step.reward,
+        reason=step.reason,
+        promoted=False,
+        judge_id=None,
+        parts=[
+            {
+                "reward_event_id": p.reward_event_id,
+                "judge_id": p.judge_id,
+                "reward": p.reward,
+                "weight": p.weight,
+            }
+            for p in step.parts
+        ],
+        explanation=step.explanation,
+    )
+
+
+def step_sample_event(state: State, outcome: Outcome, step_reward: Event, config: PipelineConfig) -> Event:
+    """The step's SampleReady (or SampleRejected "reward_zero"), its lineage naming the combined reward."""
+    occurred_at_ms = step_reward["envelope"]["occurred_at"]
+    reward_id = event_id_of(step_reward)
+    if outcome.decision.reason is not None:
+        return rejected_event(
+            state, outcome.turn_id, outcome.turn, outcome.decision.reason, occurred_at_ms, config, reward_id
+        )
+    return ready_event(
+        state,
+        outcome.turn_id,
+        outcome.turn,
+        outcome.decision,
+        occurred_at_ms,
+        config,
+        reward_event_id=reward_id,
+    )
+
+
+def trajectory_event(state: State, steps: list[tuple[Outcome, Event]], config: PipelineConfig) -> Event:
+    """The session's steps awaiting their group's normalisation, for the group_advantage stage."""
+    group = state["group"]
+    reward_ids = tuple(event_id_of(reward) for _, reward in steps)
+    return build_event(
+        "TrajectoryScored",
+        producer=PRODUCER,
+        namespace=state["namespace"],
+        session_id=state["session_id"],
+        turn_id=None,
+        occurred_at_ms=max(reward["envelope"]["occurred_at"] for _, reward in steps),
+        id_parts=(state["session_id"], group["id"], *reward_ids, config.rewards.version),
+        group_id=group["id"],
+        group_size=group["size"] or 0,
+        steps=[
+            {
+                "turn_id": outcome.turn_id,
+                "step_index": outcome.step.step_index,
+                "reward": outcome.step.reward,
+                "reward_event_id": event_id_of(reward),
+            }
+            for outcome, reward in steps
+            if outcome.step is not None
+        ],
+    )
 
 
 def ready_event(
@@ -66,10 +165,16 @@ def ready_event(
 
 
 def rejected_event(
-    state: State, turn_id: str, turn: TurnRecord, reason: str, occurred_at_ms: int, config: PipelineConfig
+    state: State,
+    turn_id: str,
+    turn: TurnRecord,
+    reason: str,
+    occurred_at_ms: int,
+    config: PipelineConfig,
+    reward_event_id: str | None = None,
 ) -> Event:
     method = config.samples.method
-    sample_lineage = lineage(turn, method)
+    sample_lineage = lineage(turn, method, reward_event_id)
     id_parts = (turn_id, method, reason, *lineage_parts(sample_lineage), config.samples.version)
     return build_event(
         "SampleRejected",
@@ -105,6 +210,9 @@ def promotion_emits(
         reward=decision.reward,
         reason=PROMOTION_RULE,
         promoted=True,
+        judge_id=original.get("judge_id"),
+        parts=[],
+        explanation=None,
     )
     sample = ready_event(
         state, turn_id, turn, decision, occurred_at_ms, config,

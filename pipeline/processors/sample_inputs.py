@@ -2,7 +2,10 @@
 
 Each recorder stores what a sample needs from one event type and returns the turn id it touched
 (None: no turn to decide). The first reward / hint outcome / teacher score of a turn wins;
-later ones (another judge, a re-judge in the same namespace) are logged and ignored. Decided
+later ones (another judge, a re-judge in the same namespace) are logged and ignored. Under the
+step_outcome rule each judge's rewards are kept apart (step_decisions.better_reward picks one per
+judge) and only a group's normalised reward is the turn's own. A request's rollout group (id,
+size) is the session's. Decided
 turns ignore further inputs. SessionClosed records the close (and touches no turn).
 Calls only event_building (envelopes) and sample_turns (the record format); reads and writes no
 topics itself.
@@ -14,6 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.processors.config import RewardRuleConfig
 from pipeline.processors.event_building import AnyEvent, State, event_id_of, occurred_at_of, turn_id_of
 from pipeline.processors.sample_turns import (
     TOKEN_ARRAYS,
@@ -22,6 +26,7 @@ from pipeline.processors.sample_turns import (
     new_turn,
     pack_token_arrays,
 )
+from pipeline.processors.step_decisions import GROUP_RULE, better_reward
 from schemas.event_types import (
     HintRejected,
     HintSelected,
@@ -46,6 +51,8 @@ def record_request(state: State, event: RequestReceived) -> str | None:
     turn = open_turn(state, turn_id)
     turn.update(index=int(event["turn_index"]), kind=event["turn_kind"], request_event_id=event_id_of(event))
     state["request_turns"][event["request_id"]] = turn_id
+    if event.get("group_id") is not None and state.get("group") is None:
+        state["group"] = {"id": event["group_id"], "size": event.get("group_size")}
     waiting = state["waiting_responses"].pop(event["request_id"], None)
     if waiting is not None and not turn["decided"]:
         turn["response"] = waiting
@@ -113,13 +120,41 @@ def set_first(state: State, event: AnyEvent, part: str, record: dict[str, Any]) 
     return turn_id
 
 
-def record_reward(state: State, event: RewardDecided) -> str | None:
+def record_reward(state: State, event: RewardDecided, rules: RewardRuleConfig) -> str | None:
     record = {
         "reward": float(event["reward"]),
         "votes": list(event["votes"]),
         "vote_ids": list(event["vote_ids"]),
+        "judge_id": event.get("judge_id"),
     }
-    return set_first(state, event, "reward", record)
+    if rules.rule == "single" or event["rule"] == GROUP_RULE:
+        return set_first(state, event, "reward", record)
+    return record_judge_reward(state, event, record, rules)
+
+
+def record_judge_reward(
+    state: State, event: RewardDecided, record: dict[str, Any], rules: RewardRuleConfig
+) -> str | None:
+    """A judge's reward of a step (step_outcome rule), kept per judge until the session decides."""
+    turn_id, judge_id = turn_id_of(event), event.get("judge_id")
+    if turn_id is None:
+        return None
+    if judge_id not in (rules.process_judge_id, rules.outcome_judge_id):
+        logger.info("turn %s: ignoring reward %s of judge %s", turn_id, event_id_of(event), judge_id)
+        return turn_id
+    turn = open_turn(state, turn_id)
+    if turn["decided"]:
+        return turn_id
+    full = {
+        "event_id": event_id_of(event),
+        "occurred_at_ms": occurred_at_of(event),
+        "reason": event["reason"],
+        **record,
+    }
+    by_judge = turn.setdefault("judge_rewards", {})
+    if better_reward(by_judge.get(judge_id), full):
+        by_judge[judge_id] = full
+    return turn_id
 
 
 def record_hint_selected(state: State, event: HintSelected) -> str | None:
@@ -155,10 +190,9 @@ def record_close(state: State, event: SessionClosed) -> str | None:
 
 
 # Dispatch on envelope.event_type: each recorder takes the TypedDict of the event type it is filed under.
-INPUT_RECORDERS: dict[str, Callable[[State, Any], str | None]] = {  # ResponseGenerated: record_response
+INPUT_RECORDERS: dict[str, Callable[[State, Any], str | None]] = {  # and record_response, record_reward
     "RequestReceived": record_request,
     "NextStateObserved": record_next_state,
-    "RewardDecided": record_reward,
     "HintSelected": record_hint_selected,
     "HintRejected": record_hint_rejected,
     "TeacherScored": record_teacher,

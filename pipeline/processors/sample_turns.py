@@ -27,6 +27,7 @@ def new_turn() -> TurnRecord:
         "next_states": [],
         "next_state_event_id": None,
         "reward": None,
+        "judge_rewards": {},
         "hint": None,
         "teacher": None,
         "decided": False,

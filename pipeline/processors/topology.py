@@ -64,8 +64,16 @@ STAGES: tuple[Stage, ...] = (
         "sample_builder",
         "pure",
         inputs=("requests", "responses", "next_states", "rewards", "hints", "teacher_scores", "sessions"),
-        outputs=("samples", "rewards"),
-        role="one SampleReady / SampleRejected per judged main turn; at-least-one promotion per session",
+        outputs=("samples", "rewards", "trajectories"),
+        role="one SampleReady / SampleRejected per judged main turn; at-least-one promotion per session; "
+        "under step_outcome, a step's combined reward, and a grouped session's trajectory",
+    ),
+    Stage(
+        "group_advantage",
+        "pure",
+        inputs=("trajectories",),
+        outputs=("rewards",),
+        role="the step rewards of a rollout group's sessions, normalised per step index -> RewardDecided",
     ),
 )
 

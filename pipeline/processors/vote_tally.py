@@ -121,6 +121,9 @@ def decide(
         reward=reward,
         reason=reason,
         promoted=False,
+        judge_id=judgement["judge_id"],
+        parts=[],
+        explanation=None,
     )
     vote_collection.mark_decided(state, key)
     return Emit("rewards", event)

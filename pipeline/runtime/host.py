@@ -31,7 +31,7 @@ from pipeline.runtime.shared_decodes import SharedDecodes
 from schemas.codec import encode
 from schemas.errors import EventDecodeError
 from schemas.events import make_event
-from schemas.topics import dlq_topic, topic_name
+from schemas.topics import dlq_topic, record_key, topic_name
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class ProcessorHost:
     def handle(self, record: ConsumedRecord, state_of: Callable[[str], State | None]) -> Step:
         """One input record; `state_of(key)` is the session's stored state (None: nothing stored).
 
-        The state key is the record key (the session id), else the event's session id.
+        The state key is the record key (the session id), else the event's key (schemas.topics.record_key).
         """
         try:
             decodes = self.decodes if self.decodes is not None else self._private_decodes()  # it has a len()
@@ -127,7 +127,7 @@ class ProcessorHost:
         except EventDecodeError as error:
             return Step("", None, [self.dead_letter(record, str(error))], [], decoded=False)
         envelope = event["envelope"]
-        key = (record.key or b"").decode() or str(envelope.get("session_id") or "")
+        key = (record.key or b"").decode() or (record_key(event) or "")
         new_state, emits, calls = self.step(state_of(key), event)
         return Step(key, new_state, self.encode(emits), calls, envelope["occurred_at"])
 
@@ -154,14 +154,14 @@ class ProcessorHost:
         return changed, emits_all
 
     def encode(self, emits: list[Emit]) -> list[Output]:
-        """The emits as records keyed by session id, on their full topic names."""
+        """The emits as records keyed by session id (schemas.topics.record_key), on their full topic names."""
         if not emits:
             return []
         out = []
         emitted = self.emitted
         for emit in emits:
-            session = emit.event["envelope"].get("session_id")
-            record = OutgoingRecord(value=encode(emit.event), key=session.encode() if session else None)
+            key = record_key(emit.event)
+            record = OutgoingRecord(value=encode(emit.event), key=key.encode() if key is not None else None)
             out.append((topic_name(self.namespace, emit.topic), record))
             emitted[emit.topic] = emitted.get(emit.topic, 0) + 1
         return out

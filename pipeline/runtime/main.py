@@ -25,9 +25,11 @@ from pipeline.effects.judging import JudgeConfig
 from pipeline.effects.rule_judges import load_hint_extractor, load_rule_judge
 from pipeline.effects.teacher_stage import TEACHER_KINDS, TeacherStage
 from pipeline.processors.config import (
+    GroupConfig,
     HintSelectionConfig,
     LinkerConfig,
     PipelineConfig,
+    RewardRuleConfig,
     SampleConfig,
     TallyConfig,
 )
@@ -45,9 +47,13 @@ logger = logging.getLogger(__name__)
 Stage = Processor | EffectStage
 
 
-def judge_configs(settings: PipelineSettings) -> tuple[JudgeConfig | None, JudgeConfig | None]:
-    """The reward judge (every method: for opd its votes are kept for audit and the at-least-one
-    promotion, as the original's eval mode) and the hint judge (opd and combined)."""
+def judge_configs(settings: PipelineSettings) -> tuple[tuple[JudgeConfig, ...], JudgeConfig | None]:
+    """The reward judges and the hint judge (opd and combined).
+
+    The reward judge `--judge` runs under every method (for opd its votes are kept for audit and
+    the at-least-one promotion, as the original's eval mode); under `--reward-rule step_outcome` the
+    outcome judge runs beside it.
+    """
     url = settings.judge_url or settings.server_url
 
     def config(judge_id: str, choice: str) -> JudgeConfig:
@@ -63,45 +69,69 @@ def judge_configs(settings: PipelineSettings) -> tuple[JudgeConfig | None, Judge
             timeout_s=settings.judge_timeout_s,
         )
 
-    reward = config("prm", settings.judge)
+    rewards = [config("prm", settings.judge)]
+    if settings.reward_rule == "step_outcome":
+        if settings.outcome_judge == "llm":
+            raise ConfigError("--outcome-judge names a rule judge (built in: outcome), not llm")
+        rewards.append(config("outcome", settings.outcome_judge))
     hint = config("hint", settings.hint_judge) if settings.method in ("opd", "combined") else None
-    return reward, hint
+    return tuple(rewards), hint
 
 
 def pipeline_config(settings: PipelineSettings) -> PipelineConfig:
-    reward, hint = judge_configs(settings)
+    rewards, hint = judge_configs(settings)
+    llm_votes = [judge.m for judge in rewards if judge.kind == "llm"]
     return PipelineConfig(
         linker=LinkerConfig(idle_timeout_s=settings.idle_timeout_s),
-        tally=TallyConfig(votes_per_judgement=reward.m if reward else 1),
+        tally=TallyConfig(votes_per_judgement=llm_votes[0] if llm_votes else 1),
         hints=HintSelectionConfig(votes_per_judgement=hint.m if hint else 1),
         samples=SampleConfig(
             method=settings.method,  # type: ignore[arg-type]  # checked in SampleConfig.__post_init__
             at_least_one=settings.at_least_one,
             promotion_reward=settings.promotion_reward,
         ),
+        rewards=RewardRuleConfig(
+            rule=settings.reward_rule,  # type: ignore[arg-type]  # checked in RewardRuleConfig.__post_init__
+            process_judge_id=rewards[0].judge_id,
+            outcome_judge_id=rewards[-1].judge_id if len(rewards) > 1 else "",
+            step_weight=settings.step_weight,
+            group_advantage=settings.group_advantage,
+        ),
+        groups=GroupConfig(timeout_s=settings.group_timeout_s),
     )
 
 
-def method_stage_names(method: str) -> list[str]:
-    """The stages a method uses, in topological order (binary has no hints and no teacher)."""
+def method_stage_names(method: str, group_advantage: bool = False) -> list[str]:
+    """The stages a method uses, in topological order (binary has no hints and no teacher; only
+    group advantages need group_advantage)."""
     if method not in ("binary", "opd", "combined"):
         raise ConfigError(f"--method must be binary, opd or combined, not {method!r}")
     names = [stage.name for stage in STAGES]
     if method == "binary":
         names = [n for n in names if n not in ("hint_selector", "teacher")]
+    if not group_advantage:
+        names = [n for n in names if n != "group_advantage"]
     return names
 
 
 def build_stages(settings: PipelineSettings, metrics: Metrics | None = None) -> list[Stage]:
-    names = method_stage_names(settings.method)
+    pipeline_config(settings)  # checks the reward rule's settings before anything starts
+    names = method_stage_names(settings.method, settings.group_advantage)
     if settings.teacher_kind not in TEACHER_KINDS:
         raise ConfigError(f"--teacher-kind must be one of {', '.join(TEACHER_KINDS)}")
-    reward, hint = judge_configs(settings)
+    rewards, hint = judge_configs(settings)
+    choices = {rewards[0].judge_id: settings.judge}
+    if len(rewards) > 1:
+        choices[rewards[1].judge_id] = settings.outcome_judge
     judge = JudgeStage(
-        reward_judge=reward,
+        reward_judges=rewards,
         hint_judge=hint,
         api_key=settings.judge_api_key or settings.api_key,
-        rule_judge=load_rule_judge(settings.judge) if reward and reward.kind == "rule" else None,
+        rule_judges={
+            judge.judge_id: load_rule_judge(choices[judge.judge_id])
+            for judge in rewards
+            if judge.kind == "rule"
+        },
         hint_extractor=load_hint_extractor(settings.hint_judge) if hint and hint.kind == "rule" else None,
         concurrency=settings.effect_concurrency,
         metrics=metrics or Metrics(),

@@ -19,6 +19,7 @@ from typing import Any
 from pipeline.processors.config import PipelineConfig
 from pipeline.processors.contract import Emit, Processor
 from pipeline.runtime.host import ProcessorHost
+from schemas.topics import record_key
 
 
 class MemoryRunner:
@@ -61,7 +62,7 @@ class MemoryRunner:
 
     def _process(self, processor: Processor, event: dict[str, Any]) -> list[Emit]:
         states = self.states[processor.name]
-        key = event["envelope"].get("session_id") or ""
+        key = record_key(event) or ""
         new_state, emits, _ = self.hosts[processor.name].step(states.get(key), event)
         self._store(states, key, new_state)
         return emits

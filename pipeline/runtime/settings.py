@@ -13,7 +13,7 @@ class PipelineSettings(ConnectionSettings):
         "all",
         "ORL_PIPELINE_ROLE",
         "Stages to run: one of turn_linker, judge, vote_tally, hint_selector, teacher, "
-        "sample_builder, a comma-separated list of them, or 'all' (the method's stages), all in this process.",
+        "sample_builder, group_advantage, a comma-separated list of them, or 'all' (the method's stages), all in this process.",
     )
     runtime: str = setting(
         "embedded",
@@ -34,6 +34,31 @@ class PipelineSettings(ConnectionSettings):
         "ORL_JUDGE",
         "Reward judge: 'llm' (OpenAI-compatible endpoint) or a rule judge "
         "name from the orl.judges entry points (built in: outcome).",
+    )
+    reward_rule: str = setting(
+        "single",
+        "ORL_REWARD_RULE",
+        "How judges' rewards become a turn's reward: single (--judge alone) | step_outcome (agent "
+        "tracks: every turn is a step scored by --judge on its next state, combined with the task's "
+        "outcome from --outcome-judge when the session ends; method binary).",
+    )
+    outcome_judge: str = setting(
+        "outcome",
+        "ORL_OUTCOME_JUDGE",
+        "step_outcome: the rule judge that reads the task's outcome (a connector's verdict) from a next state.",
+    )
+    step_weight: float = setting(
+        0.5, "ORL_STEP_WEIGHT", "step_outcome: reward = w * step score + (1 - w) * outcome (0: outcome only)."
+    )
+    group_advantage: bool = setting(
+        False,
+        "ORL_GROUP_ADVANTAGE",
+        "step_outcome: normalise the step rewards of sessions that share a group id (X-Group-Id) per step index.",
+    )
+    group_timeout_s: float = setting(
+        600.0,
+        "ORL_GROUP_TIMEOUT_S",
+        "group_advantage: decide a group this long after its first rollout ended.",
     )
     judge_url: str = setting("", "ORL_JUDGE_URL", "Judge endpoint base URL (default: --server-url).")
     judge_api_key: str = setting(

@@ -49,7 +49,7 @@ def test_votes_that_fail_to_parse_are_counted_per_judge_with_the_recent_fraction
     server, _ = serve_in_thread(judge_app(itertools.cycle(RAW_REPLIES)), port)
     try:
         judge = JudgeConfig(judge_id="prm", kind="llm", m=3, endpoint_url=f"http://127.0.0.1:{port}/v1")
-        stage = JudgeStage(reward_judge=judge, hint_judge=None, api_key="k")
+        stage = JudgeStage(reward_judges=(judge,), hint_judge=None, api_key="k")
 
         async def vote_all() -> list[dict[str, Any]]:
             return [emit.event for i in range(6) for emit in await stage.perform(reward_call(i))]

@@ -67,6 +67,8 @@ def request_received() -> dict[str, Any]:
         model="SmolLM2-135M-Instruct",
         stream=False,
         client_id="openclaw",
+        group_id="calc-3:0",
+        group_size=4,
     )
 
 
@@ -154,6 +156,22 @@ def reward_decided() -> dict[str, Any]:
         reward=1.0,
         reason="majority",
         promoted=False,
+        judge_id="prm",
+        parts=[],
+        explanation=None,
+    )
+
+
+def trajectory_scored() -> dict[str, Any]:
+    return _event(
+        "TrajectoryScored",
+        "pipeline/0.1.0",
+        group_id="calc-3:0",
+        group_size=4,
+        steps=[
+            {"turn_id": "turn-0001", "step_index": 0, "reward": 1.0, "reward_event_id": "RewardDecided-a"},
+            {"turn_id": "turn-0002", "step_index": 1, "reward": -0.5, "reward_event_id": "RewardDecided-b"},
+        ],
     )
 
 
@@ -317,6 +335,7 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
     "SessionClosed": session_closed,
     "JudgeVoteCast": judge_vote_cast,
     "RewardDecided": reward_decided,
+    "TrajectoryScored": trajectory_scored,
     "HintVoteCast": hint_vote_cast,
     "HintSelected": hint_selected,
     "HintRejected": hint_rejected,

@@ -20,6 +20,7 @@ from pipeline.effects.judging import (
     parse_hint_vote,
     parse_reward_vote,
 )
+from pipeline.effects.rule_judges import outcome_judge
 from pipeline.processors.config import PipelineConfig
 from pipeline.processors.contract import Emit, Processor
 from pipeline.processors.event_building import Event, event_type_of, occurred_at_of, session_id_of, turn_id_of
@@ -27,7 +28,7 @@ from pipeline.processors.next_state_text import render_response
 from pipeline.processors.registry import PURE_PROCESSORS
 from pipeline.processors.topology import STAGES
 from schemas.events import make_event
-from schemas.topics import topic_for_event
+from schemas.topics import record_key, topic_for_event
 
 NAMESPACE = "test"
 SERVING = "serving/0.1.0"
@@ -66,6 +67,8 @@ class Conversation:
     events: list[Event] = field(default_factory=list)
     turn_count: int = 0
     last_main_turn_id: str | None = None
+    group_id: str | None = None  # a rollout group (X-Group-Id / X-Group-Size), carried on every request
+    group_size: int | None = None
 
     def tick(self, ms: int = 1000) -> int:
         self.now_ms += ms
@@ -114,6 +117,19 @@ class Conversation:
             self.events.extend(event for event in (request, response) if event is not None)
         return Turn(turn_id, request, response)
 
+    def verdict(self, reward: float, turn_id: str | None = None) -> Event:
+        """A connector's task verdict (outcome kind "task") on the last main turn, as an agent posts it."""
+        turn_id = turn_id or self.last_main_turn_id
+        event = make_event(
+            "NextStateObserved", namespace=self.namespace, producer="serving/0.1.0", occurred_at_ms=self.tick(),
+            id_parts=(self.session_id, "verdict", reward), session_id=self.session_id, turn_id=turn_id,
+            source="connector:task", role="environment", content=f"task verdict: reward {reward:+g}",
+            messages_json=None, outcome={"kind": "task", "reward": reward, "exit_code": None, "passed": None,
+                                         "failed": None, "errors": None, "thumbs": None, "detail_json": None},
+        )  # fmt: skip
+        self.events.append(event)
+        return event
+
     def close(self, last_turn_id: str | None = None, *, name_last_turn: bool = True) -> Event:
         """SessionClosed as serving writes it: naming the session's last main turn unless told not to."""
         if last_turn_id is None and name_last_turn:
@@ -127,6 +143,23 @@ class Conversation:
         return event
 
 
+def task_session(
+    session_id: str, process: list[list[str]], outcome: float | None, group: tuple[str, int] | None = None
+) -> Conversation:
+    """A tool-using session: one calculator call per step but the last, which answers; then the verdict."""
+    c = Conversation(session_id, group_id=group[0] if group else None, group_size=group[1] if group else None)
+    c.say("What is (2 + 3) * 4?")
+    for index in range(len(process) - 1):
+        call_id = f"{session_id}-call{index}"
+        c.turn("", tool_calls=[tool_call(call_id, "calculate", {"expression": "(2 + 3) * 4"})])
+        c.tool_result(call_id, "20")
+    c.turn("The answer is 20.")
+    if outcome is not None:
+        c.verdict(outcome)
+    c.close()
+    return c
+
+
 def request_event(
     conversation: Conversation, turn_id: str, index: int, messages: list[Any], kind: str, temperature: float
 ) -> Event:
@@ -137,6 +170,7 @@ def request_event(
         turn_id=turn_id, request_id=request_id, turn_kind=kind, turn_index=index, previous_turn_id=None,
         link_method="header", messages_json=json.dumps(messages), tools_json=None, tool_choice_json=None,
         sampling=sampling(temperature), model="smollm2", stream=False, client_id=None,
+        group_id=conversation.group_id, group_size=conversation.group_size,
     )  # fmt: skip
 
 
@@ -220,7 +254,7 @@ def run_processor(
     states = {} if states is None else states
     emits: list[Emit] = []
     for event in events:
-        key = session_id_of(event) or ""
+        key = record_key(event) or ""
         new_state, out = processor.process(states.get(key), event, config)
         json.dumps(new_state)  # state must stay JSON-serialisable
         if new_state is None:
@@ -258,6 +292,8 @@ class ScriptedEffects:
     default_reward_output: str = "Neutral. \\boxed{0}"
     default_hint_output: str = "Nothing to learn. \\boxed{-1}"
     teacher_top_k: int = 0  # > 0: the teacher also returns top-K rows (top-K distillation)
+    outcome_judge_id: str | None = None  # also cast the `outcome` rule judge's vote (step_outcome rule)
+    hints: bool = True  # cast hint votes
     requests: dict[str, Event] = field(default_factory=dict)
     responses: dict[str, Event] = field(default_factory=dict)
 
@@ -284,6 +320,13 @@ class ScriptedEffects:
         emits = []
         for index, raw in enumerate(self.reward_outputs.get(turn_id, [self.default_reward_output] * 3)):
             emits.append(Emit("judge_votes", vote_event(next_state, index, raw, prompt_text=reward_prompt)))
+        if self.outcome_judge_id is not None:
+            score, explanation = outcome_judge(request_messages, shown, dict(next_state))
+            raw = f"{explanation} \\boxed{{{score}}}" if score is not None else explanation
+            vote = vote_event(next_state, 0, raw, judge_kind="rule", judge_id=self.outcome_judge_id)
+            emits.append(Emit("judge_votes", vote))
+        if not self.hints:
+            return emits
         for index, raw in enumerate(self.hint_outputs.get(turn_id, [self.default_hint_output] * 3)):
             vote = vote_event(next_state, index, raw, hint_vote=True, prompt_text=hint_prompt)
             emits.append(Emit("hints", vote))

@@ -51,7 +51,7 @@ def judged_turn() -> tuple[Conversation, list[dict]]:
 
 
 def judge() -> JudgeStage:
-    return JudgeStage(reward_judge=JudgeConfig(m=3), hint_judge=JudgeConfig(judge_id="hint", m=2))
+    return JudgeStage(reward_judges=(JudgeConfig(m=3),), hint_judge=JudgeConfig(judge_id="hint", m=2))
 
 
 def test_each_next_state_asks_for_m_reward_and_m_hint_votes() -> None:

@@ -18,12 +18,12 @@ def call(index: int = 0) -> EffectCall:
         "outcome": None,
     }  # fmt: skip
     turn = {"messages": [{"role": "user", "content": "Question?"}], "response_text": "Answer."}
-    return EffectCall("reward", {"turn": turn, "next_state": next_state, "vote_index": index})
+    return EffectCall("reward", {"turn": turn, "next_state": next_state, "vote_index": index, "judge_id": "prm:test"})
 
 
 def stage(rule: Any) -> JudgeStage:
     judge = JudgeConfig(judge_id="prm:test", kind="rule", m=1)
-    return JudgeStage(reward_judge=judge, hint_judge=None, rule_judge=rule)
+    return JudgeStage(reward_judges=(judge,), hint_judge=None, rule_judges={judge.judge_id: rule})
 
 
 def votes(judge: JudgeStage, count: int) -> list[dict[str, Any]]:
