@@ -2,8 +2,9 @@
 
 Given a turn id or the event id of a request, response, next state, vote, reward, hint, teacher
 score, sample, train step or checkpoint, `audit_id` returns: the request, the response, the next
-states, each vote (judge, config version, model, raw output, score or parse failure), the reward
-(rule, version, votes, reason), the hint decision, the teacher score, the samples or why they were
+states, each vote (judge, config version, model, raw output, score or parse failure), the rewards
+(rule, version, votes, reason; a combined reward's parts, its arithmetic, and the rewards and votes
+it read from other turns, such as a task's outcome), the hint decision, the teacher score, the samples or why they were
 rejected, the training steps that consumed them, the checkpoints those steps published and the
 first responses served by those versions. `audit_session` lists the checkpoints a session
 influenced. Lookups go through the audit index (pipeline/history/audit_index.py); bodies are read from the
@@ -159,9 +160,29 @@ async def _turn_chain(index: AuditIndex, fetch: EventFetcher, turn_id: str) -> d
             chain["response"] = view
         elif kind in slots:
             chain[slots[kind]].append(view)
+    await _add_reward_parts(index, fetch, chain)
     for sample in chain["samples"]:
         sample["training"] = await _training_of(index, fetch, sample["event_id"])
     return chain
+
+
+async def _add_reward_parts(index: AuditIndex, fetch: EventFetcher, chain: dict[str, Any]) -> None:
+    """The rewards a combined reward read (a step's outcome is decided on the task's last turn) and
+    their votes, marked with the turn they belong to, so a step's chain reaches the judges' words."""
+    shown = {reward["event_id"] for reward in chain["rewards"]}
+    pending = [part["reward_event_id"] for reward in chain["rewards"] for part in reward.get("parts") or []]
+    while pending:
+        reward_id = pending.pop(0)
+        if reward_id in shown or index.position(reward_id) is None:
+            continue
+        shown.add(reward_id)
+        event = await fetch.get(index, reward_id)
+        turn_id = event["envelope"]["turn_id"]
+        chain["rewards"].append(_event_view(event) | {"from_turn": turn_id})
+        for vote_id in event["vote_ids"]:
+            if index.position(vote_id) is not None:
+                chain["votes"].append(_event_view(await fetch.get(index, vote_id)) | {"from_turn": turn_id})
+        pending += [part["reward_event_id"] for part in event.get("parts") or []]
 
 
 async def _training_of(index: AuditIndex, fetch: EventFetcher, sample_id: str) -> list[dict[str, Any]]:
@@ -357,11 +378,21 @@ def render_chain(chain: dict[str, Any]) -> str:
     for vote in chain["votes"] + chain["hint_votes"]:
         score = vote["score"] if vote["parse_error"] is None else f"failed ({vote['parse_error']})"
         add(1, f"{vote['type']} {vote['event_id']} judge {vote['judge_id']} config {vote['judge_config_version']} "
-               f"vote {vote['vote_index']}: score {score}" + (f", hint {vote['hint']!r}" if vote["hint"] else ""))  # fmt: skip
+               f"vote {vote['vote_index']}: score {score}" + (f", hint {vote['hint']!r}" if vote["hint"] else "")
+               + _from_turn(vote))  # fmt: skip
         add(2, f"raw: {_short(vote['raw_output'])}")
     for reward in chain["rewards"]:
-        add(1, f"reward {reward['event_id']}: {reward['reward']} by rule {reward['rule']} v{reward['rule_version']} "
-               f"because {reward['reason']} (votes {reward['votes']})" + (" [promoted]" if reward["promoted"] else ""))  # fmt: skip
+        judge = f", judge {reward['judge_id']}" if reward.get("judge_id") else ""
+        add(1, f"reward {reward['event_id']}: {reward['reward']} by rule {reward['rule']} v{reward['rule_version']}{judge} "
+               f"because {reward['reason']} (votes {reward['votes']})" + (" [promoted]" if reward["promoted"] else "")
+               + _from_turn(reward))  # fmt: skip
+        for part in reward.get("parts") or []:
+            add(
+                2,
+                f"part {part['reward_event_id']} (judge {part['judge_id']}): {part['reward']} x weight {part['weight']}",
+            )
+        if reward.get("explanation"):
+            add(2, f"= {reward['explanation']}")
     for hint in chain["hint_decisions"]:
         what = (
             f"selected {hint['hint']!r}" if hint["type"] == "HintSelected" else f"rejected: {hint['reason']}"
@@ -382,6 +413,10 @@ def render_chain(chain: dict[str, Any]) -> str:
         for step in sample["training"]:
             _render_step(add, step, 2)
     return "\n".join(lines)
+
+
+def _from_turn(view: Mapping[str, Any]) -> str:
+    return f" [of turn {view['from_turn']}]" if view.get("from_turn") else ""
 
 
 def _render_step(add: Any, step: dict[str, Any], indent: int) -> None:

@@ -93,24 +93,21 @@ def session_outcome(state: State, rules: RewardRuleConfig) -> tuple[str, dict[st
 
 
 def steps_settled(state: State, rules: RewardRuleConfig) -> bool:
-    """The session is closed on a known last turn, every main turn with a response has a next state
-    and its process reward, and the outcome is known."""
+    """The session is closed on a known last turn, every main turn has its response, a next state
+    and its process reward, and the outcome is known. (A main turn whose response never comes, a
+    client that left, is waited for until sample_builder's settle timeout.)"""
     closed = state["closed"]
     last_turn_id = closed["last_turn_id"] if closed else None
     if last_turn_id is None or state["turns"].get(last_turn_id, {}).get("kind") is None:
         return False
-    for turn in pending_steps(state):
-        if not turn["next_states"] or judge_reward(turn, rules.process_judge_id) is None:
+    for turn in state["turns"].values():
+        if turn["kind"] != "main" or turn["decided"]:
+            continue
+        if turn["response"] is None or not turn["next_states"]:
+            return False
+        if judge_reward(turn, rules.process_judge_id) is None:
             return False
     return session_outcome(state, rules) is not None
-
-
-def pending_steps(state: State) -> list[TurnRecord]:
-    return [
-        turn
-        for turn in state["turns"].values()
-        if turn["kind"] == "main" and turn["response"] is not None and not turn["decided"]
-    ]
 
 
 def step_rewards(state: State, rules: RewardRuleConfig) -> dict[str, StepReward]:

@@ -18,10 +18,19 @@ from pipeline.processors.config import (
     RewardRuleConfig,
     SampleConfig,
 )
-from pipeline.processors.event_building import Event, event_type_of, turn_id_of
+from pipeline.processors.event_building import Event, emitted_by, event_type_of, turn_id_of
 from pipeline.processors.group_advantage import normalised_buckets
+from pipeline.processors.sample_builder import SAMPLE_BUILDER
 from schemas.errors import ConfigError
-from tests.unit.pipeline_streams import Conversation, PipelineDriver, ScriptedEffects, task_session
+from schemas.topics import topic_for_event
+from tests.unit.pipeline_streams import (
+    Conversation,
+    PipelineDriver,
+    ScriptedEffects,
+    of_type,
+    run_processor,
+    task_session,
+)
 
 OUTCOME_JUDGE = "outcome:outcome"
 GOOD, BAD, NEUTRAL = ["\\boxed{1}"] * 3, ["\\boxed{-1}"] * 3, ["\\boxed{0}"] * 3
@@ -85,6 +94,25 @@ def test_each_step_gets_its_weighted_process_score_plus_the_outcome() -> None:
     assert [judge_rewards[p["reward_event_id"]]["reason"] for p in parts] == ["majority", "outcome"]
     assert step_rewards["s1-t1"]["explanation"] == "step 1: 0.25 x process -1 + 0.75 x outcome +1 = +0.5"
     assert emitted(driver, "TrajectoryScored") == []
+
+
+def test_a_last_response_that_arrives_after_the_close_and_the_verdict_is_still_a_step() -> None:
+    """The judge (upstream) may read a response before sample_builder (downstream) does: the
+    sample builder can see a turn's rewards, the verdict and the close before the turn's response."""
+    session = task_session("s1", [GOOD, BAD], outcome=-1.0)
+    driver = run([(session, [GOOD, BAD])], config())
+    reads = [
+        e for e in session.events + [emit.event for emit in driver.log] if not emitted_by(e, "sample_builder")
+    ]
+    reads = [e for e in reads if topic_for_event(event_type_of(e)) in SAMPLE_BUILDER.inputs]
+    last_response = [e for e in reads if event_type_of(e) == "ResponseGenerated"][-1]
+    reads = [e for e in reads if e is not last_response]
+    states, before = run_processor(SAMPLE_BUILDER, reads, config())
+    assert of_type(before, "SampleReady") == []  # waiting for the last step's response
+    _, after = run_processor(SAMPLE_BUILDER, [last_response], config(), states)
+    # 0.5 * process + 0.5 * outcome(-1): step 0 +1 -> 0 (rejected), step 1 -1 -> -1
+    assert [(turn_id_of(s), s["reward"]) for s in of_type(after, "SampleReady")] == [("s1-t1", -1.0)]
+    assert [turn_id_of(s) for s in of_type(after, "SampleRejected")] == ["s1-t0"]
 
 
 def test_a_zero_step_reward_is_rejected_and_a_session_without_outcome_waits_for_the_settle_timeout() -> None:
