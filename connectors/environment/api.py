@@ -25,13 +25,14 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from schemas.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "orl.connectors"
+F = TypeVar("F", bound=Callable[..., Any])
 ROLES = ("user", "tool", "environment")
 ERROR_KIND = "connector_error"
 Message = dict[str, Any]
@@ -119,25 +120,31 @@ def built_in_connectors() -> dict[str, ConnectorFactory]:
 
 
 def discover_connectors() -> dict[str, ConnectorFactory]:
-    """Every connector by name: the built-ins, then the "orl.connectors" entry points.
+    """Every connector by name: the built-ins, then the "orl.connectors" entry points."""
+    return discover_plugins(ENTRY_POINT_GROUP, built_in_connectors(), "connector")
 
-    An entry point that fails to import is logged and skipped (one broken plugin must not hide
-    the others); a plugin may not replace a built-in.
+
+def discover_plugins(group: str, built_ins: dict[str, F], what: str) -> dict[str, F]:
+    """The built-ins by name, then every entry point of `group` (a zero-argument factory).
+
+    An entry point that fails to import is logged and skipped (one broken plugin must not hide the
+    others); a plugin may not replace a built-in. Connectors ("orl.connectors") and environments
+    ("orl.environments", connectors/environment/episode.py) are found this way.
     """
-    found = built_in_connectors()
-    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+    found = dict(built_ins)
+    for entry_point in entry_points(group=group):
         if entry_point.name in found:
             built_in = found[entry_point.name]
             if entry_point.value != f"{built_in.__module__}:{built_in.__qualname__}":
-                logger.warning("connector entry point %r ignored: the name is taken", entry_point.name)
+                logger.warning("%s entry point %r ignored: the name is taken", what, entry_point.name)
             continue
         try:
             factory = entry_point.load()
         except Exception as error:  # third-party import: any failure means "not available"
-            logger.warning("connector entry point %r failed to load: %s", entry_point.name, error)
+            logger.warning("%s entry point %r failed to load: %s", what, entry_point.name, error)
             continue
         if not callable(factory):
-            logger.warning("connector entry point %r is not callable", entry_point.name)
+            logger.warning("%s entry point %r is not callable", what, entry_point.name)
             continue
         found[entry_point.name] = factory
     return found

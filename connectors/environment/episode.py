@@ -24,10 +24,9 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from connectors.environment.api import Outcome
+from connectors.environment.api import Outcome, discover_plugins
 from schemas.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -35,7 +34,6 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "orl.environments"
 SPLITS = ("train", "eval")
 Message = dict[str, Any]
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -148,32 +146,6 @@ def run_tool_calls(
 
 
 # -- discovery -------------------------------------------------------------------------------------
-
-
-def discover_plugins(group: str, built_ins: dict[str, F], what: str) -> dict[str, F]:
-    """The built-ins by name, then every entry point of `group` (a zero-argument factory).
-
-    An entry point that fails to import is logged and skipped (one broken plugin must not hide the
-    others); a plugin may not replace a built-in. (`api.discover_connectors` does the same for
-    "orl.connectors".)
-    """
-    found = dict(built_ins)
-    for entry_point in entry_points(group=group):
-        if entry_point.name in found:
-            built_in = found[entry_point.name]
-            if entry_point.value != f"{built_in.__module__}:{built_in.__qualname__}":
-                logger.warning("%s entry point %r ignored: the name is taken", what, entry_point.name)
-            continue
-        try:
-            factory = entry_point.load()
-        except Exception as error:  # third-party import: any failure means "not available"
-            logger.warning("%s entry point %r failed to load: %s", what, entry_point.name, error)
-            continue
-        if not callable(factory):
-            logger.warning("%s entry point %r is not callable", what, entry_point.name)
-            continue
-        found[entry_point.name] = factory
-    return found
 
 
 def built_in_environments() -> dict[str, EnvironmentFactory]:
