@@ -13,6 +13,9 @@ rollouts, --concurrency at a time (threads). One rollout is one session:
 3. the episode's verdict (outcome kind "task", reward +1 / -1) goes to POST /v1/observations for the
    session's last turn (source "env:<name>"), then POST /v1/sessions/{id}/end closes the session.
 
+`--turn-type side` marks every call a side turn (X-Turn-Type): an evaluation that is recorded and
+audited but never becomes a training sample.
+
 Prints one line per finished rollout and a summary (success rate with a 95% Wilson interval, mean
 steps, time), and writes one JSON line per rollout to --out. Reads and writes no topics itself: the
 server records the turns, the observation and the session's end.
@@ -58,6 +61,11 @@ class RolloutSettings:
     force_tool: bool = setting(
         False, "ORL_ROLLOUT_FORCE_TOOL", "Force a call of the task's first tool on each rollout's first step."
     )
+    turn_type: str = setting(
+        "main",
+        "ORL_ROLLOUT_TURN_TYPE",
+        "main (the rollouts become training samples) | side (evaluation: X-Turn-Type side, never trained on).",
+    )
     request_timeout_s: float = setting(300.0, "ORL_ROLLOUT_REQUEST_TIMEOUT_S", "Time limit of one HTTP call.")
     out: Path = setting(Path("rollouts.jsonl"), "ORL_ROLLOUT_OUT", "One JSON line per rollout goes here.")
 
@@ -65,6 +73,8 @@ class RolloutSettings:
         for name in ("tasks", "group_size", "concurrency", "max_steps", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.turn_type not in ("main", "side"):
+            raise ConfigError(f"--turn-type must be main or side; got {self.turn_type!r}")
         if self.split not in SPLITS:
             raise ConfigError(f"--split must be one of {', '.join(SPLITS)}; got {self.split!r}")
         if not self.api_key:
@@ -158,6 +168,7 @@ def run_one(
             "X-Session-Id": result.session_id,
             "X-Group-Id": group_id,
             "X-Group-Size": str(settings.group_size),
+            "X-Turn-Type": settings.turn_type,
         }
         messages: list[Message] = [dict(message) for message in task.messages]
         for step in range(settings.max_steps):

@@ -150,9 +150,9 @@ def run_tool_calls(
 
 def built_in_environments() -> dict[str, EnvironmentFactory]:
     from connectors.environment.terminal_env import TerminalEnvironment
-    from connectors.environment.tool_env import ToolEnvironment
+    from connectors.environment.tool_env import ToolEnvironment, ToolResultEnvironment
 
-    return {"tool": ToolEnvironment, "terminal": TerminalEnvironment}
+    return {"tool": ToolEnvironment, "tool_result": ToolResultEnvironment, "terminal": TerminalEnvironment}
 
 
 def discover_environments() -> dict[str, EnvironmentFactory]:

@@ -139,11 +139,7 @@ def _kill_group(pgid: int) -> None:
 def render_result(result: CommandResult, max_chars: int = 4_000) -> str:
     """The next state's text: what ran, how it ended, the output tails (as a tool result reads)."""
     shown = result.command if isinstance(result.command, str) else " ".join(result.command)
-    status = (
-        f"killed after the {result.duration_s:.1f} s time limit"
-        if result.timed_out
-        else f"exit code {result.exit_code}"
-    )
+    status = "killed at its time limit" if result.timed_out else f"exit code {result.exit_code}"
     lines = [f"$ {shown}", f"{status} ({result.duration_s:.2f} s)"]
     for label, tail, total in (
         ("stdout", result.stdout_tail, result.stdout_bytes),

@@ -6,12 +6,21 @@ from a seed: "What is (734 + 218) * 47?" (needs `calculate`) and "What do 3 pear
 (needs `lookup_price`, then `calculate`). The train and eval splits never share a question (a hash
 of the question picks its split). The verifier takes the last number of the final answer and
 compares it with the true value. An episode runs at most `max_tool_calls` calls; past that every
-call is answered with an error message. Reads and writes no topics.
+call is answered with an error message.
+
+"tool_result" (`ToolResultEnvironment`) is the arithmetic half with the call already made: a task
+opens with the question, the assistant's `calculate` call with the question's expression and the
+tool's result, and the agent's task is to answer with that result. It is the part of tool use a
+135M model can learn by RL alone: SmolLM2-135M-Instruct wrote no parseable call in 440 sampled
+attempts (0 / 40 per prompt variant, forced or not), so a task that needs it to make the call has
+no reward signal, while it answers with the tool's number in about a third of its replies.
+Reads and writes no topics.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import math
 import operator
 import random
@@ -198,3 +207,35 @@ class ToolEnvironment:
 
     def start(self, task: Task) -> ToolEpisode:
         return ToolEpisode(task, self.max_tool_calls)
+
+
+@dataclass
+class ToolResultEnvironment(ToolEnvironment):
+    """Arithmetic questions whose `calculate` call is already made: answer with its result (see the module docstring)."""
+
+    name: str = "tool_result"
+
+    def tasks(self, split: str, count: int, seed: int) -> list[Task]:
+        check_split(split)
+        rng = random.Random(f"tool_result:{seed}")
+        tasks: list[Task] = []
+        seen: set[str] = set()
+        while len(tasks) < count:
+            question, data = _arithmetic(rng)
+            task_id, task_split = task_id_and_split(self.name, question, data)
+            if task_split != split or task_id in seen:
+                continue
+            seen.add(task_id)
+            expression = question.removeprefix("What is ").removesuffix("?")
+            call = {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "calculate", "arguments": json.dumps({"expression": expression})},
+            }
+            messages = (
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                tool_message("call_0", format_number(data["expected"])),
+            )
+            tasks.append(Task(task_id, messages, (CALCULATE,), split, data))
+        return tasks

@@ -318,7 +318,7 @@ async def run_round(
     settings: DemoSettings, scenario: Scenario, stack: DemoStack, step: int, prompts: Iterator[str]
 ) -> Round:
     """The round's `batch_size` sessions with the simulated user (the first half of `train_one_step`)."""
-    ready_before, decided_before = await _sample_counts(stack.up, stack.namespace)
+    ready_before, decided_before = await sample_counts(stack.up, stack.namespace)
     batch = [next(prompts) for _ in range(settings.batch_size)]
     satisfied = await stack.client.sessions(
         scenario, batch, f"{stack.namespace}-s{step}", settings.seed + step, seed_label=f"step{step}"
@@ -334,12 +334,12 @@ async def wait_for_training(stack: DemoStack, round_: Round, deadline: float) ->
     expected = round_.decided_before + 2 * round_.sessions
     await _wait_for_decisions(up, namespace, expected, deadline, supervisor)
     _check_deadline(deadline, step, "collecting samples")
-    ready, _ = await _sample_counts(up, namespace)
+    ready, _ = await sample_counts(up, namespace)
     # partial batches: the trainer steps on whatever the round gave; full: on every complete batch of N
     # (fewer than N left pending wait for the next round, as under `orl up`)
     left_pending = 0 if stack.partial_batches else up.batch_size - 1
     asked_s = 0.0
-    while (trained := await _trained_counts(up, namespace))[0] < ready - left_pending:
+    while (trained := await trained_counts(up, namespace))[0] < ready - left_pending:
         supervisor.check()
         _check_deadline(deadline, step, "waiting for the trainer")
         if stack.partial_batches and time.monotonic() - asked_s > FLUSH_EVERY_S:  # again after a restart
@@ -356,13 +356,13 @@ async def wait_for_training(stack: DemoStack, round_: Round, deadline: float) ->
     )
 
 
-async def _sample_counts(up: UpSettings, namespace: str) -> tuple[int, int]:
+async def sample_counts(up: UpSettings, namespace: str) -> tuple[int, int]:
     """(SampleReady count, all decisions) in the namespace so far."""
     rows = await read_samples(up.effective_log_url(), namespace)
     return sum(row["status"] == "ready" for row in rows), len(rows)
 
 
-async def _trained_counts(up: UpSettings, namespace: str) -> tuple[int, int, float]:
+async def trained_counts(up: UpSettings, namespace: str) -> tuple[int, int, float]:
     """(samples the trainer has consumed (trained or dropped as stale), its newest version, that step's KL)."""
     async with open_event_log(up.effective_log_url()) as log:
         records = await read_to_end(log, topic_name(namespace, "train_steps"))
@@ -377,7 +377,7 @@ async def _trained_counts(up: UpSettings, namespace: str) -> tuple[int, int, flo
 async def _wait_for_decisions(
     up: UpSettings, namespace: str, expected: int, deadline: float, supervisor: Supervisor
 ) -> None:
-    while time.monotonic() < deadline and (await _sample_counts(up, namespace))[1] < expected:
+    while time.monotonic() < deadline and (await sample_counts(up, namespace))[1] < expected:
         supervisor.check()
         await asyncio.sleep(0.5)
 

@@ -130,6 +130,7 @@ def test_rollouts_run_in_groups_and_report_verdicts(
         assert len(chats) == result["steps"] == len(result["turn_ids"])
         for headers, body in chats:
             assert (headers["x-group-id"], headers["x-group-size"]) == (result["group_id"], "3")
+            assert headers["x-turn-type"] == "main"
             assert body["tools"] == [dict(tool) for tool in task.tools] and body["temperature"] == 1.0
         [observation] = [b for p, _, b in script.requests if p == "/v1/observations" and b["session_id"] == result["session_id"]]  # fmt: skip
         assert observation["turn_id"] == result["turn_ids"][-1] and observation["source"] == "env:tool"
@@ -171,6 +172,13 @@ def test_a_rollout_stops_at_max_steps(fake: tuple[FakeServer, str], tmp_path: Pa
     assert all(r["reward"] == -1.0 and r["final_text"] == "" for r in arithmetic)
 
 
+def test_evaluation_rollouts_are_side_turns(fake: tuple[FakeServer, str], tmp_path: Path) -> None:
+    script, url = fake
+    assert rollout(url, tmp_path / "r.jsonl", "--tasks=2", "--group-size=1", "--turn-type=side") == 0
+    chats = [h for p, h, _ in script.requests if p == "/v1/chat/completions"]
+    assert chats and {h["x-turn-type"] for h in chats} == {"side"}
+
+
 def test_a_refused_request_is_an_error_of_that_rollout(fake: tuple[FakeServer, str], tmp_path: Path) -> None:
     _, url = fake
     out = tmp_path / "r.jsonl"
@@ -193,7 +201,9 @@ def test_settings_are_checked_before_anything_runs(
     assert main(["rollout", "--api-key=k", "--group-size=0", f"--out={tmp_path / 'x'}"]) == 1
     assert "--group-size must be at least 1" in capsys.readouterr().err
     assert main(["rollout", "--api-key=k", "--env=nope", f"--out={tmp_path / 'x'}"]) == 1
-    assert "no environment 'nope'; known: terminal, tool" in capsys.readouterr().err
+    assert "no environment 'nope'; known: terminal, tool, tool_result" in capsys.readouterr().err
+    assert main(["rollout", "--api-key=k", "--turn-type=eval", f"--out={tmp_path / 'x'}"]) == 1
+    assert "--turn-type must be main or side" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 

@@ -98,7 +98,7 @@ def test_shell_connector_timeout_is_reported(tmp_path: Path) -> None:
     assert observation is not None and observation.outcome is not None
     assert observation.outcome.exit_code == KILLED_EXIT_CODE
     assert observation.outcome.detail is not None and observation.outcome.detail["timed_out"] is True
-    assert "killed after" in observation.content
+    assert "killed at its time limit" in observation.content
 
 
 def test_shell_connector_without_a_command_observes_nothing(tmp_path: Path) -> None:

@@ -16,7 +16,13 @@ from connectors.environment.episode import (
     run_tool_calls,
 )
 from connectors.environment.terminal_env import TerminalEnvironment
-from connectors.environment.tool_env import ToolEnvironment, calculate, final_number, format_number
+from connectors.environment.tool_env import (
+    ToolEnvironment,
+    ToolResultEnvironment,
+    calculate,
+    final_number,
+    format_number,
+)
 from schemas.errors import ConfigError
 
 
@@ -56,7 +62,9 @@ def test_a_task_refuses_an_unknown_split() -> None:
         ToolEnvironment().tasks("test", 1, seed=0)
 
 
-@pytest.mark.parametrize("env", [ToolEnvironment(), TerminalEnvironment()], ids=lambda e: e.name)
+@pytest.mark.parametrize(
+    "env", [ToolEnvironment(), ToolResultEnvironment(), TerminalEnvironment()], ids=lambda e: e.name
+)
 def test_tasks_are_reproducible_and_the_splits_are_disjoint(env: Environment) -> None:
     train = env.tasks("train", 30, seed=3)
     assert train == env.tasks("train", 30, seed=3)
@@ -66,7 +74,8 @@ def test_tasks_are_reproducible_and_the_splits_are_disjoint(env: Environment) ->
     assert len({t.task_id for t in train}) == 30
     for task in train:
         assert task.split == "train"
-        assert [m["role"] for m in task.messages] == ["system", "user"]
+        opening = ["user", "assistant", "tool"] if env.name == "tool_result" else ["system", "user"]
+        assert [m["role"] for m in task.messages] == opening
         assert task.tools and all(tool["type"] == "function" for tool in task.tools)
 
 
@@ -140,6 +149,19 @@ def test_every_tool_task_is_answered_by_its_tools() -> None:
         assert wrong.detail is not None and wrong.detail["reason"].startswith("wrong: answered")
 
 
+def test_a_tool_result_task_opens_with_the_call_made_and_is_won_by_its_result() -> None:
+    for task in ToolResultEnvironment().tasks("eval", 10, seed=1):
+        user, assistant, tool = task.messages
+        [made] = assistant["tool_calls"]
+        expression = json.loads(made["function"]["arguments"])["expression"]
+        assert user["content"] == f"What is {expression}?" and tool["tool_call_id"] == made["id"]
+        assert tool["content"] == format_number(calculate(expression)) == format_number(task.data["expected"])
+        episode = ToolResultEnvironment().start(task)
+        assert episode.verdict(f"The result is {tool['content']}.").reward == 1.0
+        assert episode.verdict(f"{tool['content']} is wrong, it is 12.").reward == -1.0
+        assert episode.step([call("calculate", {"expression": expression})])[0]["content"] == tool["content"]
+
+
 def test_tool_errors_and_the_call_limit_are_tool_messages() -> None:
     env = ToolEnvironment(max_tool_calls=2)
     task = next(t for t in env.tasks("train", 10, seed=0) if t.data["kind"] == "shopping")
@@ -200,7 +222,7 @@ def test_a_command_runs_under_the_time_and_command_limits(tmp_path: Path) -> Non
     episode = env.start(terminal_task("create_file", env))
     try:
         [slow] = episode.step([shell("sleep 5")])
-        assert "killed after the 0.5 s time limit" in slow["content"]
+        assert "killed at its time limit" in slow["content"]  # sleep 5, killed by the 0.5 s limit
         [bad] = episode.step([call("shell", {"command": ""})])
         assert bad["content"] == "error: 'command' must be a non-empty string"
         [home] = episode.step([shell("pwd; echo $HOME")])

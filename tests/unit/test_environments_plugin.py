@@ -68,4 +68,4 @@ def test_without_the_package_the_name_is_unknown() -> None:
         "from connectors.environment.episode import load_environment\n"
         "try:\n    load_environment('echo_word')\nexcept Exception as e:\n    print(type(e).__name__, e)"
     )
-    assert probe(code) == "ConfigError no environment 'echo_word'; known: terminal, tool"
+    assert probe(code) == "ConfigError no environment 'echo_word'; known: terminal, tool, tool_result"

@@ -18,7 +18,9 @@ def call(index: int = 0) -> EffectCall:
         "outcome": None,
     }  # fmt: skip
     turn = {"messages": [{"role": "user", "content": "Question?"}], "response_text": "Answer."}
-    return EffectCall("reward", {"turn": turn, "next_state": next_state, "vote_index": index, "judge_id": "prm:test"})
+    return EffectCall(
+        "reward", {"turn": turn, "next_state": next_state, "vote_index": index, "judge_id": "prm:test"}
+    )
 
 
 def stage(rule: Any) -> JudgeStage:
