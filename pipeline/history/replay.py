@@ -75,7 +75,7 @@ Stage = Processor | EffectStage
 VOTE_MODES = ("reuse", "rejudge")
 REUSE_TOPICS = ("requests", "responses", "next_states", "sessions", "judge_votes", "hints", "teacher_scores")
 REJUDGE_TOPICS = ("requests", "responses", "next_states", "sessions")
-REUSE_STAGES = ("vote_tally", "hint_selector", "teacher", "sample_builder")
+REUSE_STAGES = ("vote_tally", "hint_selector", "teacher", "sample_builder", "group_advantage")
 # A reuse replay in memory reads the votes first and the responses last: each turn's reward, hint
 # and teacher scores are decided before its response is read, so the turn is settled then and
 # sample_builder does not hold every response of the history at once.
@@ -89,7 +89,7 @@ IN_MEMORY_ORDER = (
     "requests",
     "responses",
 )
-REJUDGE_STAGES = ("judge", "vote_tally", "hint_selector", "teacher", "sample_builder")
+REJUDGE_STAGES = ("judge", "vote_tally", "hint_selector", "teacher", "sample_builder", "group_advantage")
 
 
 class Progress(Protocol):
@@ -352,8 +352,10 @@ async def run_stages(
     effect_concurrency: int = 4,
 ) -> None:
     """Each stage in topological order over everything the previous ones wrote, then its flush tick
-    (the replays with an effect stage: the judge of a rejudge, or a teacher that scores anew)."""
-    for stage in stages:
+    (the replays with an effect stage: the judge of a rejudge, or a teacher that scores anew); then
+    once more each stage that reads what a later one wrote (sample_builder reads group_advantage's
+    rewards)."""
+    for stage in [*stages, *feedback_readers(stages)]:
         runner = StreamRunner(
             log, stage, config, plan.target, partitions=plan.partitions, effect_concurrency=effect_concurrency
         )
@@ -364,6 +366,15 @@ async def run_stages(
             await drain(runner)
         if flush_ms is not None and not isinstance(stage, EffectStage):
             await runner.tick(flush_ms)
+
+
+def feedback_readers(stages: Sequence[Stage]) -> list[Stage]:
+    """The stages that read a topic some later stage writes, in order."""
+    return [
+        stage
+        for index, stage in enumerate(stages)
+        if any(topic in later.outputs for later in stages[index + 1 :] for topic in stage.inputs)
+    ]
 
 
 async def drain(runner: StreamRunner, batch_records: int = PURE_BATCH_RECORDS) -> int:
@@ -423,6 +434,10 @@ async def replay(
     chosen = select_stages(stages, plan.votes, plan.copy_teacher)
     total = await source.size()
     pure = [stage for stage in chosen if not isinstance(stage, EffectStage)]
+    if config.rewards.group_advantage and workers > 1:
+        # shards are dealt by session: a rollout group's sessions would be normalised apart
+        logger.info("group advantages need every session of a group in one shard: replaying with 1 worker")
+        workers = 1
     with tuned_for_streams():
         if len(pure) == len(chosen):
             votes = await replay_in_memory(writer, source, pure, config, plan.flush, workers, progress, total)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from pipeline.runtime.stream_runner import StreamRunner
 from schemas.codec import encode
 from schemas.errors import ConfigError
 from schemas.topics import topic_name
-from tests.unit.pipeline_streams import Conversation, teacher_event
+from tests.unit.pipeline_streams import Conversation, task_session, teacher_event
 
 SOURCE = "rec"
 Event = dict[str, Any]
@@ -167,6 +168,44 @@ def test_reuse_reproduces_every_sample_and_a_rerun_adds_nothing(
             rerun = await run_replay(log, settings, "again", "reuse", workers)
             assert rerun.copied == 0
             assert {t: len(await events_of(log, "again", t)) for t in counts} == counts
+
+    asyncio.run(scenario())
+
+
+def test_a_reuse_replay_keeps_a_rollout_group_together_whatever_its_workers(
+    tmp_path: Path, log_url: str
+) -> None:
+    """Shards are dealt by session; a group's sessions are normalised together only in one shard."""
+    agents = {"method": "binary", "reward_rule": "step_outcome", "group_advantage": True}
+    names = ["ga", "gb", "gc", "gd"]
+    assert {shard_of(name.encode(), 2) for name in names} == {0, 1}  # the group would be split
+
+    async def scenario() -> None:
+        async with open_event_log(log_url) as log:
+            settings = recorded_settings(tmp_path, **agents)
+            writer = NamespaceWriter(log, SOURCE)
+            await writer.prepare()
+            for name, outcome in zip(names, (1.0, -1.0, 1.0, 1.0), strict=True):
+                await writer.write(task_session(name, [[], []], outcome, ("g", 4), SOURCE).events)
+            config = pipeline_config(settings)
+            for _ in range(2):  # sample_builder -> group_advantage -> sample_builder
+                for stage in build_stages(settings):
+                    await StreamRunner(log, stage, config, SOURCE).run_until_idle(idle_polls=1)
+            original = await events_of(log, SOURCE, "samples")
+            # every step 0.5 * outcome (the rule judge scores tool results 0), normalised per step index:
+            # [0.5, -0.5, 0.5, 0.5] -> mean 0.25, std sqrt(3) / 4 -> 1 / sqrt(3) and -sqrt(3)
+            expected = [-math.sqrt(3)] * 2 + [1 / math.sqrt(3)] * 6
+            assert sorted(s["reward"] for s in original) == pytest.approx(expected, abs=1e-5)
+            target = recorded_settings(tmp_path, namespace="again", **agents)
+            plan = ReplayPlan(target="again", votes="reuse", source=f"log:{SOURCE}", settings_version="v1")
+            await replay(
+                log, plan, log_source(log, SOURCE, REUSE_TOPICS), build_stages(target), pipeline_config(target),
+                source_namespace=SOURCE, workers=2,
+            )  # fmt: skip
+            replayed = await events_of(log, "again", "samples")
+            assert {t: comparable(s) for t, s in by_turn(replayed).items()} == {
+                t: comparable(s) for t, s in by_turn(original).items()
+            }
 
     asyncio.run(scenario())
 

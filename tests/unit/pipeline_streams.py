@@ -144,10 +144,16 @@ class Conversation:
 
 
 def task_session(
-    session_id: str, process: list[list[str]], outcome: float | None, group: tuple[str, int] | None = None
+    session_id: str,
+    process: list[list[str]],
+    outcome: float | None,
+    group: tuple[str, int] | None = None,
+    namespace: str = NAMESPACE,
 ) -> Conversation:
     """A tool-using session: one calculator call per step but the last, which answers; then the verdict."""
-    c = Conversation(session_id, group_id=group[0] if group else None, group_size=group[1] if group else None)
+    c = Conversation(
+        session_id, namespace, group_id=group[0] if group else None, group_size=group[1] if group else None
+    )
     c.say("What is (2 + 3) * 4?")
     for index in range(len(process) - 1):
         call_id = f"{session_id}-call{index}"
