@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -276,17 +277,30 @@ def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launc
     return launches
 
 
+RESTART_DELAY_S = 1.0  # after the first crash in a row; one more second per further crash
+MAX_RESTART_DELAY_S = 10.0
+STABLE_RUN_S = 60.0  # a process that ran this long before it exited starts a new row of crashes
+
+
 @dataclass
 class Supervisor:
     """Starts the launches' `orl <command>` processes and restarts any that exits, until stopped.
 
-    Each child gets SIGTERM from the kernel if the supervisor dies without stopping it (kill -9, a
-    crash): `exit_with_supervisor`, called by every `orl` command at start."""
+    A process that exits is restarted after a pause that grows with its crashes in a row (1 s,
+    2 s, ... up to 10 s), so a crash loop does not spin; a process that had run for a minute
+    starts a new row. The pause never blocks: `check` starts what is due and returns, so the
+    other processes' restarts and a stop are not held up. Each child gets SIGTERM from the kernel
+    if the supervisor dies without stopping it (kill -9, a crash): `exit_with_supervisor`, called
+    by every `orl` command at start."""
 
     launches: dict[str, Launch]
     log_dir: Path
+    clock: Callable[[], float] = time.monotonic
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    restarts: dict[str, int] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)  # restarts so far, per process
+    crashes_in_a_row: dict[str, int] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)
+    restart_at: dict[str, float] = field(default_factory=dict)  # exited, restarted at this time
 
     def start(self, name: str) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -298,6 +312,7 @@ class Supervisor:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        self.started_at[name] = self.clock()
         logger.info(
             "started %s (pid %d), log %s", name, self.processes[name].pid, self.log_dir / f"{name}.log"
         )
@@ -313,18 +328,26 @@ class Supervisor:
             process.send_signal(signum)
 
     def check(self) -> None:
-        """Restart whatever exited (with a short pause so a crash loop does not spin)."""
+        """Schedule the restart of whatever exited, and restart what is due."""
+        now = self.clock()
         for name, process in list(self.processes.items()):
-            if process.poll() is not None:
-                self.restarts[name] = self.restarts.get(name, 0) + 1
-                logger.warning(
-                    "%s exited with %s; restarting (restart #%d)",
-                    name,
-                    process.returncode,
-                    self.restarts[name],
-                )
-                time.sleep(min(10.0, self.restarts[name]))
-                self.start(name)
+            if name in self.restart_at:
+                if now >= self.restart_at[name]:
+                    del self.restart_at[name]
+                    self.restarts[name] = self.restarts.get(name, 0) + 1
+                    self.start(name)
+                continue
+            if process.poll() is None:
+                continue
+            ran_s = now - self.started_at.get(name, now)
+            crashes = 1 if ran_s >= STABLE_RUN_S else self.crashes_in_a_row.get(name, 0) + 1
+            self.crashes_in_a_row[name] = crashes
+            delay_s = min(MAX_RESTART_DELAY_S, RESTART_DELAY_S * crashes)
+            self.restart_at[name] = now + delay_s
+            logger.warning(
+                "%s exited with %s after %.0f s; restarting in %.0f s (crash %d in a row, restart #%d)",
+                name, process.returncode, ran_s, delay_s, crashes, self.restarts.get(name, 0) + 1,
+            )  # fmt: skip
 
     def stop(self) -> None:
         for process in self.processes.values():
