@@ -14,7 +14,7 @@ is mostly the outcome.
 
     .venv/bin/python benchmarks/bench_agents.py --env tool --steps 16 --out /tmp/agents
 
-Prints one line per step and writes results.md / results.json to --out: success at every
+Prints one line per step and writes results.md, results.json and learning_curve.png to --out: success at every
 evaluation with its 95% Wilson interval, the training rollouts' success per step, and timings,
 with the machine (CPU model, flags) and its load. The committed table: docs/agents.md.
 """
@@ -31,6 +31,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from connectors.environment.episode import load_environment
 from orl.demo.run import sample_counts, trained_counts
@@ -216,6 +219,31 @@ def report(args: argparse.Namespace, results: dict[str, Any], seconds: float, lo
     return "\n".join(lines) + "\n"
 
 
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Held-out success per policy version (95% intervals) and the training rollouts' success per round."""
+    figure = Figure(figsize=(7, 3.6))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    versions = sorted(results["evaluations"])
+    rates = [results["evaluations"][v] for v in versions]
+    axes.errorbar(
+        versions, [r["success"] for r in rates],
+        yerr=[[r["success"] - r["low"] for r in rates], [r["high"] - r["success"] for r in rates]],
+        marker="o", capsize=3, label="held-out tasks (95% CI)",
+    )  # fmt: skip
+    trained = [r for r in results["rounds"] if r["kl"] is not None]
+    axes.plot(
+        [r["version"] - 1 for r in trained], [r["success"] for r in trained], "x:", label="training rollouts"
+    )
+    axes.set_xlabel("policy version (training steps)")
+    axes.set_ylabel("task success")
+    axes.set_ylim(0, 1)
+    axes.grid(alpha=0.3)
+    axes.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
 def main() -> int:
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -224,6 +252,7 @@ def main() -> int:
     text = report(args, results, time.monotonic() - started, os.getloadavg())
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     (args.out / "results.md").write_text(text)
+    plot(results, args.out / "learning_curve.png")
     print(text)
     return 0
 
