@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -87,6 +88,26 @@ def task_id_and_split(env_name: str, question: str, data: Mapping[str, Any]) -> 
     and the train and eval splits never share a task."""
     digest = hashlib.sha256(json.dumps([question, data], sort_keys=True).encode()).hexdigest()
     return f"{env_name}-{digest[:12]}", SPLITS[int(digest[-1], 16) % 2]
+
+
+def draw_tasks(
+    env_name: str,
+    split: str,
+    count: int,
+    seed: int,
+    draw: Callable[[random.Random], tuple[str, dict[str, Any]]],
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """`count` distinct tasks of `split` as (task_id, question, data): `draw(rng)` proposes one from
+    a generator seeded by (env_name, seed); those of the other split or already drawn are skipped."""
+    check_split(split)
+    rng = random.Random(f"{env_name}:{seed}")
+    drawn: dict[str, tuple[str, str, dict[str, Any]]] = {}
+    while len(drawn) < count:
+        question, data = draw(rng)
+        task_id, task_split = task_id_and_split(env_name, question, data)
+        if task_split == split and task_id not in drawn:
+            drawn[task_id] = (task_id, question, data)
+    return list(drawn.values())
 
 
 def task_verdict(correct: bool, reason: str, **detail: Any) -> Outcome:

@@ -23,9 +23,8 @@ from connectors.environment.api import Outcome
 from connectors.environment.episode import (
     Message,
     Task,
-    check_split,
+    draw_tasks,
     run_tool_calls,
-    task_id_and_split,
     task_verdict,
 )
 from connectors.environment.shell import render_result, run_command
@@ -68,6 +67,10 @@ def _count_lines(rng: random.Random) -> tuple[str, dict[str, Any]]:
         "to a file named answer.txt.",
         {"kind": "count_lines", "name": name, "content": "\n".join(lines) + "\n", "expected": len(lines)},
     )
+
+
+def _create_file_or_count_lines(rng: random.Random) -> tuple[str, dict[str, Any]]:
+    return (_create_file if rng.random() < 0.5 else _count_lines)(rng)
 
 
 @dataclass
@@ -137,19 +140,17 @@ class TerminalEnvironment:
     name: str = "terminal"
 
     def tasks(self, split: str, count: int, seed: int) -> list[Task]:
-        check_split(split)
-        rng = random.Random(f"terminal:{seed}")
-        tasks: list[Task] = []
-        seen: set[str] = set()
-        while len(tasks) < count:
-            question, data = (_create_file if rng.random() < 0.5 else _count_lines)(rng)
-            task_id, task_split = task_id_and_split(self.name, question, data)
-            if task_split != split or task_id in seen:
-                continue
-            seen.add(task_id)
-            messages = ({"role": "system", "content": SYSTEM}, {"role": "user", "content": question})
-            tasks.append(Task(task_id, messages, (SHELL,), split, data))
-        return tasks
+        drawn = draw_tasks(self.name, split, count, seed, _create_file_or_count_lines)
+        return [
+            Task(
+                task_id,
+                ({"role": "system", "content": SYSTEM}, {"role": "user", "content": question}),
+                (SHELL,),
+                split,
+                data,
+            )
+            for task_id, question, data in drawn
+        ]
 
     def start(self, task: Task) -> TerminalEpisode:
         folder = Path(tempfile.mkdtemp(prefix="orl-terminal-"))

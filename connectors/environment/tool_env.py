@@ -33,9 +33,8 @@ from connectors.environment.api import Outcome
 from connectors.environment.episode import (
     Message,
     Task,
-    check_split,
+    draw_tasks,
     run_tool_calls,
-    task_id_and_split,
     task_verdict,
     tool_message,
 )
@@ -144,6 +143,10 @@ def _shopping(rng: random.Random) -> tuple[str, dict[str, Any]]:
     return question, {"kind": "shopping", "expected": expected, "prices": prices}
 
 
+def _shopping_or_arithmetic(rng: random.Random) -> tuple[str, dict[str, Any]]:
+    return (_shopping if rng.random() < 0.5 else _arithmetic)(rng)
+
+
 @dataclass
 class ToolEpisode:
     task: Task
@@ -190,16 +193,8 @@ class ToolEnvironment:
     name: str = "tool"
 
     def tasks(self, split: str, count: int, seed: int) -> list[Task]:
-        check_split(split)
-        rng = random.Random(f"tool:{seed}")
-        tasks: list[Task] = []
-        seen: set[str] = set()
-        while len(tasks) < count:
-            question, data = (_shopping if rng.random() < 0.5 else _arithmetic)(rng)
-            task_id, task_split = task_id_and_split(self.name, question, data)
-            if task_split != split or task_id in seen:
-                continue
-            seen.add(task_id)
+        tasks = []
+        for task_id, question, data in draw_tasks(self.name, split, count, seed, _shopping_or_arithmetic):
             tools = (LOOKUP_PRICE, CALCULATE) if data["kind"] == "shopping" else (CALCULATE,)
             messages = ({"role": "system", "content": SYSTEM}, {"role": "user", "content": question})
             tasks.append(Task(task_id, messages, tools, split, data))
@@ -216,16 +211,8 @@ class ToolResultEnvironment(ToolEnvironment):
     name: str = "tool_result"
 
     def tasks(self, split: str, count: int, seed: int) -> list[Task]:
-        check_split(split)
-        rng = random.Random(f"tool_result:{seed}")
-        tasks: list[Task] = []
-        seen: set[str] = set()
-        while len(tasks) < count:
-            question, data = _arithmetic(rng)
-            task_id, task_split = task_id_and_split(self.name, question, data)
-            if task_split != split or task_id in seen:
-                continue
-            seen.add(task_id)
+        tasks = []
+        for task_id, question, data in draw_tasks(self.name, split, count, seed, _arithmetic):
             expression = question.removeprefix("What is ").removesuffix("?")
             call = {
                 "id": "call_0",
