@@ -67,6 +67,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8031)
     parser.add_argument("--out", type=Path, default=Path("/tmp/orl-bench-agents"))
     parser.add_argument("--step-timeout-s", type=float, default=1800.0)
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=8,
+        help="Stop after this many rounds in a row without signal (all groups alike).",
+    )
     return parser.parse_args()
 
 
@@ -166,19 +172,23 @@ class Run:
             raise TimeoutError(f"gave up {what} after {self.args.step_timeout_s:.0f} s")
 
     async def run(self) -> dict[str, Any]:
-        """Rounds until --steps training steps (or 3x as many rounds); evaluations every --eval-every steps."""
+        """Rounds until --steps training steps, 3x as many rounds, or --patience rounds in a row without
+        signal (every group all right or all wrong: nothing left to learn from); evaluations every
+        --eval-every steps and at the end."""
         self.supervisor.start_all()
         try:
             await self.client.wait_ready()
             evaluations = {0: await self.evaluate()}
             print(f"step 0: held-out success {_rate(evaluations[0])}", flush=True)
             rounds: list[dict[str, Any]] = []
-            version = 0
-            while version < self.args.steps and len(rounds) < 3 * self.args.steps:
+            version, quiet = 0, 0
+            while (
+                version < self.args.steps and len(rounds) < 3 * self.args.steps and quiet < self.args.patience
+            ):
                 round_ = await self.train_round(len(rounds) + 1, version)
                 rounds.append(round_)
                 trained = round_["version"] > version
-                version = round_["version"]
+                version, quiet = round_["version"], 0 if trained else quiet + 1
                 line = (
                     f"round {len(rounds)}: training rollouts {_rate(round_)}, {round_['samples']} samples, "
                     f"{'step ' + str(version) if trained else 'no signal, no step'}, {round_['seconds']:.0f} s"
@@ -187,6 +197,9 @@ class Run:
                     evaluations[version] = await self.evaluate()
                     line += f"; held-out success {_rate(evaluations[version])}"
                 print(line, flush=True)
+            if version not in evaluations:
+                evaluations[version] = await self.evaluate()
+                print(f"end, v{version}: held-out success {_rate(evaluations[version])}", flush=True)
             return {"evaluations": evaluations, "rounds": rounds}
         finally:
             await self.client.close()
@@ -228,7 +241,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     rates = [results["evaluations"][v] for v in versions]
     axes.errorbar(
         versions, [r["success"] for r in rates],
-        yerr=[[r["success"] - r["low"] for r in rates], [r["high"] - r["success"] for r in rates]],
+        yerr=[[max(0.0, r["success"] - r["low"]) for r in rates], [max(0.0, r["high"] - r["success"]) for r in rates]],
         marker="o", capsize=3, label="held-out tasks (95% CI)",
     )  # fmt: skip
     trained = [r for r in results["rounds"] if r["kl"] is not None]

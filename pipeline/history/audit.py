@@ -387,10 +387,8 @@ def render_chain(chain: dict[str, Any]) -> str:
                f"because {reward['reason']} (votes {reward['votes']})" + (" [promoted]" if reward["promoted"] else "")
                + _from_turn(reward))  # fmt: skip
         for part in reward.get("parts") or []:
-            add(
-                2,
-                f"part {part['reward_event_id']} (judge {part['judge_id']}): {part['reward']} x weight {part['weight']}",
-            )
+            source = f"judge {part['judge_id']}" if part["judge_id"] else "a combined reward"
+            add(2, f"part {part['reward_event_id']} ({source}): {part['reward']} x weight {part['weight']}")
         if reward.get("explanation"):
             add(2, f"= {reward['explanation']}")
     for hint in chain["hint_decisions"]:
