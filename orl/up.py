@@ -345,8 +345,8 @@ class Supervisor:
             delay_s = min(MAX_RESTART_DELAY_S, RESTART_DELAY_S * crashes)
             self.restart_at[name] = now + delay_s
             logger.warning(
-                "%s exited with %s after %.0f s; restarting in %.0f s (crash %d in a row, restart #%d)",
-                name, process.returncode, ran_s, delay_s, crashes, self.restarts.get(name, 0) + 1,
+                "%s exited with %s; restarting in %.0f s (it ran %.0f s; crash %d in a row, restart #%d)",
+                name, process.returncode, delay_s, ran_s, crashes, self.restarts.get(name, 0) + 1,
             )  # fmt: skip
 
     def stop(self) -> None:

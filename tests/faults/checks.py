@@ -32,7 +32,7 @@ TOPICS = (
     "checkpoints",
     "policy_activations",
 )
-_EXITED = re.compile(r"(\S+) exited with (-?\d+); restarting")
+EXITED_LINE = re.compile(r"(\S+) exited with (-?\d+); restarting")
 
 
 @dataclass
@@ -75,7 +75,7 @@ def check_run(run: FaultRun) -> Verdict:
 
 
 def check_kills(run: FaultRun, verdict: Verdict) -> None:
-    exits = Counter(name for name, _ in _EXITED.findall(run.up_log))
+    exits = Counter(name for name, _ in EXITED_LINE.findall(run.up_log))
     for component in COMPONENTS:
         kills = [k for k in run.kills if k.component == component]
         times = [k.recovery_s for k in kills if k.recovery_s is not None]

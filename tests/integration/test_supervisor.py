@@ -10,7 +10,10 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from orl.up import Launch, Supervisor
+from tests.faults.checks import EXITED_LINE
 
 
 class FakeClock:
@@ -26,7 +29,9 @@ def wait_exited(supervisor: Supervisor, name: str) -> None:
     process.wait(timeout=60)
 
 
-def test_a_crash_loop_is_restarted_with_growing_pauses_that_do_not_block(tmp_path: Path) -> None:
+def test_a_crash_loop_is_restarted_with_growing_pauses_that_do_not_block(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     clock = FakeClock()
     launches = {"loop": Launch("no-such-command", dict(os.environ))}
     supervisor = Supervisor(launches, tmp_path / "logs", clock=clock)
@@ -38,6 +43,8 @@ def test_a_crash_loop_is_restarted_with_growing_pauses_that_do_not_block(tmp_pat
         supervisor.check()  # crash 1 in a row: restart due in 1 s
         assert time.monotonic() - started < 0.5  # scheduled, not slept
         assert supervisor.restart_at["loop"] == clock.now + 1.0
+        # the fault suite (tests/faults/checks.py) counts restarts by this line, as the e2e test reads it
+        assert EXITED_LINE.search(caplog.text) and "loop exited with 2; restarting in 1 s" in caplog.text
         clock.now += 0.9
         supervisor.check()
         assert supervisor.processes["loop"] is first and supervisor.restarts.get("loop", 0) == 0
