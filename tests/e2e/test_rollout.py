@@ -63,6 +63,8 @@ def test_rollouts_record_their_turns_verdicts_and_session_ends(tmp_path: Path, b
                 e["envelope"]["turn_id"] for e in events[topic] if e["envelope"]["session_id"] == session
             ]
             assert sorted(recorded) == sorted(result["turn_ids"]), (topic, result)
+        requests = [e for e in events["requests"] if e["envelope"]["session_id"] == session]
+        assert {(e["group_id"], e["group_size"]) for e in requests} == {(result["group_id"], 2)}
         [second] = [e for e in events["requests"] if e["envelope"]["turn_id"] == result["turn_ids"][1]]
         sent = json.loads(second["messages_json"])
         assert [m["role"] for m in sent[:3]] == ["system", "user", "assistant"]
