@@ -183,7 +183,12 @@ class JudgeStage:
         if kind == "hint":
             assert self.hint_judge is not None
             return self.hint_judge
-        return next(judge for judge in self.reward_judges if judge.judge_id == judge_id)
+        for judge in self.reward_judges:
+            if judge.judge_id == judge_id:
+                return judge
+        raise ConfigError(
+            f"no reward judge {judge_id!r} in this stage (it has {[j.judge_id for j in self.reward_judges]})"
+        )
 
     async def _rule_vote(
         self, kind: str, judge_id: str, turn: dict[str, Any], next_state: dict[str, Any]

@@ -52,7 +52,9 @@ def test_votes_that_fail_to_parse_are_counted_per_judge_with_the_recent_fraction
         stage = JudgeStage(reward_judges=(judge,), hint_judge=None, api_key="k")
 
         async def vote_all() -> list[dict[str, Any]]:
-            return [emit.event for i in range(6) for emit in await stage.perform(reward_call(i))]
+            return [
+                emit.event for i in range(6) for emit in await stage.perform(reward_call(i, judge.judge_id))
+            ]
 
         votes = asyncio.run(vote_all())
     finally:

@@ -11,7 +11,7 @@ from pipeline.effects.judge_stage import JudgeStage
 from pipeline.effects.judging import JudgeConfig
 
 
-def call(index: int = 0) -> EffectCall:
+def call(index: int = 0, judge_id: str = "prm:test") -> EffectCall:
     next_state = {
         "event_id": "NextStateObserved-1", "namespace": "test", "session_id": "s1", "turn_id": "s1-t0",
         "occurred_at": 1_700_000_000_000, "role": "user", "content": "thanks", "source": "conversation",
@@ -19,7 +19,7 @@ def call(index: int = 0) -> EffectCall:
     }  # fmt: skip
     turn = {"messages": [{"role": "user", "content": "Question?"}], "response_text": "Answer."}
     return EffectCall(
-        "reward", {"turn": turn, "next_state": next_state, "vote_index": index, "judge_id": "prm:test"}
+        "reward", {"turn": turn, "next_state": next_state, "vote_index": index, "judge_id": judge_id}
     )
 
 
