@@ -64,10 +64,11 @@ def check_run(run: FaultRun) -> Verdict:
     check_feedback(run, log, verdict)
     check_samples(run, log, verdict)
     check_checkpoints(run, log, verdict)
-    for target in sorted({o.target for o in run.outages}):
-        outages = [o for o in run.outages if o.target == target]
-        verdict.figures[f"{target} outages (s stopped each; turns acknowledged during them)"] = (
-            f"{len(outages)} x {outages[0].paused_s:g} s; {sum(o.turns_acked_during for o in outages)}"
+    for target, kind in sorted({(o.target, o.kind) for o in run.outages}):
+        outages = [o for o in run.outages if (o.target, o.kind) == (target, kind)]
+        durations = ", ".join(f"{o.paused_s:g}" for o in outages)
+        verdict.figures[f"{target} {kind} (s out each; turns acknowledged meanwhile)"] = (
+            f"{len(outages)} x ({durations}) s; {sum(o.turns_acked_during for o in outages)}"
         )
     if run.final_chat_status != 200:
         verdict.problems.append(f"the final chat after the faults got {run.final_chat_status}, not 200")

@@ -71,8 +71,9 @@ class Kill:
 @dataclass(frozen=True)
 class Outage:
     target: str  # "log" | "store"
-    paused_s: float  # how long its processes were stopped (SIGSTOP .. SIGCONT)
-    turns_acked_during: int  # chat turns the server acknowledged while the target was stopped
+    paused_s: float  # how long it did not answer (SIGSTOP .. SIGCONT, or stop .. answering again)
+    turns_acked_during: int  # chat turns the server acknowledged while the target was out
+    kind: str = "stopped"  # "stopped" (SIGSTOP: hangs) | "restarted" (stopped and started again in place)
 
 
 @dataclass
@@ -267,6 +268,23 @@ def outage_rounds(targets: dict[str, int], rounds: int, pause_s: float, seed: in
                 finally:
                     os.killpg(group, signal.SIGCONT)
                 run.outages.append(Outage(name, pause_s, len(run.turns) - acked_before))
+
+    return inject
+
+
+def restart_rounds(restarts: dict[str, Callable[[], None]], rounds: int, seed: int) -> Faults:
+    """`rounds` restarts in place of each target (name -> a function that stops it and starts it
+    again on the same port with the same data, returning once it answers), in turn, 2-6 s apart."""
+
+    def inject(stack: UpStack, run: FaultRun) -> None:
+        rng = random.Random(seed)
+        for _ in range(rounds):
+            for name, restart in restarts.items():
+                time.sleep(rng.uniform(2.0, 6.0))
+                acked_before, started = len(run.turns), time.monotonic()
+                restart()
+                out_s = round(time.monotonic() - started, 1)
+                run.outages.append(Outage(name, out_s, len(run.turns) - acked_before, kind="restarted"))
 
     return inject
 
