@@ -4,7 +4,9 @@ The bottom layer under sample_inputs (which fills records), sample_decisions (wh
 and sample_events (which turns them into events); it calls nothing of ours. A record holds, once
 known: index, kind, request_event_id, "response" (exact sampled token ids, their logprobs, the
 temperature used, the policy version), next_states (and the earliest one's event id), "reward"
-(RewardDecided), "hint" (HintSelected / HintRejected), "teacher" (TeacherScored), and decided.
+(RewardDecided), "hint" (HintSelected / HintRejected), "teacher" (TeacherScored), and decided;
+under the step_outcome rule also "judge_rewards" (judge id -> its RewardDecided), added when the
+first one arrives, so the default rule's states stay as small as before.
 Reads and writes no topics.
 """
 
@@ -27,7 +29,6 @@ def new_turn() -> TurnRecord:
         "next_states": [],
         "next_state_event_id": None,
         "reward": None,
-        "judge_rewards": {},
         "hint": None,
         "teacher": None,
         "decided": False,
