@@ -23,6 +23,7 @@ import os
 import queue
 import random
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -73,7 +74,7 @@ class Outage:
     target: str  # "log" | "store"
     paused_s: float  # how long it did not answer (SIGSTOP .. SIGCONT, or stop .. answering again)
     turns_acked_during: int  # chat turns the server acknowledged while the target was out
-    kind: str = "stopped"  # "stopped" (SIGSTOP: hangs) | "restarted" (stopped and started again in place)
+    kind: str = "stopped"  # "stopped" (SIGSTOP: hangs) | "restarted" (started again in place) | "locked"
 
 
 @dataclass
@@ -285,6 +286,28 @@ def restart_rounds(restarts: dict[str, Callable[[], None]], rounds: int, seed: i
                 restart()
                 out_s = round(time.monotonic() - started, 1)
                 run.outages.append(Outage(name, out_s, len(run.turns) - acked_before, kind="restarted"))
+
+    return inject
+
+
+def lock_rounds(rounds: int, hold_s: float, seed: int) -> Faults:
+    """`rounds` times, 2-6 s apart (seeded), another process holds an exclusive lock on the embedded
+    log's SQLite file for `hold_s` (as a backup tool or a stuck reader would): no other connection
+    can write, or read, until it lets go."""
+
+    def inject(stack: UpStack, run: FaultRun) -> None:
+        rng = random.Random(seed)
+        for _ in range(rounds):
+            time.sleep(rng.uniform(2.0, 6.0))
+            acked_before = len(run.turns)
+            locker = sqlite3.connect(stack.data_dir / "log.db", timeout=60, isolation_level=None)
+            try:
+                locker.execute("BEGIN EXCLUSIVE")
+                time.sleep(hold_s)
+                locker.execute("COMMIT")
+            finally:
+                locker.close()
+            run.outages.append(Outage("log", hold_s, len(run.turns) - acked_before, kind="locked"))
 
     return inject
 
