@@ -7,13 +7,12 @@ environment with pip, checks discovery in a fresh interpreter, then uninstalls i
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.plugins import installed, last_line_printed
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fixtures" / "sample_connector_pkg"
 DISTRIBUTION = "orl-sample-connector"
@@ -30,32 +29,15 @@ print(json.dumps({"names": sorted(discover_connectors()), "content": observation
 """
 
 
-def pip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pip", *args, "--disable-pip-version-check", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.fixture
 def installed_plugin(tmp_path: Path) -> Iterator[None]:
-    source = tmp_path / "sample_connector_pkg"
-    shutil.copytree(PACKAGE, source)  # build outputs land in the copy, not in the repository
-    done = pip("install", "--no-deps", "--no-build-isolation", "--no-index", str(source))
-    assert done.returncode == 0, done.stderr
-    try:
+    with installed(PACKAGE, DISTRIBUTION, tmp_path):
         yield
-    finally:
-        gone = pip("uninstall", "-y", DISTRIBUTION)
-        assert gone.returncode == 0, gone.stderr
 
 
 def probe() -> dict:
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    found: dict = json.loads(last_line_printed(PROBE))
+    return found
 
 
 def test_an_installed_plugin_is_discovered_and_runs(installed_plugin: None) -> None:
@@ -66,15 +48,5 @@ def test_an_installed_plugin_is_discovered_and_runs(installed_plugin: None) -> N
 
 
 def test_after_uninstalling_the_plugin_is_gone(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from connectors.environment.api import discover_connectors as d; print(sorted(d()))",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "word_count" not in done.stdout
+    code = "from connectors.environment.api import discover_connectors as d; print(sorted(d()))"
+    assert "word_count" not in last_line_printed(code)

@@ -8,15 +8,12 @@ it and checks that it is gone.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.unit.test_connectors_plugin import pip
+from tests.support.plugins import installed, last_line_printed
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fixtures" / "sample_environment_pkg"
 DISTRIBUTION = "orl-sample-environment"
@@ -36,27 +33,14 @@ print(json.dumps({"names": sorted(discover_environments()), "is_env": isinstance
 """
 
 
-def probe(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip().splitlines()[-1]
-
-
 @pytest.fixture
 def installed_plugin(tmp_path: Path) -> Iterator[None]:
-    source = tmp_path / "sample_environment_pkg"
-    shutil.copytree(PACKAGE, source)  # build outputs land in the copy, not in the repository
-    done = pip("install", "--no-deps", "--no-build-isolation", "--no-index", str(source))
-    assert done.returncode == 0, done.stderr
-    try:
+    with installed(PACKAGE, DISTRIBUTION, tmp_path):
         yield
-    finally:
-        gone = pip("uninstall", "-y", DISTRIBUTION)
-        assert gone.returncode == 0, gone.stderr
 
 
 def test_an_installed_environment_is_discovered_and_runs(installed_plugin: None) -> None:
-    found = json.loads(probe(PROBE))
+    found = json.loads(last_line_printed(PROBE))
     assert {"tool", "terminal", "echo_word"} <= set(found["names"])
     assert found["is_env"] is True
     assert (found["rewards"], found["kind"]) == ([1.0, -1.0], "task")
@@ -68,4 +52,7 @@ def test_without_the_package_the_name_is_unknown() -> None:
         "from connectors.environment.episode import load_environment\n"
         "try:\n    load_environment('echo_word')\nexcept Exception as e:\n    print(type(e).__name__, e)"
     )
-    assert probe(code) == "ConfigError no environment 'echo_word'; known: terminal, tool, tool_result"
+    assert (
+        last_line_printed(code)
+        == "ConfigError no environment 'echo_word'; known: terminal, tool, tool_result"
+    )
