@@ -141,12 +141,13 @@ def decide(
     state: State, trajectories: dict[str, list[dict[str, Any]]], occurred_at_ms: int, config: PipelineConfig
 ) -> list[Emit]:
     """One RewardDecided per step of `trajectories`, normalised within them."""
-    members = sorted(step["reward_event_id"] for steps in trajectories.values() for step in steps)
+    steps = {(session_id, step["turn_id"]): step for session_id, of in trajectories.items() for step in of}
+    members = sorted(step["reward_event_id"] for step in steps.values())
     emits = []
     for (session_id, turn_id), (advantage, reason, explanation) in sorted(
         normalised_buckets(trajectories).items()
     ):
-        step = next(s for s in trajectories[session_id] if s["turn_id"] == turn_id)
+        step = steps[(session_id, turn_id)]
         event = build_event(
             "RewardDecided",
             producer=PRODUCER,

@@ -77,19 +77,14 @@ def judge_reward(turn: TurnRecord, judge_id: str) -> dict[str, Any] | None:
     return record
 
 
-def session_outcome(state: State, rules: RewardRuleConfig) -> tuple[str, dict[str, Any]] | None:
-    """(turn id, reward record) of the outcome judge's valid reward on the session's latest turn."""
-    found = []
-    for turn_id, turn in state["turns"].items():
-        record = judge_reward(turn, rules.outcome_judge_id)
-        if record is not None and _valid(record):
-            found.append(
-                ((turn["index"] or 0, record["occurred_at_ms"], record["event_id"]), turn_id, record)
-            )
-    if not found:
-        return None
-    _, turn_id, record = max(found, key=lambda item: item[0])
-    return turn_id, record
+def session_outcome(state: State, rules: RewardRuleConfig) -> dict[str, Any] | None:
+    """The outcome judge's valid reward on the session's latest turn that has one."""
+    found = [
+        ((turn["index"] or 0, record["occurred_at_ms"], record["event_id"]), record)
+        for turn in state["turns"].values()
+        if (record := judge_reward(turn, rules.outcome_judge_id)) is not None and _valid(record)
+    ]
+    return max(found, key=lambda item: item[0])[1] if found else None
 
 
 def steps_settled(state: State, rules: RewardRuleConfig) -> bool:
@@ -113,7 +108,7 @@ def steps_settled(state: State, rules: RewardRuleConfig) -> bool:
 def step_rewards(state: State, rules: RewardRuleConfig) -> dict[str, StepReward]:
     """turn id -> the combined reward of every pending step with a trainable response, in turn order."""
     outcome = session_outcome(state, rules)
-    outcome_value = float(outcome[1]["reward"]) if outcome else 0.0
+    outcome_value = float(outcome["reward"]) if outcome else 0.0
     steps = sorted(
         (turn["index"] or 0, turn_id)
         for turn_id, turn in state["turns"].items()
@@ -132,7 +127,7 @@ def step_rewards(state: State, rules: RewardRuleConfig) -> dict[str, StepReward]
         if process is not None:
             parts.append(_part(process, rules.process_judge_id, weight))
         if outcome is not None:
-            parts.append(_part(outcome[1], rules.outcome_judge_id, 1.0 - weight))
+            parts.append(_part(outcome, rules.outcome_judge_id, 1.0 - weight))
         explanation = (
             f"step {step_index}: {weight:g} x process {process_value:+g} "
             f"+ {1.0 - weight:g} x outcome {outcome_value:+g}{'' if outcome else ' (no outcome)'} = {reward:+g}"
