@@ -6,11 +6,12 @@ original votes) followed by its SampleReady; a step (step_outcome rule) becomes 
 RewardDecided (naming its parts) followed by its sample, or, when it awaits its group, by nothing:
 the session's awaiting steps become one TrajectoryScored on trajectories, keyed by the group id.
 Samples carry the exact sampled token ids, their logprobs, the temperature actually used and the
-policy version of the response. A sample's lineage and occurred_at come only from the inputs its method uses, so an input the method ignores (a hint
-under binary) never makes the output depend on arrival order; ids are deterministic from the
-lineage and the sample config version.
-Calls only event_building (build_event) and sample_turns (unpacking the token arrays); writes the
-samples and rewards events that sample_builder emits.
+policy version of the response. A sample's lineage and occurred_at come only from the inputs its
+method uses, so an input the method ignores (a hint under binary) never makes the output depend on
+arrival order; ids are deterministic from the lineage and the sample config version.
+Calls only event_building (build_event), sample_turns (unpacking the token arrays) and
+step_decisions (the rule's name); writes the samples, rewards and trajectories events that
+sample_builder emits.
 """
 
 from __future__ import annotations
