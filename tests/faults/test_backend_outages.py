@@ -19,11 +19,27 @@ from pathlib import Path
 import pytest
 
 from tests.faults.checks import Verdict, check_run, results_table
-from tests.faults.harness import FaultRun, outage_rounds, restart_rounds, run_fault_suite
-from tests.fixtures.kafka_broker import start_kafka_broker, stop_kafka_broker
-from tests.fixtures.s3_server import start_s3_server
+from tests.faults.harness import FaultRun, Faults, outage_rounds, restart_rounds, run_fault_suite
+from tests.fixtures.kafka_broker import RunningBroker, start_kafka_broker, stop_kafka_broker
+from tests.fixtures.s3_server import S3Server, start_s3_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.kafka, pytest.mark.s3]
+
+
+def run_and_check(
+    tmp_path: Path, broker: RunningBroker, s3: S3Server, faults: Faults
+) -> tuple[FaultRun, Verdict]:
+    """The fault suite's traffic under `faults` on this broker and S3 server, and its verdict (printed)."""
+    backends = {
+        "ORL_LOG_URL": f"kafka://{broker.bootstrap}",
+        "ORL_STORE_URL": f"s3://orl-faults?endpoint={s3.endpoint}&secure=false",
+        "ORL_S3_ACCESS_KEY": s3.access_key,
+        "ORL_S3_SECRET_KEY": s3.secret_key,
+    }
+    run = run_fault_suite(tmp_path, faults, backends=backends, store_keys=(s3.access_key, s3.secret_key))
+    verdict = check_run(run)
+    print(results_table(verdict))
+    return run, verdict
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +50,8 @@ def outage_run(
     broker = start_kafka_broker(tmp_path / "kafka")
     s3 = start_s3_server()
     try:
-        backends = {
-            "ORL_LOG_URL": f"kafka://{broker.bootstrap}",
-            "ORL_STORE_URL": f"s3://orl-faults?endpoint={s3.endpoint}&secure=false",
-            "ORL_S3_ACCESS_KEY": s3.access_key,
-            "ORL_S3_SECRET_KEY": s3.secret_key,
-        }
         groups = {"log": os.getpgid(broker.process.pid), "store": os.getpgid(s3.process.pid)}
-        faults = outage_rounds(groups, rounds=2, pause_s=10, seed=0)
-        run = run_fault_suite(tmp_path, faults, backends=backends, store_keys=(s3.access_key, s3.secret_key))
-        verdict = check_run(run)
-        print(results_table(verdict))
-        yield run, verdict
+        yield run_and_check(tmp_path, broker, s3, outage_rounds(groups, rounds=2, pause_s=10, seed=0))
     finally:
         stop_kafka_broker(broker)
         s3.stop()
@@ -82,18 +88,9 @@ def restart_run(
         store[0] = store[0].restart()
 
     try:
-        s3 = store[0]
-        backends = {
-            "ORL_LOG_URL": f"kafka://{broker.bootstrap}",
-            "ORL_STORE_URL": f"s3://orl-faults?endpoint={s3.endpoint}&secure=false",
-            "ORL_S3_ACCESS_KEY": s3.access_key,
-            "ORL_S3_SECRET_KEY": s3.secret_key,
-        }
-        faults = restart_rounds({"store": restart_store}, rounds=3, seed=1)
-        run = run_fault_suite(tmp_path, faults, backends=backends, store_keys=(s3.access_key, s3.secret_key))
-        verdict = check_run(run)
-        print(results_table(verdict))
-        yield run, verdict
+        yield run_and_check(
+            tmp_path, broker, store[0], restart_rounds({"store": restart_store}, rounds=3, seed=1)
+        )
     finally:
         stop_kafka_broker(broker)
         store[0].stop()
