@@ -89,7 +89,7 @@ def restart_run(
 
     try:
         yield run_and_check(
-            tmp_path, broker, store[0], restart_rounds({"store": restart_store}, rounds=3, seed=1)
+            tmp_path, broker, store[0], restart_rounds({"store": restart_store}, rounds=5, seed=1)
         )
     finally:
         stop_kafka_broker(broker)
@@ -102,6 +102,6 @@ def test_restarts_of_the_store_in_place_lose_and_duplicate_nothing_acknowledged(
 ) -> None:
     run, verdict = restart_run
     assert len(run.turns) > 10 and run.feedback, verdict.figures
-    assert [o.target for o in run.outages] == ["store"] * 3
+    assert [o.target for o in run.outages] == ["store"] * 5
     assert verdict.problems == [], results_table(verdict)
     assert verdict.figures["checkpoints verified"] >= 1, results_table(verdict)
