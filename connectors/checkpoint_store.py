@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -31,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from connectors.object_store.base import ObjectNotFound, ObjectStore, ObjectStoreError, check_key
-from schemas.errors import CheckpointError
+from schemas.errors import CheckpointError, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ CHECKPOINT_KINDS = ("full", "lora")
 _ROOT = "checkpoints"
 _VERSION_RE = re.compile(r"^\d+$")
 _HASH_CHUNK_BYTES = 1 << 20
+PUBLISH_RETRY_S = 600.0  # how long a publish waits out an unreachable store before it fails
+_FIRST_RETRY_PAUSE_S, _MAX_RETRY_PAUSE_S = 1.0, 30.0
 
 
 class CheckpointRejected(CheckpointError):
@@ -194,29 +197,24 @@ def publish_checkpoint(
     sample_ids: Sequence[str],
     metrics: Mapping[str, Any],
     created_at: datetime | None = None,
+    retry_for_s: float = PUBLISH_RETRY_S,
 ) -> Manifest:
     """Upload every file under `local_dir`, then the manifest last; return it (with its sha256).
 
-    A version is immutable: publishing one that already has a manifest raises CheckpointError.
-    Leftovers of an earlier crashed attempt at the same version are deleted first.
+    A version is immutable: publishing one that already has a different manifest raises
+    CheckpointError. Leftovers of an earlier crashed attempt at the same version are deleted first.
+    While the store is unreachable (ServiceUnavailable: down, restarting) the whole publish is
+    retried with backoff for up to `retry_for_s`; a retry that finds this very manifest stored (the
+    store took the last PUT but its answer was lost) returns it.
     """
     _check_publish_args(version, parent_version, kind)
-    local_dir = Path(local_dir)
-    files = _local_files(local_dir)
-    prefix = version_prefix(run_id, version)
-    if store.exists(prefix + MANIFEST_NAME):
-        raise CheckpointError(
-            f"checkpoint {run_id} v{version} is already published ({prefix}{MANIFEST_NAME})"
-        )
-    _delete_prefix(store, prefix)
-    entries = _upload_files(store, prefix, files)
     manifest = Manifest(
         run_id=run_id,
         version=version,
         parent_version=parent_version,
         kind=kind,
         base_model=base_model,
-        files=entries,
+        files=tuple(FileEntry(rel, *_file_digest(path)) for rel, path in _local_files(Path(local_dir))),
         consumed_offsets=tuple(
             TopicOffset(str(o["topic"]), int(o["partition"]), int(o["offset"])) for o in consumed_offsets
         ),
@@ -225,20 +223,55 @@ def publish_checkpoint(
         metrics=_finite_metrics(metrics),
         created_at=(created_at or datetime.now(UTC)).isoformat(),
     )
+    deadline = time.monotonic() + retry_for_s
+    pause_s = _FIRST_RETRY_PAUSE_S
+    while True:
+        try:
+            _upload_checkpoint(store, manifest, Path(local_dir))
+            break
+        except ServiceUnavailable as error:
+            if time.monotonic() + pause_s > deadline:
+                raise
+            log.warning(
+                "store unreachable while publishing checkpoint %s v%d (%s); retrying in %.0f s",
+                run_id,
+                version,
+                error,
+                pause_s,
+            )
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, _MAX_RETRY_PAUSE_S)
+    log.info(
+        "published checkpoint %s v%d (%d files) at %s", run_id, version, len(manifest.files), manifest.prefix
+    )
+    return replace(manifest, sha256=hashlib.sha256(manifest.to_json()).hexdigest())
+
+
+def _upload_checkpoint(store: ObjectStore, manifest: Manifest, local_dir: Path) -> None:
+    """One attempt: the files (after deleting an incomplete earlier attempt's), then the manifest."""
     raw = manifest.to_json()
-    if not store.put_if_absent(manifest.manifest_key, raw):
-        raise CheckpointError(f"checkpoint {run_id} v{version} was published concurrently by another writer")
-    log.info("published checkpoint %s v%d (%d files) at %s", run_id, version, len(entries), prefix)
-    return replace(manifest, sha256=hashlib.sha256(raw).hexdigest())
+    if _stored_manifest_is(store, manifest.manifest_key, raw):
+        return
+    _delete_prefix(store, manifest.prefix)
+    for entry in manifest.files:
+        store.put_file(check_key(manifest.prefix + entry.path), local_dir / entry.path)
+    if not store.put_if_absent(manifest.manifest_key, raw) and not _stored_manifest_is(
+        store, manifest.manifest_key, raw
+    ):
+        raise CheckpointError(
+            f"checkpoint {manifest.run_id} v{manifest.version} was published concurrently by another writer"
+        )
 
 
-def _upload_files(store: ObjectStore, prefix: str, files: list[tuple[str, Path]]) -> tuple[FileEntry, ...]:
-    entries = []
-    for rel, path in files:
-        size, sha = _file_digest(path)
-        store.put_file(check_key(prefix + rel), path)
-        entries.append(FileEntry(rel, size, sha))
-    return tuple(entries)
+def _stored_manifest_is(store: ObjectStore, key: str, raw: bytes) -> bool:
+    """True if `key` holds exactly `raw`, False if it is absent; CheckpointError if it holds another one."""
+    try:
+        stored = store.get(key)
+    except ObjectNotFound:
+        return False
+    if stored != raw:
+        raise CheckpointError(f"checkpoint {key} is already published, with another manifest")
+    return True
 
 
 def _delete_prefix(store: ObjectStore, prefix: str) -> list[str]:

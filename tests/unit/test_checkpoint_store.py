@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from connectors import checkpoint_store
 from connectors.checkpoint_store import (
     CheckpointError,
     CheckpointRejected,
@@ -22,6 +23,7 @@ from connectors.checkpoint_store import (
     version_prefix,
 )
 from connectors.object_store.local_store import LocalObjectStore
+from schemas.errors import ServiceUnavailable
 
 RUN = "run-a"
 OFFSETS = [
@@ -219,6 +221,69 @@ def test_published_version_is_immutable(store: LocalObjectStore, tmp_path: Path)
             sample_ids=[],
             metrics={},
         )
+
+
+class FlakyStore(LocalObjectStore):
+    """A local store that is unreachable for its first `down_for` uploads; with `lose_manifest_answer`
+    it stores the first manifest, then answers as if the connection dropped."""
+
+    def __init__(self, root: Path, down_for: int = 0, lose_manifest_answer: bool = False) -> None:
+        super().__init__(root)
+        self.down_for, self.lose_manifest_answer = down_for, lose_manifest_answer
+
+    def put_file(self, key: str, path: Path) -> None:
+        if self.down_for > 0:
+            self.down_for -= 1
+            raise ServiceUnavailable("S3 endpoint http://127.0.0.1:1 unreachable: connection refused")
+        super().put_file(key, path)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        created = super().put_if_absent(key, data)
+        if self.lose_manifest_answer:
+            self.lose_manifest_answer = False
+            raise ServiceUnavailable("S3 endpoint http://127.0.0.1:1 unreachable: connection reset")
+        return created
+
+
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checkpoint_store, "_FIRST_RETRY_PAUSE_S", 0.01)
+
+
+def test_a_publish_waits_out_an_unreachable_store(tmp_path: Path, quick_retries: None) -> None:
+    store = FlakyStore(tmp_path / "store", down_for=3)
+    manifest = _publish(store, tmp_path, 1)
+    assert store.down_for == 0
+    download_and_verify(store, manifest.manifest_key, tmp_path / "out")
+    assert latest_checkpoint(store, RUN) == manifest
+
+
+def test_a_publish_whose_manifest_landed_but_whose_answer_was_lost_succeeds(
+    tmp_path: Path, quick_retries: None
+) -> None:
+    store = FlakyStore(tmp_path / "store", lose_manifest_answer=True)
+    manifest = _publish(store, tmp_path, 1)
+    assert manifest.sha256 == hashlib.sha256(store.get(manifest.manifest_key)).hexdigest()
+    assert latest_checkpoint(store, RUN) == manifest
+
+
+def test_a_publish_gives_up_when_the_store_stays_unreachable(tmp_path: Path, quick_retries: None) -> None:
+    store = FlakyStore(tmp_path / "store", down_for=1000)
+    with pytest.raises(ServiceUnavailable, match="unreachable"):
+        publish_checkpoint(
+            store,
+            RUN,
+            1,
+            _checkpoint_dir(tmp_path),
+            parent_version=None,
+            kind="lora",
+            base_model="m",
+            consumed_offsets=[],
+            sample_ids=[],
+            metrics={},
+            retry_for_s=0.2,
+        )
+    assert latest_checkpoint(store, RUN) is None
 
 
 def test_republishing_after_a_crash_drops_stale_files(store: LocalObjectStore, tmp_path: Path) -> None:
