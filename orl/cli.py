@@ -51,6 +51,12 @@ COMMANDS: tuple[Command, ...] = (
         "trainer.main:train",
     ),
     Command(
+        "gate",
+        "Promote a published checkpoint to the servers only if it scores no worse than the promoted one on held-out prompts.",
+        "orl.gate:GateSettings",
+        "orl.gate:run_gate",
+    ),
+    Command(
         "up",
         "Start the embedded stack (server, pipeline, trainer) as supervised local processes.",
         "orl.up:UpSettings",

@@ -97,6 +97,15 @@ class UpSettings(ConnectionSettings):
         "Serve the pipeline processes' Prometheus metrics (judge votes, parse failures, events) on "
         "127.0.0.1 from this port up, one port per pipeline process (0: off).",
     )
+    gate: bool = setting(
+        False,
+        "ORL_GATE",
+        "Promotion gate: also start `orl gate`; servers serve only the versions it promotes (scored no worse "
+        "than the served one on held-out prompts), and the trainer never trains on the held-out sessions.",
+    )
+    holdout_share: float = setting(
+        0.1, "ORL_HOLDOUT_SHARE", "With --gate: the share of sessions held out for the gate's prompts."
+    )
     opd_loss: str = setting(
         "token",
         "ORL_OPD_LOSS",
@@ -158,7 +167,7 @@ def compute_budget(settings: UpSettings) -> str:
     """The line `orl up` / `orl demo` log at start: the cores, the threads and the numerics, and why."""
     cores = stack_cores(settings)
     numerics = choose_numerics(settings.precision, "cpu")
-    torch_processes = sum(name in ("serve", "train") for name in settings.components)
+    torch_processes = sum(name in ("serve", "train") for name in settings.components) + settings.gate
     return (
         f"compute budget: {cores} cores ({'set by --cores' if settings.cores else 'all this process may use'}; "
         f"{available_cores()} available, {cpu_model_name()}); serve and train use {cores} torch threads each while computing alone, "
@@ -225,6 +234,8 @@ def component_env(settings: UpSettings) -> dict[str, str]:
         "ORL_PRECISION": settings.precision,
         "ORL_OPD_TOPK": str(settings.opd_topk),  # read by the pipeline
         "ORL_OPD_LOSS": settings.opd_loss,  # read by the trainer
+        "ORL_FOLLOW_PROMOTED": "true" if settings.gate else "false",  # read by the server
+        "ORL_HOLDOUT_SHARE": str(settings.holdout_share if settings.gate else 0.0),  # trainer and gate
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
 
@@ -274,6 +285,8 @@ def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launc
                 launches[name] = Launch("pipeline", pipeline_env)
         else:
             launches[component] = Launch(component, env)
+    if settings.gate:
+        launches["gate"] = Launch("gate", env)
     return launches
 
 

@@ -31,6 +31,21 @@ class Envelope(TypedDict):
     turn_id: str | None
 
 
+class GatedAnswer(TypedDict):
+    # the recorded request's turn id, or the scenario prompt's index
+    prompt_id: str
+    version: int
+    sample_index: int
+    text: str
+    # what the judge was shown as the next state
+    next_state: str
+    # the majority of the judge's votes (null: no majority)
+    reward: int | None
+    relevant: bool
+    # the judge's raw words, one per vote
+    votes: list[str]
+
+
 class Lineage(TypedDict):
     """Ids of the events a sample was built from."""
 
@@ -377,6 +392,38 @@ class PolicyRolledBack(TypedDict):
     to_approval: float
 
 
+class PolicyGated(TypedDict):
+    """The promotion gate compared a published version with the promoted one on held-out prompts and promoted or
+    held it; servers that follow promoted versions activate only promoted ones (topic: checkpoints).
+    """
+
+    envelope: Envelope
+    run_id: str
+    # the candidate: a published version
+    version: int
+    # the promoted version it was compared with (0 = the base model)
+    baseline_version: int
+    # promoted | held
+    decision: str
+    # the figures behind the decision, in words
+    reason: str
+    # the reward judge that scored both versions' answers
+    judge_id: str
+    # where the held-out prompts came from: log (main turns of held-out sessions) | scenario:<name>
+    prompt_source: str
+    # how far below the baseline the candidate may score and still be promoted
+    margin: float
+    # share of the candidate's answers the judge rewarded +1, among those it took a side on (null: none)
+    candidate_approval: float | None
+    baseline_approval: float | None
+    # share of the candidate's answers that mention a content word of the prompt
+    candidate_relevance: float
+    baseline_relevance: float
+    # wall time of the evaluation (generation and judging)
+    evaluation_s: float
+    answers: list[GatedAnswer]
+
+
 class PolicyActivated(TypedDict):
     """A server now serves a policy version (topic: policy_activations)."""
 
@@ -428,6 +475,7 @@ EVENT_CLASSES: dict[str, type] = {
     "TrainStepCompleted": TrainStepCompleted,
     "CheckpointPublished": CheckpointPublished,
     "PolicyRolledBack": PolicyRolledBack,
+    "PolicyGated": PolicyGated,
     "PolicyActivated": PolicyActivated,
     "PolicyRejected": PolicyRejected,
     "DeadLettered": DeadLettered,

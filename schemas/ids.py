@@ -2,13 +2,16 @@
 
 An id is `<kind>-<24 hex chars>`: the start of the sha256 of the canonical JSON (sorted keys, no
 whitespace) of `[kind, [parts...]]`. Parts must be JSON values (str, int, float, bool, None,
-lists/tuples and dicts with str keys); tuples hash like lists.
+lists/tuples and dicts with str keys); tuples hash like lists. `held_out_session` is the one split of
+sessions into trained and held out (the trainer skips the held-out ones, the promotion gate asks their prompts).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+
+from schemas.errors import ConfigError
 
 ID_HEX_CHARS = 24
 # One encoder for every id: json.dumps with options builds a new one per call (a third of the cost).
@@ -25,3 +28,11 @@ def deterministic_id(kind: str, *parts: object) -> str:
         raise ValueError(f"deterministic_id({kind!r}, ...): parts must be finite JSON values: {exc}") from exc
     digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     return f"{kind}-{digest[:ID_HEX_CHARS]}"
+
+
+def held_out_session(session_id: str, share: float) -> bool:
+    """Whether a session belongs to the held-out share: a stable hash split, the same on every machine."""
+    if not 0.0 <= share < 1.0:
+        raise ConfigError(f"the held-out share must be in [0, 1), got {share}")
+    digest = hashlib.sha256(session_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < share

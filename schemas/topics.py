@@ -24,7 +24,7 @@ TOPICS: dict[str, tuple[str, ...]] = {
     "trajectories": ("TrajectoryScored",),
     "samples": ("SampleReady", "SampleRejected"),
     "train_steps": ("TrainStepCompleted",),
-    "checkpoints": ("CheckpointPublished", "PolicyRolledBack"),
+    "checkpoints": ("CheckpointPublished", "PolicyRolledBack", "PolicyGated"),
     "policy_activations": ("PolicyActivated", "PolicyRejected"),
 }
 # Records are keyed by session id (all events of a session in one partition: joins need no

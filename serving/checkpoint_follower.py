@@ -5,7 +5,9 @@ checkpoint files in the object store. Writes: `policy_activations` (PolicyActiva
 PolicyRejected). A checkpoint is downloaded and verified (manifest hash, every file's sha256)
 before the backend sees it; a tampered or incomplete one is refused and the old policy keeps
 serving. The backend swaps between requests, so nothing is refused while it happens. An operator
-can pin a version (stop following) and roll back to the previous one.
+can pin a version (stop following) and roll back to the previous one. With `promoted_only` (behind
+the promotion gate, `orl gate`) the server follows PolicyGated promotions instead of publications:
+it reads `checkpoints` from its beginning and serves the newest promoted version.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import logging
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -60,6 +63,7 @@ class CheckpointFollower:
     pinned: int | None = None
     history: list[CheckpointRef] = field(default_factory=list)  # activated checkpoints, oldest first
     refused: set[int] = field(default_factory=set)  # versions this server refused (not tried again)
+    promoted_only: bool = False  # activate only versions the promotion gate promoted
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def activate_latest(self) -> None:
@@ -91,6 +95,9 @@ class CheckpointFollower:
         backoff, retrying = 0.5, False
         while True:
             try:
+                if self.promoted_only:
+                    await self._follow_promotions(log, namespace)  # reads the topic from its start
+                    continue
                 if retrying and self.pinned is None:
                     await self.activate_latest()  # what was published while this was failing
                 await self._follow_once(log, namespace)
@@ -117,6 +124,36 @@ class CheckpointFollower:
                     ):
                         await self.activate(ref)
                 await consumer.commit()
+
+    async def _follow_promotions(self, log: EventLog, namespace: str) -> None:
+        """Serve the newest promoted version, forever: every record of `checkpoints` from the first (a
+        restarted server finds the newest promotion); versions promoted within one poll batch are
+        passed over for the newest."""
+        topic = topic_name(namespace, "checkpoints")
+        published: dict[int, CheckpointRef] = {}
+        async with log.consumer(
+            f"{namespace}.serve.{self.server_id}.{uuid.uuid4().hex[:8]}", [topic]
+        ) as consumer:
+            await consumer.seek_to_beginning()
+            while True:
+                newest = self.backend.policy_version
+                for record in await consumer.poll(max_records=500, timeout_s=1.0):
+                    event = _decoded(record.value)
+                    if event is None or event.get("run_id") != self.run_id:
+                        continue
+                    ref = _published_ref(event)
+                    if ref is not None:
+                        published[ref.version] = ref
+                    elif event["envelope"]["event_type"] == "PolicyGated" and event["decision"] == "promoted":
+                        newest = max(newest, int(event["version"]))
+                if (
+                    self.pinned is None
+                    and newest > self.backend.policy_version
+                    and newest not in self.refused
+                ):
+                    ref = published.get(newest) or await self._ref_of(newest)
+                    if ref is not None:
+                        await self.activate(ref)
 
     async def activate(self, ref: CheckpointRef) -> bool:
         """Download, verify and swap in a checkpoint; PolicyActivated or PolicyRejected either way."""
@@ -199,11 +236,20 @@ def _fresh_download(store: ObjectStore, ref: CheckpointRef, dest: Path) -> None:
 
 
 def _checkpoint_ref(value: bytes) -> CheckpointRef | None:
+    event = _decoded(value)
+    return _published_ref(event) if event is not None else None
+
+
+def _decoded(value: bytes) -> dict | None:
     try:
-        event = decode(value)
+        return decode(value)
     except EventDecodeError as error:
         logger.warning("skipping an undecodable checkpoint event: %s", error)
         return None
+
+
+def _published_ref(event: dict) -> CheckpointRef | None:
+    """The checkpoint a CheckpointPublished event announces (None for the topic's other events)."""
     if event["envelope"]["event_type"] != "CheckpointPublished":
         return None
     published = cast(CheckpointPublished, event)

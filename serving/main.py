@@ -123,6 +123,7 @@ async def running_server(
         settings.run_id,
         settings.server_id,
         settings.data_dir / "served-checkpoints",
+        promoted_only=settings.follow_promoted,
     )
     state = ServerState(
         settings,
@@ -134,8 +135,8 @@ async def running_server(
         admin_routes=admin_routes(follower),
     )
     await backend.start()
-    if settings.follow_checkpoints:
-        await follower.activate_latest()
+    if settings.follow_checkpoints and not settings.follow_promoted:
+        await follower.activate_latest()  # promotions are on the log: read once it is reachable
     background = asyncio.create_task(_background(log, settings, drainer, follower))
     try:
         state.ready = True

@@ -81,3 +81,8 @@ class ServeSettings(ConnectionSettings):
     follow_checkpoints: bool = setting(
         True, "ORL_FOLLOW_CHECKPOINTS", "Hot-swap to each published checkpoint."
     )
+    follow_promoted: bool = setting(
+        False,
+        "ORL_FOLLOW_PROMOTED",
+        "Follow only the checkpoints the promotion gate (orl gate) promoted, not every published one.",
+    )

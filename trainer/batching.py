@@ -11,7 +11,8 @@ restart from a manifest re-reads them (none trained twice, none skipped).
 Skip reasons (counted; the decision depends only on the record and the version being trained, so a
 restart decides the same): rejected (SampleRejected upstream), stale, duplicate (a sample id already
 trained), undecodable, unknown_event, unknown_method, empty_response, malformed (lengths that do not
-match the response, non-finite values, top-K rows that are not [T][K]).
+match the response, non-finite values, top-K rows that are not [T][K]), held_out (a session held out
+for the promotion gate: `schemas.ids.held_out_session`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from connectors.event_log.base import ConsumedRecord, TopicPartition
 from schemas.codec import decode
 from schemas.errors import EventDecodeError, UnknownEventTypeError
 from schemas.event_types import SampleReady
+from schemas.ids import held_out_session
 from schemas.top_k import top_k_rows_aligned
 
 METHODS = ("binary", "opd", "combined")
@@ -152,8 +154,10 @@ class SampleBatcher:
         max_staleness: int,
         consumed_offsets: Mapping[TopicPartition, int] | None = None,
         trained_ids: Sequence[str] = (),
+        holdout_share: float = 0.0,
     ) -> None:
         self.batch_size = batch_size
+        self.holdout_share = holdout_share  # sessions held out for the promotion gate: never trained
         self.max_staleness = max_staleness  # negative: never drop for staleness
         self.consumed_offsets: dict[TopicPartition, int] = dict(consumed_offsets or {})
         self._pending: list[_Pending] = []
@@ -177,6 +181,8 @@ class SampleBatcher:
         problem = sample_problem(cast(SampleReady, pending.event))
         if problem is not None:
             return problem
+        if held_out_session(pending.event["envelope"].get("session_id") or "", self.holdout_share):
+            return "held_out"
         sample = training_sample(pending)
         if sample.sample_id in self._seen or sample.sample_id in batch_ids:
             return "duplicate"

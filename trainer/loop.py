@@ -537,7 +537,11 @@ async def consume_and_train(
         for published, parent in await asyncio.to_thread(recent_lineage, store, settings.run_id):
             watch.published(published, parent)
     batcher = SampleBatcher(
-        settings.batch_size, settings.max_staleness, point.consumed_offsets, point.trained_ids
+        settings.batch_size,
+        settings.max_staleness,
+        point.consumed_offsets,
+        point.trained_ids,
+        holdout_share=settings.holdout_share,
     )
     steps = 0
     async with log_.consumer(settings.group_id(), [samples_topic]) as consumer:

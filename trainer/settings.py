@@ -112,6 +112,12 @@ class TrainSettings(ConnectionSettings):
         "ORL_TRAIN_MAX_STALENESS",
         "Drop samples whose policy version is below current - K (negative: keep all).",
     )
+    holdout_share: float = setting(
+        0.0,
+        "ORL_HOLDOUT_SHARE",
+        "Share of sessions never trained on (schemas.ids.held_out_session): the promotion gate's held-out "
+        "prompts come from them.",
+    )
     rollback_window: int = setting(
         0,
         "ORL_ROLLBACK_WINDOW",
@@ -244,6 +250,10 @@ def check_settings(settings: TrainSettings) -> None:
             "the sample's temperature)",
         ),
         (settings.max_steps < 0, f"--max-steps must be >= 0, not {settings.max_steps}"),
+        (
+            not 0 <= settings.holdout_share < 1,
+            f"--holdout-share must be in [0, 1), not {settings.holdout_share}",
+        ),
         (settings.rollback_window < 0, f"--rollback-window must be >= 0, not {settings.rollback_window}"),
         (
             not 0 <= settings.rollback_margin < 1,

@@ -14,16 +14,17 @@ from pathlib import Path
 
 from benchmarks.echo_backend import EchoBackend
 from connectors.checkpoint_store import latest_checkpoint, publish_checkpoint
-from connectors.event_log.base import Consumer, TopicPartition, TopicSpec
+from connectors.event_log.base import Consumer, OutgoingRecord, TopicPartition, TopicSpec
 from connectors.event_log.sqlite_log import SqliteEventLog, SqliteStore
 from connectors.metrics import Metrics
 from connectors.object_store.base import ObjectStoreError
 from connectors.object_store.local_store import LocalObjectStore
-from schemas.codec import decode
+from schemas.codec import decode, encode
 from serving.capture import EventRecorder
 from serving.checkpoint_follower import CheckpointFollower
 from serving.policy.base import CheckpointKind
 from serving.spool import EventSpool
+from tests.unit.event_examples import example_event
 from trainer.resume import append_step_events
 
 NAMESPACE, RUN, SERVER = "ns", "run", "srv"
@@ -167,3 +168,58 @@ def test_a_server_starting_on_a_corrupt_newest_checkpoint_serves_the_newest_that
         ("PolicyActivated", 2),
     ]
     assert "sha256" in outcomes[0][2] and "malformed manifest" in outcomes[1][2]
+
+
+async def gate(log: SqliteEventLog, version: int, decision: str) -> None:
+    """What `orl gate` appends after evaluating `version` (the figures do not matter here)."""
+    event = example_event("PolicyGated")
+    event.update(run_id=RUN, version=version, decision=decision)
+    event["envelope"]["event_id"] = f"gated-{version}"
+    await log.append(TOPIC, OutgoingRecord(value=encode(event), key=RUN.encode()))
+
+
+def test_a_server_behind_the_gate_serves_the_newest_promoted_version_only(tmp_path: Path) -> None:
+    root = tmp_path / "objects"
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        log = SqliteEventLog(tmp_path / "log.db")
+        await log.start()
+        await log.create_topics([TopicSpec(TOPIC, 1), TopicSpec(f"{NAMESPACE}.train_steps", 1)])
+        for version in (1, 2, 3):
+            publish(root, tmp_path, version)
+            await announce(log, root, version)
+        await gate(log, 1, "promoted")
+        await gate(log, 2, "promoted")
+        await gate(log, 3, "held")
+
+        async def follower_run(backend: SwappingBackend, serves: int, promote_after: int | None) -> None:
+            spool = EventSpool(tmp_path / f"spool-{promote_after}.db")
+            recorder = EventRecorder(spool, NAMESPACE, clock_ms=lambda: int(time.time() * 1000))
+            follower = CheckpointFollower(
+                backend, LocalObjectStore(root), recorder, Metrics(), RUN, SERVER, tmp_path / "served",
+                promoted_only=True,
+            )  # fmt: skip
+            following = asyncio.create_task(follower.follow(log, NAMESPACE))
+            try:
+                await until(lambda: backend.loaded[-1:] == [serves])
+                await asyncio.sleep(1.5)  # a poll or two more: v3 is published, but held
+                assert backend.loaded[-1] == serves
+                if promote_after is not None:
+                    publish(root, tmp_path, promote_after)
+                    await announce(log, root, promote_after)
+                    await gate(log, promote_after, "promoted")
+                    await until(lambda: backend.loaded[-1:] == [promote_after])
+            finally:
+                following.cancel()
+                await asyncio.gather(following, return_exceptions=True)
+                spool.close()
+
+        first, restarted = SwappingBackend(), SwappingBackend()
+        await follower_run(first, serves=2, promote_after=4)
+        await follower_run(restarted, serves=4, promote_after=None)  # a restart finds the newest promotion: v4
+        await log.close()
+        return first.loaded, restarted.loaded
+
+    first, restarted = asyncio.run(scenario())
+    assert first == [2, 4]  # v1 passed over for v2 within one read; v3 never
+    assert restarted == [4]

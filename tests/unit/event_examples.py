@@ -292,6 +292,37 @@ def policy_rolled_back() -> dict[str, Any]:
     )
 
 
+def policy_gated() -> dict[str, Any]:
+    answer = {
+        "prompt_id": "sess-9:0",
+        "sample_index": 0,
+        "next_state": "Thanks, that's exactly what I needed.",
+        "relevant": True,
+        "votes": ['{"score": 1, "explanation": "the user thanked the assistant"}'],
+    }
+    return _event(
+        "PolicyGated",
+        "serving.gate/1",
+        run_id="run-1",
+        version=9,
+        baseline_version=8,
+        decision="held",
+        reason="approval 0.25 vs 0.75 of v8: below it by more than the margin 0.10",
+        judge_id="prm",
+        prompt_source="log",
+        margin=0.1,
+        candidate_approval=0.25,
+        baseline_approval=0.75,
+        candidate_relevance=1.0,
+        baseline_relevance=0.5,
+        evaluation_s=12.5,
+        answers=[
+            {**answer, "version": 9, "text": "Sure! **Step 1**", "reward": None},
+            {**answer, "version": 8, "text": "Multiply 3 by 3.", "reward": 1},
+        ],
+    )
+
+
 def policy_activated() -> dict[str, Any]:
     return _event(
         "PolicyActivated",
@@ -345,6 +376,7 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
     "TrainStepCompleted": train_step_completed,
     "CheckpointPublished": checkpoint_published,
     "PolicyRolledBack": policy_rolled_back,
+    "PolicyGated": policy_gated,
     "PolicyActivated": policy_activated,
     "PolicyRejected": policy_rejected,
     "DeadLettered": dead_lettered,

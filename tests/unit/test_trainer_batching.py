@@ -7,6 +7,7 @@ from typing import Any
 
 from connectors.event_log.base import ConsumedRecord, TopicPartition
 from schemas.codec import encode
+from schemas.ids import held_out_session
 from tests.unit.event_examples import sample_ready, sample_rejected
 from trainer.batching import SampleBatcher
 
@@ -74,3 +75,21 @@ def test_top_k_rows_reach_the_training_sample_and_bad_ones_are_malformed() -> No
     (sample,) = batch.samples
     assert sample.teacher_top_ids == ((77, 5), (6, 78), (79, 7))
     assert sample.teacher_top_logprobs == ((-0.25, -2.0), (-0.5, -1.5), (-0.125, -3.0))
+
+
+def test_samples_of_held_out_sessions_are_never_trained() -> None:
+    sessions = [f"session-{i}" for i in range(200)]
+    events = []
+    for index, session in enumerate(sessions):
+        event = ready(f"s{index}")
+        event["envelope"]["session_id"] = session
+        events.append(event)
+    batcher = SampleBatcher(batch_size=1000, max_staleness=-1, holdout_share=0.25)
+    batcher.add(records(*events))
+    batch = batcher.take(current_version=7, partial=True)
+    assert batch is not None
+    held_out = [s for s in sessions if held_out_session(s, 0.25)]
+    assert batch.skipped == {"held_out": len(held_out)}
+    assert 25 <= len(held_out) <= 75  # about a quarter of 200
+    trained = {events[int(sample_id[1:])]["envelope"]["session_id"] for sample_id in batch.sample_ids}
+    assert trained == set(sessions) - set(held_out)

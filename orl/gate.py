@@ -1,0 +1,439 @@
+"""`orl gate`: the promotion gate. A published checkpoint reaches users only once it is promoted.
+
+Reads `checkpoints` (CheckpointPublished, PolicyGated) and `requests` of the namespace, and the
+checkpoints in the object store. Writes PolicyGated (decision promoted or held, with every answer,
+the judge's raw words and the figures) to `checkpoints`. Servers started with --follow-promoted
+activate promoted versions only.
+
+For the newest published version above the promoted one (versions published meanwhile are passed
+over), the gate draws held-out prompts, generates `--gate-samples` answers per prompt with the
+candidate and with the promoted version (the same seeds for both), lets the run's reward judge
+score every answer, and decides with `serving.promotion_rule.gate_decision`. Prompts:
+
+- from the log (default): the newest recorded main turns of held-out sessions (the share
+  `--holdout-share` of sessions the trainer skips, so no version trained on them); the judge sees
+  "(the user ended the session without replying)" as the next state, which an LLM judge answers on
+  the answer's own merits and a rule judge that needs the user's reply cannot score (then relevance
+  alone decides, and the reason says so);
+- from a demo scenario (`--gate-scenario student`): its held-out prompts, and its simulated user
+  replies to each answer, so the demo's rule judge scores the gate's answers as it scores live ones.
+
+The gate's state is the log: on a restart it re-reads `checkpoints` and goes on where it stopped.
+It runs its own model copy on its fair share of the cores (`connectors.compute.CoreBoard`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from connectors.checkpoint_store import MANIFEST_NAME, download_and_verify, read_manifest, version_prefix
+from connectors.compute import CoreBoard, available_cores, resolved_numerics
+from connectors.event_log.base import EventLog, OutgoingRecord
+from connectors.event_log.catalog import create_catalog_topics
+from connectors.event_log.factory import open_event_log
+from connectors.model_files import resolve_model
+from connectors.object_store.base import ObjectStore
+from connectors.object_store.factory import open_object_store
+from connectors.settings import setting
+from orl.demo.scenarios import get_scenario
+from orl.demo.scoring import relevance
+from orl.demo.simulated_user import react
+from pipeline.effects.contract import EffectCall
+from pipeline.effects.judge_stage import JudgeStage
+from pipeline.effects.rule_judges import load_rule_judge
+from pipeline.processors.vote_tally import majority
+from pipeline.runtime.main import judge_configs
+from pipeline.runtime.settings import PipelineSettings
+from schemas.codec import decode, encode
+from schemas.errors import CheckpointError, ConfigError
+from schemas.event_types import PolicyGated, RequestReceived
+from schemas.events import make_event
+from schemas.ids import held_out_session
+from schemas.messages import Message, prompt_text
+from schemas.topics import topic_name
+from serving.policy.base import PolicyBackend, SamplingParams
+from serving.policy.chat_template import ChatTemplate
+from serving.policy.transformers_backend import TransformersBackend
+from serving.promotion_rule import HELD, PROMOTED, gate_decision, score_version
+
+log = logging.getLogger(__name__)
+PRODUCER = "orl.gate/1"
+NO_REPLY = "(the user ended the session without replying)"
+
+
+@dataclass(frozen=True)
+class GateSettings(PipelineSettings):
+    """The pipeline's judge settings (the run's own judge) and the gate's."""
+
+    run_id: str = setting("live", "ORL_RUN_ID", "Training run whose checkpoints are gated.")
+    holdout_share: float = setting(
+        0.0,
+        "ORL_HOLDOUT_SHARE",
+        "Share of sessions held out: the trainer skips them, the gate draws its prompts from them (give "
+        "the trainer the same value; `orl up --gate` does).",
+    )
+    gate_prompts: int = setting(16, "ORL_GATE_PROMPTS", "Held-out prompts per evaluation (the newest).")
+    gate_samples: int = setting(2, "ORL_GATE_SAMPLES", "Answers per prompt and version (paired seeds).")
+    gate_margin: float = setting(
+        0.1,
+        "ORL_GATE_MARGIN",
+        "How far below the promoted version a candidate's approval or relevance may fall and still be promoted.",
+    )
+    gate_scenario: str = setting(
+        "",
+        "ORL_GATE_SCENARIO",
+        "Evaluate on a demo scenario's held-out prompts with its simulated user (student | teacher; "
+        "empty: held-out sessions of the log).",
+    )
+    gate_max_tokens: int = setting(128, "ORL_GATE_MAX_TOKENS", "Longest answer the gate generates.")
+    gate_temperature: float = setting(
+        0.7, "ORL_GATE_TEMPERATURE", "Sampling temperature of the gate's answers."
+    )
+    threads: int = setting(0, "ORL_THREADS", "torch threads while the gate computes alone (0: every core).")
+    precision: str = setting("auto", "ORL_PRECISION", "Numerics: auto | bf16 | fp32.")
+
+
+@dataclass(frozen=True)
+class HeldOutPrompt:
+    prompt_id: str
+    messages: list[Message]
+
+    @property
+    def text(self) -> str:
+        """The last user message: what relevance and a scenario's user read."""
+        users = [m for m in self.messages if m.get("role") == "user"]
+        return prompt_text(users[-1].get("content")) if users else ""
+
+
+NextState = Callable[[HeldOutPrompt, str, int], dict[str, Any]]
+
+
+def no_reply(prompt: HeldOutPrompt, answer: str, sample_index: int) -> dict[str, Any]:
+    return {"role": "environment", "content": NO_REPLY}
+
+
+def scenario_user(name: str) -> NextState:
+    """The demo scenario's simulated user replying to an answer (seeded by prompt and sample)."""
+    scenario = get_scenario(name)
+
+    def reply(prompt: HeldOutPrompt, answer: str, sample_index: int) -> dict[str, Any]:
+        rng = random.Random(f"{prompt.prompt_id}/{sample_index}")
+        return {"role": "user", "content": react(scenario, prompt.text, answer, rng).text}
+
+    return reply
+
+
+def scenario_prompts(name: str, count: int) -> list[HeldOutPrompt]:
+    prompts = get_scenario(name).held_out_prompts[:count]
+    return [HeldOutPrompt(f"{name}:{i}", [{"role": "user", "content": p}]) for i, p in enumerate(prompts)]
+
+
+def answer_seed(prompt_id: str, sample_index: int) -> int:
+    """The sampling seed of one answer: the same for candidate and baseline (a paired comparison)."""
+    return int.from_bytes(hashlib.sha256(f"{prompt_id}\x1f{sample_index}".encode()).digest()[:4], "big")
+
+
+@dataclass
+class GateLog:
+    """What the gate has read: published versions, decisions and held-out prompts of its run."""
+
+    run_id: str
+    holdout_share: float
+    keep: int  # held-out prompts kept: the newest
+    published: set[int] = field(default_factory=set)
+    decided: set[int] = field(default_factory=set)
+    promoted: int = 0
+    held_out: deque[HeldOutPrompt] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.held_out = deque(maxlen=self.keep)
+
+    def read(self, event: dict[str, Any]) -> None:
+        kind = event["envelope"]["event_type"]
+        if kind == "CheckpointPublished" and event["run_id"] == self.run_id:
+            self.published.add(int(event["version"]))
+        elif kind == "PolicyGated" and event["run_id"] == self.run_id:
+            self.decided.add(int(event["version"]))
+            if event["decision"] == PROMOTED:
+                self.promoted = max(self.promoted, int(event["version"]))
+        elif kind == "RequestReceived":
+            request = cast(RequestReceived, event)
+            session_id = request["envelope"].get("session_id") or ""
+            if request["turn_kind"] == "main" and held_out_session(session_id, self.holdout_share):
+                turn_id = request["envelope"].get("turn_id") or request["request_id"]
+                self.held_out.append(HeldOutPrompt(turn_id, json.loads(request["messages_json"])))
+
+    def candidate(self) -> int | None:
+        """The newest published version above the promoted one, if the gate has not decided it."""
+        newest = max(self.published, default=0)
+        return newest if newest > self.promoted and newest not in self.decided else None
+
+
+@dataclass
+class Evaluator:
+    """Generates and judges held-out answers with one version at a time on one model copy."""
+
+    backend: PolicyBackend
+    template: ChatTemplate
+    judge: JudgeStage
+    store: ObjectStore
+    settings: GateSettings
+    base_dir: Path
+    work_dir: Path
+
+    async def load(self, version: int) -> None:
+        if version == self.backend.policy_version:
+            return
+        if version == 0:
+            await self.backend.load_checkpoint(self.base_dir, 0, "full")
+            return
+        key = version_prefix(self.settings.run_id, version) + MANIFEST_NAME
+        dest = self.work_dir / f"{version:08d}"
+        manifest = await asyncio.to_thread(read_manifest, self.store, key)
+        await asyncio.to_thread(download_and_verify, self.store, key, dest, trainer_state=False)
+        await self.backend.load_checkpoint(dest, version, manifest.kind)  # type: ignore[arg-type]
+
+    async def answers(
+        self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState
+    ) -> list[dict[str, Any]]:
+        """Every prompt's answers by `version`, each with its next state, the judge's votes and reward."""
+        await self.load(version)
+        jobs = [(p, i) for p in prompts for i in range(self.settings.gate_samples)]
+        generations = await asyncio.gather(
+            *(
+                self.backend.generate(
+                    self.template.render(prompt.messages),
+                    SamplingParams(
+                        temperature=self.settings.gate_temperature,
+                        max_tokens=self.settings.gate_max_tokens,
+                        seed=answer_seed(prompt.prompt_id, index),
+                    ),
+                )
+                for prompt, index in jobs
+            )
+        )
+        return list(
+            await asyncio.gather(
+                *(
+                    self._judged(version, prompt, index, generation.text, next_state)
+                    for (prompt, index), generation in zip(jobs, generations, strict=True)
+                )
+            )
+        )
+
+    async def _judged(
+        self, version: int, prompt: HeldOutPrompt, index: int, text: str, next_state: NextState
+    ) -> dict[str, Any]:
+        state = next_state(prompt, text, index)
+        view = {
+            **state,
+            "event_id": f"gate:{self.settings.run_id}:{version}:{prompt.prompt_id}:{index}",
+            "turn_id": f"gate:{prompt.prompt_id}:{index}",
+            "session_id": f"gate:{prompt.prompt_id}",
+            "namespace": self.settings.namespace,
+            "occurred_at": int(time.time() * 1000),
+        }
+        config = self.judge.reward_judges[0]
+        votes: list[dict[str, Any]] = []
+        for vote_index in range(config.m):
+            call = EffectCall(
+                "reward",
+                {
+                    "turn": {"messages": prompt.messages, "response_text": text},
+                    "next_state": view,
+                    "vote_index": vote_index,
+                    "judge_id": config.judge_id,
+                },
+            )
+            votes.extend(emit.event for emit in await self.judge.perform(call))
+        reward, reason = majority([vote["score"] for vote in votes])
+        return {
+            "prompt_id": prompt.prompt_id,
+            "version": version,
+            "sample_index": index,
+            "text": text,
+            "next_state": str(state["content"]),
+            "reward": None if reason == "no_valid_votes" else int(reward),
+            "relevant": relevance(prompt.text, text) >= 1.0,
+            "votes": [str(vote["raw_output"]) for vote in votes],
+        }
+
+
+def decide(
+    settings: GateSettings, candidate: int, baseline: int, answers: list[dict[str, Any]], seconds: float
+) -> dict[str, Any]:
+    """The PolicyGated event for the candidate's and the baseline's judged answers."""
+    scores = {
+        version: score_version(
+            [a["reward"] for a in answers if a["version"] == version],
+            [a["relevant"] for a in answers if a["version"] == version],
+        )
+        for version in (candidate, baseline)
+    }
+    decision, reason = gate_decision(scores[candidate], scores[baseline], settings.gate_margin)
+    return gated_event(
+        settings,
+        candidate,
+        baseline,
+        decision,
+        reason,
+        seconds,
+        answers,
+        candidate_approval=scores[candidate].approval,
+        baseline_approval=scores[baseline].approval,
+        candidate_relevance=scores[candidate].relevance,
+        baseline_relevance=scores[baseline].relevance,
+    )
+
+
+def gated_event(
+    settings: GateSettings,
+    candidate: int,
+    baseline: int,
+    decision: str,
+    reason: str,
+    seconds: float,
+    answers: list[dict[str, Any]],
+    **figures: float | None,
+) -> dict[str, Any]:
+    """A PolicyGated event; `figures` are its approvals and relevances (unmeasured: null and 0)."""
+    measured: dict[str, Any] = {
+        "candidate_approval": None,
+        "baseline_approval": None,
+        "candidate_relevance": 0.0,
+        "baseline_relevance": 0.0,
+        **figures,
+    }
+    return make_event(
+        "PolicyGated",
+        id_parts=[settings.run_id, candidate, baseline],
+        namespace=settings.namespace,
+        producer=PRODUCER,
+        occurred_at_ms=int(time.time() * 1000),
+        run_id=settings.run_id,
+        version=candidate,
+        baseline_version=baseline,
+        decision=decision,
+        reason=reason,
+        judge_id=judge_configs(settings)[0][0].judge_id,
+        prompt_source=f"scenario:{settings.gate_scenario}" if settings.gate_scenario else "log",
+        margin=settings.gate_margin,
+        evaluation_s=seconds,
+        answers=answers,
+        **measured,
+    )
+
+
+async def gate_once(
+    evaluator: Evaluator, settings: GateSettings, state: GateLog, candidate: int
+) -> PolicyGated | None:
+    """Evaluate `candidate` against the promoted version; the decision event (None: no prompts yet)."""
+    if settings.gate_scenario:
+        prompts = scenario_prompts(settings.gate_scenario, settings.gate_prompts)
+        next_state = scenario_user(settings.gate_scenario)
+    else:
+        prompts = list(state.held_out)[-settings.gate_prompts :]
+        next_state = no_reply
+    if not prompts:
+        return None
+    started = time.perf_counter()
+    baseline = state.promoted
+    try:
+        answers = await evaluator.answers(baseline, prompts, next_state)
+        answers += await evaluator.answers(candidate, prompts, next_state)
+    except CheckpointError as error:  # a version that cannot be verified or loaded is never promoted
+        reason = f"v{candidate} or v{baseline} cannot be loaded: {error}"
+        return cast(PolicyGated, gated_event(settings, candidate, baseline, HELD, reason, 0.0, []))
+    return cast(PolicyGated, decide(settings, candidate, baseline, answers, time.perf_counter() - started))
+
+
+def check_gate_settings(settings: GateSettings) -> None:
+    held_out_session("", settings.holdout_share)  # its range check
+    if settings.gate_prompts < 1 or settings.gate_samples < 1:
+        raise ConfigError("--gate-prompts and --gate-samples must be >= 1")
+    if settings.gate_margin < 0:
+        raise ConfigError(f"--gate-margin must be >= 0, not {settings.gate_margin}")
+    if settings.gate_scenario:
+        get_scenario(settings.gate_scenario)
+    elif settings.holdout_share == 0:
+        raise ConfigError("the gate draws prompts from held-out sessions: set --holdout-share above 0")
+
+
+async def run_gate_loop(settings: GateSettings, stop: asyncio.Event | None = None) -> None:
+    check_gate_settings(settings)
+    stop = stop or asyncio.Event()
+    rewards, _ = judge_configs(settings)
+    judge_config = rewards[0]
+    judge = JudgeStage(
+        reward_judges=(judge_config,),
+        hint_judge=None,
+        api_key=settings.judge_api_key or settings.api_key,
+        rule_judges={judge_config.judge_id: load_rule_judge(settings.judge)}
+        if judge_config.kind == "rule"
+        else {},
+    )
+    base_dir = resolve_model(settings.model, settings.model_cache_dir)
+    backend = TransformersBackend(
+        base_dir,
+        autocast_dtype=resolved_numerics(settings.precision, "cpu").autocast_dtype,
+        core_board=CoreBoard(settings.data_dir / "cores", settings.threads or available_cores()),
+    )
+    store = open_object_store(
+        settings.effective_store_url(), access_key=settings.s3_access_key, secret_key=settings.s3_secret_key
+    )
+    work_dir = settings.data_dir / "gate"
+    state = GateLog(settings.run_id, settings.holdout_share, keep=settings.gate_prompts)
+    async with open_event_log(settings.effective_log_url()) as event_log:
+        await create_catalog_topics(event_log, settings.namespace, settings.topic_partitions)
+        await backend.start()
+        evaluator = Evaluator(
+            backend, ChatTemplate.from_dir(base_dir), judge, store, settings, base_dir, work_dir
+        )
+        try:
+            await follow(event_log, settings, state, evaluator, stop)
+        finally:
+            await backend.close()
+            await judge.close()
+
+
+async def follow(
+    event_log: EventLog, settings: GateSettings, state: GateLog, evaluator: Evaluator, stop: asyncio.Event
+) -> None:
+    topics = [topic_name(settings.namespace, name) for name in ("checkpoints", "requests")]
+    out = topic_name(settings.namespace, "checkpoints")
+    async with event_log.consumer(f"{settings.namespace}.gate-{uuid.uuid4().hex[:8]}", topics) as consumer:
+        await consumer.seek_to_beginning()
+        while not stop.is_set():
+            records = await consumer.poll(max_records=1000, timeout_s=1.0)
+            for record in records:
+                state.read(decode(record.value))
+            candidate = state.candidate()
+            if records or candidate is None:
+                continue  # decide once caught up: a newer version may be waiting behind these records
+            event = await gate_once(evaluator, settings, state, candidate)
+            if event is None:
+                continue
+            await event_log.append(
+                out, OutgoingRecord(value=encode(dict(event)), key=settings.run_id.encode())
+            )
+            state.read(dict(event))
+            log.info(
+                "v%d %s against v%d in %.1f s: %s",
+                candidate, event["decision"], event["baseline_version"], event["evaluation_s"], event["reason"],
+            )  # fmt: skip
+
+
+def run_gate(settings: GateSettings) -> int:
+    asyncio.run(run_gate_loop(settings))
+    return 0

@@ -1,0 +1,61 @@
+"""The promotion gate's pure parts: which sessions are held out, how answers are scored, what is decided.
+
+A candidate version is compared with the promoted one (the baseline) on the same held-out prompts,
+with the same sampling seeds. Each answer gets the run's reward judge's majority verdict (+1, 0, -1
+or none) and a relevance flag (it mentions a content word of the prompt). Per version:
+
+- approval: the share of answers judged +1 among those the judge took a side on (+1 or -1); None
+  when it took a side on none (a rule judge that needs a user's reply, shown no reply);
+- relevance: the share of relevant answers.
+
+The candidate is promoted unless it falls below the baseline by more than the margin on approval
+(when both have one) or on relevance. The held-out sessions are `schemas.ids.held_out_session`'s.
+Reads and writes no topics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PROMOTED, HELD = "promoted", "held"
+
+
+@dataclass(frozen=True)
+class VersionScore:
+    """One version's figures on the held-out answers."""
+
+    answers: int
+    decisive: int  # answers the judge rewarded +1 or -1
+    approval: float | None
+    relevance: float
+
+
+def score_version(rewards: Sequence[int | None], relevant: Sequence[bool]) -> VersionScore:
+    """A version's approval and relevance from its answers' rewards and relevance flags (same order)."""
+    if len(rewards) != len(relevant) or not rewards:
+        raise ValueError(
+            f"need one relevance flag per answer, got {len(rewards)} rewards, {len(relevant)} flags"
+        )
+    decisive = [reward for reward in rewards if reward in (1, -1)]
+    approval = sum(1 for reward in decisive if reward == 1) / len(decisive) if decisive else None
+    return VersionScore(len(rewards), len(decisive), approval, sum(relevant) / len(relevant))
+
+
+def gate_decision(candidate: VersionScore, baseline: VersionScore, margin: float) -> tuple[str, str]:
+    """(PROMOTED or HELD, the reason in words)."""
+    falls: list[str] = []
+    figures: list[str] = []
+    if candidate.approval is not None and baseline.approval is not None:
+        figures.append(f"approval {candidate.approval:.2f} vs {baseline.approval:.2f}")
+        if candidate.approval < baseline.approval - margin:
+            falls.append("approval")
+    else:
+        figures.append("approval not comparable (the judge took no side on one version's answers)")
+    figures.append(f"relevance {candidate.relevance:.2f} vs {baseline.relevance:.2f}")
+    if candidate.relevance < baseline.relevance - margin:
+        falls.append("relevance")
+    said = "; ".join(figures)
+    if falls:
+        return HELD, f"{said}: {' and '.join(falls)} below the baseline by more than the margin {margin:.2f}"
+    return PROMOTED, f"{said}: within the margin {margin:.2f} or better"

@@ -1,0 +1,61 @@
+"""The promotion gate's decision (serving.promotion_rule) and the held-out split (schemas.ids)."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.errors import ConfigError
+from schemas.ids import held_out_session
+from serving.promotion_rule import HELD, PROMOTED, VersionScore, gate_decision, score_version
+
+
+def test_approval_counts_only_the_answers_the_judge_took_a_side_on() -> None:
+    score = score_version([1, 1, -1, 0, None, 1], [True, True, False, True, True, False])
+    assert score == VersionScore(answers=6, decisive=4, approval=0.75, relevance=4 / 6)
+    assert score_version([0, None], [True, False]).approval is None
+
+
+def test_one_relevance_flag_per_answer_is_required() -> None:
+    with pytest.raises(ValueError, match="one relevance flag per answer"):
+        score_version([1, -1], [True])
+    with pytest.raises(ValueError):
+        score_version([], [])
+
+
+def test_a_candidate_within_the_margin_is_promoted_and_one_below_it_held() -> None:
+    baseline = VersionScore(16, 16, approval=0.50, relevance=1.0)
+    slightly_worse = VersionScore(16, 16, approval=0.44, relevance=0.94)
+    assert gate_decision(slightly_worse, baseline, margin=0.1)[0] == PROMOTED
+    decision, reason = gate_decision(VersionScore(16, 16, 0.25, 1.0), baseline, margin=0.1)
+    assert decision == HELD
+    assert (
+        reason
+        == "approval 0.25 vs 0.50; relevance 1.00 vs 1.00: approval below the baseline by more than the margin 0.10"
+    )
+
+
+def test_relevance_alone_holds_a_candidate_that_the_judge_cannot_score() -> None:
+    """A rule judge that needs the user's reply takes no side on the gate's answers: relevance decides."""
+    baseline = VersionScore(8, 0, approval=None, relevance=0.9)
+    decision, reason = gate_decision(VersionScore(8, 0, None, 0.5), baseline, margin=0.1)
+    assert decision == HELD and "approval not comparable" in reason and "relevance below" in reason
+    assert gate_decision(VersionScore(8, 0, None, 0.9), baseline, margin=0.1)[0] == PROMOTED
+
+
+def test_a_better_candidate_is_promoted_with_its_figures() -> None:
+    decision, reason = gate_decision(VersionScore(8, 8, 0.9, 1.0), VersionScore(8, 8, 0.2, 0.8), margin=0.0)
+    assert (decision, reason) == (
+        PROMOTED,
+        "approval 0.90 vs 0.20; relevance 1.00 vs 0.80: within the margin 0.00 or better",
+    )
+
+
+def test_the_held_out_split_is_stable_and_sized_by_its_share() -> None:
+    sessions = [f"s{i}" for i in range(4000)]
+    tenth = [s for s in sessions if held_out_session(s, 0.1)]
+    assert 320 <= len(tenth) <= 480
+    assert tenth == [s for s in sessions if held_out_session(s, 0.1)]
+    assert set(tenth) <= {s for s in sessions if held_out_session(s, 0.3)}  # a larger share keeps them
+    assert not any(held_out_session(s, 0.0) for s in sessions)
+    with pytest.raises(ConfigError, match="held-out share"):
+        held_out_session("s", 1.0)
