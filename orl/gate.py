@@ -32,7 +32,8 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -97,6 +98,9 @@ class GateSettings(PipelineSettings):
         "empty: held-out sessions of the log).",
     )
     gate_max_tokens: int = setting(128, "ORL_GATE_MAX_TOKENS", "Longest answer the gate generates.")
+    gate_seed: int = setting(
+        0, "ORL_GATE_SEED", "Seed of the gate's sampling (with the prompt and sample index)."
+    )
     gate_temperature: float = setting(
         0.7, "ORL_GATE_TEMPERATURE", "Sampling temperature of the gate's answers."
     )
@@ -139,9 +143,10 @@ def scenario_prompts(name: str, count: int) -> list[HeldOutPrompt]:
     return [HeldOutPrompt(f"{name}:{i}", [{"role": "user", "content": p}]) for i, p in enumerate(prompts)]
 
 
-def answer_seed(prompt_id: str, sample_index: int) -> int:
+def answer_seed(prompt_id: str, sample_index: int, seed: int) -> int:
     """The sampling seed of one answer: the same for candidate and baseline (a paired comparison)."""
-    return int.from_bytes(hashlib.sha256(f"{prompt_id}\x1f{sample_index}".encode()).digest()[:4], "big")
+    digest = hashlib.sha256(f"{prompt_id}\x1f{sample_index}\x1f{seed}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
 
 
 @dataclass
@@ -191,6 +196,8 @@ class Evaluator:
     settings: GateSettings
     base_dir: Path
     work_dir: Path
+    # the last two answer sets (by version and prompts): a baseline is evaluated once for its candidates
+    kept: dict[tuple[int, tuple[str, ...]], list[dict[str, Any]]] = field(default_factory=dict)
 
     async def load(self, version: int) -> None:
         if version == self.backend.policy_version:
@@ -207,7 +214,18 @@ class Evaluator:
     async def answers(
         self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState
     ) -> list[dict[str, Any]]:
-        """Every prompt's answers by `version`, each with its next state, the judge's votes and reward."""
+        """Every prompt's answers by `version`, each with its next state, the judge's votes and reward.
+        The last two calls' answers are kept: a baseline is evaluated once for a run of candidates."""
+        key = (version, tuple(prompt.prompt_id for prompt in prompts))
+        if key not in self.kept:
+            self.kept[key] = await self._answers(version, prompts, next_state)
+            while len(self.kept) > 2:
+                del self.kept[next(iter(self.kept))]
+        return self.kept[key]
+
+    async def _answers(
+        self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState
+    ) -> list[dict[str, Any]]:
         await self.load(version)
         jobs = [(p, i) for p in prompts for i in range(self.settings.gate_samples)]
         generations = await asyncio.gather(
@@ -217,7 +235,7 @@ class Evaluator:
                     SamplingParams(
                         temperature=self.settings.gate_temperature,
                         max_tokens=self.settings.gate_max_tokens,
-                        seed=answer_seed(prompt.prompt_id, index),
+                        seed=answer_seed(prompt.prompt_id, index, self.settings.gate_seed),
                     ),
                 )
                 for prompt, index in jobs
@@ -350,8 +368,10 @@ async def gate_once(
     started = time.perf_counter()
     baseline = state.promoted
     try:
-        answers = await evaluator.answers(baseline, prompts, next_state)
-        answers += await evaluator.answers(candidate, prompts, next_state)
+        answers = [
+            *await evaluator.answers(baseline, prompts, next_state),
+            *await evaluator.answers(candidate, prompts, next_state),
+        ]
     except CheckpointError as error:  # a version that cannot be verified or loaded is never promoted
         reason = f"v{candidate} or v{baseline} cannot be loaded: {error}"
         return cast(PolicyGated, gated_event(settings, candidate, baseline, HELD, reason, 0.0, []))
@@ -370,18 +390,17 @@ def check_gate_settings(settings: GateSettings) -> None:
         raise ConfigError("the gate draws prompts from held-out sessions: set --holdout-share above 0")
 
 
-async def run_gate_loop(settings: GateSettings, stop: asyncio.Event | None = None) -> None:
+@asynccontextmanager
+async def running_evaluator(settings: GateSettings) -> AsyncIterator[Evaluator]:
+    """The gate's model copy (started on the base model) and the run's reward judge."""
     check_gate_settings(settings)
-    stop = stop or asyncio.Event()
-    rewards, _ = judge_configs(settings)
-    judge_config = rewards[0]
+    (judge_config, *_), _ = judge_configs(settings)
+    rule = {judge_config.judge_id: load_rule_judge(settings.judge)} if judge_config.kind == "rule" else {}
     judge = JudgeStage(
         reward_judges=(judge_config,),
         hint_judge=None,
         api_key=settings.judge_api_key or settings.api_key,
-        rule_judges={judge_config.judge_id: load_rule_judge(settings.judge)}
-        if judge_config.kind == "rule"
-        else {},
+        rule_judges=rule,
     )
     base_dir = resolve_model(settings.model, settings.model_cache_dir)
     backend = TransformersBackend(
@@ -392,19 +411,24 @@ async def run_gate_loop(settings: GateSettings, stop: asyncio.Event | None = Non
     store = open_object_store(
         settings.effective_store_url(), access_key=settings.s3_access_key, secret_key=settings.s3_secret_key
     )
-    work_dir = settings.data_dir / "gate"
+    await backend.start()
+    try:
+        template = ChatTemplate.from_dir(base_dir)
+        yield Evaluator(backend, template, judge, store, settings, base_dir, settings.data_dir / "gate")
+    finally:
+        await backend.close()
+        await judge.close()
+
+
+async def run_gate_loop(settings: GateSettings, stop: asyncio.Event | None = None) -> None:
+    """`orl gate`: decide every newest published version, until `stop` is set."""
     state = GateLog(settings.run_id, settings.holdout_share, keep=settings.gate_prompts)
-    async with open_event_log(settings.effective_log_url()) as event_log:
+    async with (
+        running_evaluator(settings) as evaluator,
+        open_event_log(settings.effective_log_url()) as event_log,
+    ):
         await create_catalog_topics(event_log, settings.namespace, settings.topic_partitions)
-        await backend.start()
-        evaluator = Evaluator(
-            backend, ChatTemplate.from_dir(base_dir), judge, store, settings, base_dir, work_dir
-        )
-        try:
-            await follow(event_log, settings, state, evaluator, stop)
-        finally:
-            await backend.close()
-            await judge.close()
+        await follow(event_log, settings, state, evaluator, stop or asyncio.Event())
 
 
 async def follow(

@@ -15,8 +15,9 @@ For every policy version that served a turn (0 is the base model):
   mean **words** (judged answers only: a client's closing turn that no one judges says little);
 - **KL** to the base: the trainer's KL at the step that made the version;
 - **activations** and **refusals** of the version by servers and the trainer (PolicyActivated,
-  PolicyRejected), and whether the trainer **rolled it back** (PolicyRolledBack: judged worse than
-  its parent, whose weights were republished as a new version).
+  PolicyRejected), the promotion **gate**'s decision (PolicyGated: promoted or held, with its
+  figures), and whether the trainer **rolled it back** (PolicyRolledBack: judged worse than its
+  parent, whose weights were republished as a new version).
 
 With `--scenario student|teacher` the side turns (the demo's held-out evaluation asks its prompts as
 side turns) are scored per version with that scenario's scorer, with the demo's intervals: the
@@ -88,6 +89,7 @@ class VersionFigures:
     activations: int = 0
     refusals: list[str] = field(default_factory=list)
     rolled_back: str | None = None  # "to vP as vN (approval a vs b)"
+    gate: str | None = None  # the promotion gate's last decision: "promoted against v0: <reason>"
     held_out_samples: int = 0
     held_out_score: Interval | None = None
     held_out_relevance: float | None = None
@@ -170,6 +172,10 @@ def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = N
     for step in events.get("train_steps", []):
         of(int(step["policy_version"])).kl = float(step["kl"])
     for rolled in events.get("checkpoints", []):
+        if rolled["envelope"]["event_type"] == "PolicyGated":
+            of(
+                int(rolled["version"])
+            ).gate = f"{rolled['decision']} against v{rolled['baseline_version']}: {rolled['reason']}"
         if rolled["envelope"]["event_type"] == "PolicyRolledBack":
             of(int(rolled["new_version"]))
             of(int(rolled["from_version"])).rolled_back = (
@@ -218,7 +224,7 @@ def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str) -
         "words",
         "KL",
     ]
-    header += ["activations", "refusals"] + (
+    header += ["gate", "activations", "refusals"] + (
         ["held-out score [95% CI]", "held-out relevance"] if held else []
     )
     lines = [
@@ -244,6 +250,7 @@ def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str) -
             _cell(r.relevance),
             _cell(r.words, 0),
             _cell(r.kl, 3),
+            "-" if r.gate is None else r.gate.split(" ", 1)[0],
             str(r.activations),
             str(len(r.refusals)),
         ]
@@ -253,6 +260,9 @@ def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str) -
     refusals = [(r.version, reason) for r in rows for reason in r.refusals]
     if refusals:
         lines += ["", "Refusals:", ""] + [f"- v{version}: {reason}" for version, reason in refusals]
+    gated = [(r.version, r.gate) for r in rows if r.gate]
+    if gated:
+        lines += ["", "Promotion gate:", ""] + [f"- v{version} {what}" for version, what in gated]
     rollbacks = [(r.version, r.rolled_back) for r in rows if r.rolled_back]
     if rollbacks:
         lines += ["", "Rollbacks:", ""] + [f"- v{version} rolled back {what}" for version, what in rollbacks]

@@ -14,7 +14,7 @@ vanish; on SmolLM2 at T = 0.7 the policy moved about 7x less per step (k3 KL aft
 0.005 against 0.038 at 1.0), which is most of what separated the demo from its CPU prototype.
 
 Advantages per sample method (DESIGN.md "Methods"):
-- binary: A_t = r (no OPD term even if teacher logprobs are present);
+- binary: A_t = w_rl * r (no OPD term even if teacher logprobs are present; w_rl is 1 unless set);
 - opd: A_t = teacher_t - old_t (no reward term);
 - combined: A_t = w_opd * (teacher_t - old_t) + w_rl * r, each term only when the sample has it.
 
@@ -79,7 +79,7 @@ def method_weights(samples: Sequence[TrainingSample], config: LossConfig) -> tup
         has_teacher, has_reward = s.teacher_logprobs is not None, s.reward is not None
         if s.method == "binary":
             opd_w.append(0.0)
-            rl_w.append(1.0 if has_reward else 0.0)
+            rl_w.append(config.w_rl if has_reward else 0.0)
         elif s.method == "opd":
             opd_w.append(1.0 if has_teacher else 0.0)
             rl_w.append(0.0)

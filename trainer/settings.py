@@ -103,7 +103,12 @@ class TrainSettings(ConnectionSettings):
     eps_low: float = setting(0.2, "ORL_TRAIN_EPS_LOW", "PPO clip below: ratio >= 1 - eps-low.")
     eps_high: float = setting(0.28, "ORL_TRAIN_EPS_HIGH", "PPO clip above: ratio <= 1 + eps-high.")
     w_opd: float = setting(1.0, "ORL_TRAIN_W_OPD", "Weight of teacher - old in the combined advantage.")
-    w_rl: float = setting(1.0, "ORL_TRAIN_W_RL", "Weight of the reward in the combined advantage.")
+    w_rl: float = setting(
+        1.0,
+        "ORL_TRAIN_W_RL",
+        "Weight of the reward in the binary and combined advantage (-1 trains on inverted rewards: a test of "
+        "the promotion gate).",
+    )
     center_rewards: bool = setting(
         False, "ORL_TRAIN_CENTER_REWARDS", "Subtract the batch-mean reward (a baseline) before training."
     )

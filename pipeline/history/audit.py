@@ -34,6 +34,7 @@ from schemas.event_types import (
     HintVoteCast,
     JudgeVoteCast,
     PolicyActivated,
+    PolicyGated,
     PolicyRejected,
     ResponseGenerated,
     TrainStepCompleted,
@@ -218,6 +219,18 @@ async def _served(index: AuditIndex, fetch: EventFetcher, version: int, run_id: 
             for e in [
                 cast(PolicyRejected, await fetch.get(index, rid))
                 for rid in index.by_version(version, "refused", run_id)
+            ]
+        ],
+        "gate": [
+            {
+                "event_id": e["envelope"]["event_id"],
+                "decision": e["decision"],
+                "baseline_version": e["baseline_version"],
+                "reason": e["reason"],
+            }
+            for e in [
+                cast(PolicyGated, await fetch.get(index, gid))
+                for gid in index.by_version(version, "gated", run_id)
             ]
         ],
         "first": [
@@ -428,5 +441,8 @@ def _render_step(add: Any, step: dict[str, Any], indent: int) -> None:
                     f"activated {served['activations']} times")  # fmt: skip
     for refusal in served["refusals"]:
         add(indent + 1, f"refused by {refusal['by']} ({refusal['event_id']}): {refusal['reason']}")
+    for gated in served["gate"]:
+        add(indent + 1, f"{gated['decision']} by the gate against v{gated['baseline_version']} "
+                        f"({gated['event_id']}): {gated['reason']}")  # fmt: skip
     for r in served["first"]:
         add(indent + 2, f"{r['turn_id']} {r['event_id']}: {r['text']}")

@@ -85,6 +85,8 @@ def _version_row(event: dict[str, Any]) -> tuple[int, str, str] | None:
         return int(event["version"]), "activated", event["run_id"]
     if kind == "PolicyRejected":
         return int(event["version"]), "refused", event["run_id"]
+    if kind == "PolicyGated":
+        return int(event["version"]), "gated", event["run_id"]
     return None
 
 

@@ -64,6 +64,10 @@ def events() -> dict[str, list[dict[str, Any]]]:
                 "envelope": {"event_type": "PolicyRolledBack"}, "from_version": 1, "to_version": 0,
                 "new_version": 3, "window": 4, "from_approval": 0.25, "to_approval": 0.75,
             },
+            {
+                "envelope": {"event_type": "PolicyGated"}, "version": 1, "baseline_version": 0,
+                "decision": "promoted", "reason": "approval 0.75 vs 0.50; relevance 1.00 vs 0.50: within the margin 0.10 or better",
+            },
         ],
         "policy_activations": [
             {"envelope": {"event_type": "PolicyActivated"}, "version": 1, "server_id": "serve-0"},
@@ -84,6 +88,10 @@ def test_each_version_gets_its_approval_relevance_feedback_kl_and_refusals() -> 
     assert (v1.kl, v1.activations, v1.held_out_score) == (0.05, 1, None)  # no scorer: side turns unscored
     assert (v2.main_turns, v2.refusals) == (0, ["trainer: sha256 mismatch"])
     assert v1.rolled_back == "to v0 as v3 (approval 0.25 vs 0.75 over 4 turns)" and v0.rolled_back is None
+    assert v1.gate is not None and v1.gate.startswith("promoted against v0: approval 0.75 vs 0.50")
+    assert v0.gate is None
+    table = render_markdown("ns", [v0, v1, v2, v3], scenario="")
+    assert "| promoted |" in table and "- v1 promoted against v0: approval 0.75" in table
 
 
 def test_side_turns_are_scored_per_prompt_with_the_given_scorer() -> None:

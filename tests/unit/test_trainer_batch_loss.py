@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from connectors.event_log.base import TopicPartition
-from trainer.batch_loss import LossConfig, batch_loss
+from trainer.batch_loss import LossConfig, batch_loss, method_weights
 from trainer.batching import TrainingSample
 from trainer.logprobs import response_logprobs
 from trainer.policy_model import PolicyModel
@@ -139,3 +139,11 @@ def test_the_student_top_k_is_at_the_sample_temperature_even_with_a_train_temper
     same = replace(same, teacher_top_logprobs=tuple(map(tuple, own.tolist())))
     config = LossConfig(autocast=False, beta_kl=0.0, opd_loss="topk", train_temperature=1.0)
     assert abs(batch_loss(policy, [same], config).distill_kl) < 1e-6  # teacher == student at T = 0.7
+
+
+def test_w_rl_weighs_the_binary_reward_and_minus_one_inverts_it() -> None:
+    binary = TrainingSample(
+        "s1", "binary", PROMPT, RESPONSE, (-1.0, -1.0, -1.0), 0.7, 1.0, None, 0, TopicPartition("t", 0), 1
+    )
+    weights = [method_weights([binary], LossConfig(w_rl=w_rl))[1].tolist() for w_rl in (1.0, -1.0, 0.5)]
+    assert weights == [[1.0], [-1.0], [0.5]]

@@ -1,0 +1,139 @@
+"""The promotion gate's accuracy and cost: is a version trained on the user's rewards promoted, and one
+trained on inverted rewards held?
+
+1. Trains two runs of `orl demo --methods binary` on the student scenario for --steps steps: as
+   shipped, and with ORL_TRAIN_W_RL=-1 (every reward inverted: the trainer learns what the simulated
+   user rejects).
+2. Gates each run's last version against the base model --tries times, each try with other sampling
+   seeds (ORL_GATE_SEED), exactly as `orl gate --gate-scenario student --judge user_reply` decides:
+   the scenario's held-out prompts, its simulated user's reply to every answer, the demo's rule judge.
+3. Prints one row per try (decision, approvals, relevances, seconds, the share of the cores the gate
+   used) and the counts the issue's target asks for.
+
+    .venv/bin/python benchmarks/bench_gate.py --out /tmp/bench-gate --steps 8 --tries 10
+
+Reads and writes only the demo's data folders under --out (and the gate's downloads there). The
+committed table: benchmarks/RESULTS-gate.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from connectors.checkpoint_store import complete_versions
+from connectors.compute import available_cores, cpu_model_name
+from connectors.object_store.local_store import LocalObjectStore
+from orl.gate import GateLog, GateSettings, gate_once, running_evaluator
+
+RUNS = {"shipped": {}, "inverted": {"ORL_TRAIN_W_RL": "-1"}}
+DEMO_MAX_TOKENS = 96  # the demo's default: the gate answers as the demo's server does
+
+
+def train(name: str, args: argparse.Namespace) -> tuple[Path, str]:
+    """One `orl demo` binary run (or the one already in --out); its data folder and namespace."""
+    data_dir = args.out / name
+    results_file = data_dir / "report" / "results.json"
+    if not results_file.exists():
+        command = [
+            sys.executable, "-m", "orl.cli", "demo", "--data-dir", str(data_dir), "--out-dir", str(data_dir / "report"),
+            "--methods", "binary", "--steps", str(args.steps), "--eval-every", str(args.steps),
+            "--scenario", "student", "--port", str(args.port), "--max-tokens", str(DEMO_MAX_TOKENS),
+        ]  # fmt: skip
+        print(f"== training {name} {RUNS[name] or ''}: {' '.join(command[2:])}", flush=True)
+        started = time.perf_counter()
+        with open(args.out / f"{name}.log", "w") as log:
+            done = subprocess.run(
+                command, env={**os.environ, **RUNS[name]}, stdout=log, stderr=subprocess.STDOUT, check=False
+            )
+        if done.returncode != 0:
+            raise SystemExit(f"run {name} failed (exit {done.returncode}); see {args.out / f'{name}.log'}")
+        print(f"   took {time.perf_counter() - started:.0f} s", flush=True)
+    results = json.loads(results_file.read_text())
+    (namespace,) = results["namespaces"]["binary"].values()
+    return data_dir, namespace
+
+
+async def gate_tries(
+    name: str, data_dir: Path, namespace: str, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    settings = GateSettings(
+        data_dir=data_dir, namespace=namespace, run_id=namespace, judge="user_reply", gate_scenario="student",
+        gate_prompts=args.gate_prompts, gate_samples=args.gate_samples, gate_max_tokens=DEMO_MAX_TOKENS,
+    )  # fmt: skip
+    candidate = complete_versions(LocalObjectStore(data_dir / "objects"), namespace)[-1]
+    rows: list[dict[str, Any]] = []
+    async with running_evaluator(settings) as evaluator:
+        for seed in range(args.tries):
+            tried = dataclasses.replace(settings, gate_seed=seed)
+            state = GateLog(namespace, 0.0, keep=1)  # the base model is promoted: v0
+            started_wall, started_cpu = time.perf_counter(), time.process_time()
+            event = await gate_once(
+                dataclasses.replace(evaluator, settings=tried, kept={}), tried, state, candidate
+            )
+            wall, cpu = time.perf_counter() - started_wall, time.process_time() - started_cpu
+            assert event is not None
+            rows.append(
+                {
+                    "run": name, "version": candidate, "seed": seed, "decision": event["decision"],
+                    "candidate_approval": event["candidate_approval"], "baseline_approval": event["baseline_approval"],
+                    "candidate_relevance": event["candidate_relevance"], "baseline_relevance": event["baseline_relevance"],
+                    "seconds": wall, "core_share": cpu / wall / available_cores(),
+                }
+            )  # fmt: skip
+            row = rows[-1]
+            print(
+                f"| {name} | v{candidate} | {seed} | {row['decision']} | {_fmt(row['candidate_approval'])} vs "
+                f"{_fmt(row['baseline_approval'])} | {row['candidate_relevance']:.2f} vs {row['baseline_relevance']:.2f} "
+                f"| {wall:.1f} | {row['core_share']:.2f} |",
+                flush=True,
+            )
+    return rows
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench-gate"))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--tries", type=int, default=10)
+    parser.add_argument("--gate-prompts", type=int, default=16)
+    parser.add_argument("--gate-samples", type=int, default=2)
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"# bench_gate {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_model_name()}, "
+          f"{available_cores()} cores; load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+    trained = {name: train(name, args) for name in RUNS}
+    print("\n| run | version | seed | decision | approval (candidate vs base) | relevance | s | core share |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = [
+        row
+        for name, (data_dir, ns) in trained.items()
+        for row in asyncio.run(gate_tries(name, data_dir, ns, args))
+    ]
+    promoted = sum(r["decision"] == "promoted" for r in rows if r["run"] == "shipped")
+    held = sum(r["decision"] == "held" for r in rows if r["run"] == "inverted")
+    seconds = sorted(r["seconds"] for r in rows)
+    print(f"\nshipped promoted in {promoted} of {args.tries}; inverted held in {held} of {args.tries}; "
+          f"evaluation {seconds[len(seconds) // 2]:.1f} s median ({seconds[0]:.1f}-{seconds[-1]:.1f}), "
+          f"{args.gate_prompts} prompts x {args.gate_samples} answers x 2 versions")  # fmt: skip
+    (args.out / "results.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
