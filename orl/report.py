@@ -21,13 +21,16 @@ For every policy version that served a turn (0 is the base model):
 
 With `--scenario student|teacher` the side turns (the demo's held-out evaluation asks its prompts as
 side turns) are scored per version with that scenario's scorer, with the demo's intervals: the
-demo's own table rebuilt from its log alone.
+demo's own table rebuilt from its log alone. With `--metrics-port` the same figures are Prometheus
+gauges for a dashboard (`orl_report_approval{version, bound}`, `orl_report_relevance{version}`, ...),
+refreshed from the log every `--refresh-s`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,9 +39,11 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from prometheus_client import start_http_server
 
 from connectors.event_log.factory import open_event_log
 from connectors.event_log.reading import read_to_end
+from connectors.metrics import Metrics
 from connectors.settings import ConnectionSettings, setting
 from orl.demo.scenarios import get_scenario
 from orl.demo.scoring import bootstrap_ci, relevance, word_count
@@ -63,6 +68,13 @@ class ReportSettings(ConnectionSettings):
         "ORL_REPORT_SCENARIO",
         "Also score the side turns per version with this demo scenario's scorer (student | teacher).",
     )
+    metrics_port: int = setting(
+        0,
+        "ORL_REPORT_METRICS_PORT",
+        "Keep running and serve the figures as Prometheus gauges orl_report_<figure>{version} on "
+        "127.0.0.1:PORT/metrics, re-reading the log every --refresh-s (0: write the report once and exit).",
+    )
+    refresh_s: float = setting(30.0, "ORL_REPORT_REFRESH_S", "With --metrics-port: seconds between re-reads.")
 
 
 @dataclass(frozen=True)
@@ -308,8 +320,33 @@ async def read_report_events(log_url: str, namespace: str) -> dict[str, list[Eve
         return events
 
 
-def run_report(settings: ReportSettings) -> int:
-    """Entry point of `orl report`."""
+# VersionFigures field -> the Prometheus gauge `orl_report_<name>{version}` it is exported as
+METRIC_FIELDS = (
+    "main_turns", "judged_turns", "neutral_turns", "feedback_turns", "satisfied", "relevance", "words", "kl",
+    "activations", "held_out_samples", "held_out_relevance",
+)  # fmt: skip
+
+
+def export_metrics(rows: Sequence[VersionFigures], metrics: Metrics) -> None:
+    """The report's figures as gauges labelled by version (a figure the log cannot give is left out)."""
+    for row in rows:
+        version = str(row.version)
+        for name in METRIC_FIELDS:
+            value = getattr(row, name)
+            if value is not None:
+                metrics.set(f"report_{name}", float(value), version=version)
+        for name, interval in (("approval", row.approval), ("held_out_score", row.held_out_score)):
+            if interval is not None:
+                for bound, value in (("mean", interval.mean), ("low", interval.low), ("high", interval.high)):
+                    metrics.set(f"report_{name}", value, version=version, bound=bound)
+        metrics.set("report_refusals", float(len(row.refusals)), version=version)
+        metrics.set("report_rolled_back", float(row.rolled_back is not None), version=version)
+        if row.gate is not None:
+            metrics.set("report_promoted", float(row.gate.startswith("promoted")), version=version)
+
+
+def report_once(settings: ReportSettings) -> list[VersionFigures]:
+    """Read the namespace, write report.md, .json and .png, and return the rows."""
     scorer = None
     if settings.scenario:
         scenario_scorer = get_scenario(settings.scenario).scorer
@@ -323,6 +360,22 @@ def run_report(settings: ReportSettings) -> int:
     (settings.out_dir / "report.md").write_text(table)
     (settings.out_dir / "report.json").write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     plot_report(settings.namespace, rows, settings.out_dir / "report.png")
-    print(table, end="")
+    return rows
+
+
+def run_report(settings: ReportSettings) -> int:
+    """Entry point of `orl report`: once, or with --metrics-port, again every --refresh-s, forever."""
+    rows = report_once(settings)
+    print((settings.out_dir / "report.md").read_text(), end="")
     print(f"wrote {settings.out_dir / 'report.md'}, report.json and report.png")
-    return 0
+    if not settings.metrics_port:
+        return 0
+    metrics = Metrics()
+    export_metrics(rows, metrics)
+    start_http_server(settings.metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    print(
+        f"metrics at http://127.0.0.1:{settings.metrics_port}/metrics, refreshed every {settings.refresh_s:g} s"
+    )
+    while True:
+        time.sleep(settings.refresh_s)
+        export_metrics(report_once(settings), metrics)

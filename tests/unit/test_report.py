@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from orl.report import render_markdown, version_figures
+from connectors.metrics import Metrics
+from orl.report import export_metrics, render_markdown, version_figures
 
 
 def turn(
@@ -103,3 +104,18 @@ def test_side_turns_are_scored_per_prompt_with_the_given_scorer() -> None:
     assert "| 1 | 2 | 1 | 1.00 [1.00, 1.00] | 0 | 1.00 (1) |" in table
     assert "- v2: trainer: sha256 mismatch" in table
     assert "- v1 rolled back to v0 as v3" in table
+
+
+def test_the_figures_are_exported_as_gauges_per_version() -> None:
+    metrics = Metrics()
+    export_metrics(version_figures(events()), metrics)
+    value = metrics.registry.get_sample_value
+    assert value("orl_report_approval", {"version": "0", "bound": "mean"}) == pytest.approx(0.5)
+    assert value("orl_report_judged_turns", {"version": "0"}) == 2.0
+    assert value("orl_report_kl", {"version": "1"}) == 0.05
+    assert value("orl_report_kl", {"version": "0"}) is None  # no step made v0: no figure, not a zero
+    assert value("orl_report_promoted", {"version": "1"}) == 1.0
+    assert value("orl_report_rolled_back", {"version": "1"}) == 1.0
+    assert value("orl_report_refusals", {"version": "2"}) == 1.0
+    export_metrics(version_figures(events()), metrics)  # a refresh sets the same gauges again
+    assert value("orl_report_judged_turns", {"version": "0"}) == 2.0
