@@ -60,6 +60,7 @@ from trainer.batch_loss import LossConfig, batch_loss
 from trainer.batching import Batch, SampleBatcher
 from trainer.core_sharing import fit_threads_every_layer
 from trainer.flush_request import FlushRequest
+from trainer.gate_holds import GateHolds, follow_gate
 from trainer.policy_model import LoraSettings, PolicyKind, PolicyModel, load_policy
 from trainer.resume import (
     PRODUCER,
@@ -75,6 +76,7 @@ from trainer.sample_stream import SampleStream
 from trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
+GATE_CATCH_UP_S = 10.0  # at start, how long to wait for the gate's decisions so far (trainer/gate_holds.py)
 
 OPTIMIZER_STATE = "optimizer.pt"  # the torch backend's file under TRAINER_STATE_DIR
 
@@ -354,6 +356,35 @@ def recent_lineage(store: ObjectStore, run_id: str, count: int = 16) -> list[tup
     return lineage
 
 
+async def restore_version(
+    settings: TrainSettings,
+    log_: EventLog,
+    store: ObjectStore,
+    runner: StepRunner,
+    to_version: int,
+    metrics: Mapping[str, Any],
+    version: int,
+    point: ResumePoint,
+    offsets: Mapping[TopicPartition, int],
+) -> int:
+    """Republish `to_version`'s weights (0: the base model's) as the next version and continue from them;
+    returns it. The restored version covers no new sample (its offsets are the newest published
+    version's), so a restart resumes where the trainer was. Appends its TrainStepCompleted and
+    CheckpointPublished; `metrics` go into its manifest (why it was restored)."""
+    if to_version > 0:
+        key = version_prefix(settings.run_id, to_version) + MANIFEST_NAME
+        with tempfile.TemporaryDirectory(prefix=f"restore-{to_version:08d}-") as folder:
+            await asyncio.to_thread(download_and_verify, store, key, Path(folder))
+            await runner.restore(Path(folder))  # loads into memory: the folder may go
+    else:
+        await runner.restore(None)
+    new_version = max(version, point.newest_version) + 1
+    empty = Batch((), dict(offsets), {}, ())
+    manifest = await runner.publish(new_version, to_version, empty, StepResult(dict(metrics)))
+    await append_step_events(log_, manifest, settings.namespace, folder_uri(store, manifest))
+    return new_version
+
+
 async def roll_back(
     settings: TrainSettings,
     log_: EventLog,
@@ -364,30 +395,17 @@ async def roll_back(
     point: ResumePoint,
     offsets: Mapping[TopicPartition, int],
 ) -> int:
-    """Republish `rollback.to_version`'s weights as the next version and continue from them; returns it.
-
-    The restored version covers no new sample (its offsets are the newest published version's), so a
-    restart resumes where the trainer was. Appends its TrainStepCompleted and CheckpointPublished,
-    then PolicyRolledBack with the figures.
-    """
-    if rollback.to_version > 0:
-        key = version_prefix(settings.run_id, rollback.to_version) + MANIFEST_NAME
-        with tempfile.TemporaryDirectory(prefix=f"restore-{rollback.to_version:08d}-") as folder:
-            await asyncio.to_thread(download_and_verify, store, key, Path(folder))
-            await runner.restore(Path(folder))  # loads into memory: the folder may go
-    else:
-        await runner.restore(None)
-    new_version = max(version, point.newest_version) + 1
+    """`restore_version` of the rolled-back version's parent, then PolicyRolledBack with the figures."""
+    restored = {"rollback_of": rollback.from_version, "restored": rollback.to_version}
+    new_version = await restore_version(
+        settings, log_, store, runner, rollback.to_version, restored, version, point, offsets
+    )
     log.warning(
         "rollback: v%d's approval %.2f is below its parent v%d's %.2f by more than %.2f over %d judged turns "
-        "each; republishing v%d's weights as v%d",
+        "each; republished v%d's weights as v%d",
         rollback.from_version, rollback.from_approval, rollback.to_version, rollback.to_approval,
         settings.rollback_margin, settings.rollback_window, rollback.to_version, new_version,
     )  # fmt: skip
-    empty = Batch((), dict(offsets), {}, ())
-    restored = StepResult({"rollback_of": rollback.from_version, "restored": rollback.to_version})
-    manifest = await runner.publish(new_version, rollback.to_version, empty, restored)
-    await append_step_events(log_, manifest, settings.namespace, folder_uri(store, manifest))
     event = make_event(
         "PolicyRolledBack",
         id_parts=[settings.run_id, rollback.from_version, new_version],
@@ -544,64 +562,88 @@ async def consume_and_train(
         holdout_share=settings.holdout_share,
     )
     steps = 0
-    async with log_.consumer(settings.group_id(), [samples_topic]) as consumer:
-        stream = SampleStream(consumer, point.consumed_offsets)
-        idle_since = time.monotonic()
-        while settings.max_steps == 0 or steps < settings.max_steps:
-            # Consume until N effective samples are pending (or fewer, once the stream is quiet).
-            quiet = bool(settings.partial_batch_after_s) and (
-                time.monotonic() - idle_since >= settings.partial_batch_after_s
-            )
-            batch = batcher.take(version, partial=quiet)
-            # A flush request: read to the end of the topic, then train whatever is pending.
-            if (
-                batch is None
-                and flush is not None
-                and flush.requested
-                and await drained(log_, stream, samples_topic)
-            ):
-                batch = batcher.take(version, partial=True)
-                flush.clear()
-            if batch is None:
-                await runner.waiting()
-                records = await stream.poll(POLL_MAX_RECORDS, settings.poll_timeout_s)
-                batcher.add(records)
-                if records:
-                    idle_since = time.monotonic()
-                elif settings.idle_exit_s and time.monotonic() - idle_since >= settings.idle_exit_s:
-                    if not await drained(log_, stream, samples_topic):
-                        continue  # a partition is not ours yet (a dead member's session is expiring)
-                    log.info(
-                        "no new samples for %.0f s; exiting at version %d", settings.idle_exit_s, version
-                    )
-                    break
-                continue
-
-            for sample in batch.samples:
-                watch.judged(sample.policy_version, sample.reward, sample.promoted)
-            rollback = watch.check()
-            if rollback is not None:
-                version = await roll_back(
-                    settings, log_, store, runner, rollback, version, point, last_offsets
+    holds, caught_up = GateHolds(settings.run_id), asyncio.Event()
+    gate = asyncio.create_task(
+        follow_gate(log_, topic_name(settings.namespace, "checkpoints"), holds, caught_up)
+    )
+    try:
+        await asyncio.wait_for(caught_up.wait(), GATE_CATCH_UP_S)
+    except TimeoutError:
+        log.warning("the promotion gate's decisions were not read within %.0f s; going on", GATE_CATCH_UP_S)
+    try:
+        async with log_.consumer(settings.group_id(), [samples_topic]) as consumer:
+            stream = SampleStream(consumer, point.consumed_offsets)
+            idle_since = time.monotonic()
+            while settings.max_steps == 0 or steps < settings.max_steps:
+                # Consume until N effective samples are pending (or fewer, once the stream is quiet).
+                quiet = bool(settings.partial_batch_after_s) and (
+                    time.monotonic() - idle_since >= settings.partial_batch_after_s
                 )
-                watch.rolled_back(rollback, version)
+                batch = batcher.take(version, partial=quiet)
+                # A flush request: read to the end of the topic, then train whatever is pending.
+                if (
+                    batch is None
+                    and flush is not None
+                    and flush.requested
+                    and await drained(log_, stream, samples_topic)
+                ):
+                    batch = batcher.take(version, partial=True)
+                    flush.clear()
+                if batch is None:
+                    await runner.waiting()
+                    records = await stream.poll(POLL_MAX_RECORDS, settings.poll_timeout_s)
+                    batcher.add(records)
+                    if records:
+                        idle_since = time.monotonic()
+                    elif settings.idle_exit_s and time.monotonic() - idle_since >= settings.idle_exit_s:
+                        if not await drained(log_, stream, samples_topic):
+                            continue  # a partition is not ours yet (a dead member's session is expiring)
+                        log.info(
+                            "no new samples for %.0f s; exiting at version %d", settings.idle_exit_s, version
+                        )
+                        break
+                    continue
 
-            # Loss, backward, optimizer step (the runner keeps the consumer heartbeating meanwhile).
-            step = await runner.train(batch)
-            if point.init_from is not None:  # every version of the run records where the run started
-                step = StepResult({**step.metrics, "init_from": dict(point.init_from)})
-            # The next version is above every published one, a refused newer checkpoint's too.
-            parent_version, version = version, max(version, point.newest_version) + 1
+                for sample in batch.samples:
+                    watch.judged(sample.policy_version, sample.reward, sample.promoted)
+                rollback = watch.check()
+                if rollback is not None:
+                    version = await roll_back(
+                        settings, log_, store, runner, rollback, version, point, last_offsets
+                    )
+                    watch.rolled_back(rollback, version)
+                promoted = holds.restore_for(version) if settings.backend == "torch" else None
+                if promoted is not None:  # see trainer/gate_holds.py
+                    held = version
+                    restored = {"held_by_gate": held, "restored": promoted}
+                    version = await restore_version(
+                        settings, log_, store, runner, promoted, restored, version, point, last_offsets
+                    )
+                    watch.rolled_back(Rollback(held, promoted, 0.0, 0.0), version)
+                    log.warning(
+                        "the promotion gate held v%d (%s); republished the promoted v%d's weights as v%d to train on",
+                        held, holds.held[held], promoted, version,
+                    )  # fmt: skip
 
-            # Publish: weights and manifest (the resume point), then the events, then the group offsets.
-            publish_started = time.perf_counter()
-            manifest = await runner.publish(version, parent_version, batch, step)
-            await append_step_events(log_, manifest, settings.namespace, folder_uri(store, manifest))
-            await stream.commit(batch.consumed_offsets)
-            watch.published(version, parent_version)
-            last_offsets = dict(batch.consumed_offsets)
+                # Loss, backward, optimizer step (the runner keeps the consumer heartbeating meanwhile).
+                step = await runner.train(batch)
+                if point.init_from is not None:  # every version of the run records where the run started
+                    step = StepResult({**step.metrics, "init_from": dict(point.init_from)})
+                # The next version is above every published one, a refused newer checkpoint's too.
+                parent_version, version = version, max(version, point.newest_version) + 1
 
-            steps += 1
-            count_step(metrics, version, batch, step)
-            log_step(version, batch, step, time.perf_counter() - publish_started)
-    return steps
+                # Publish: weights and manifest (the resume point), then the events, then the group offsets.
+                publish_started = time.perf_counter()
+                manifest = await runner.publish(version, parent_version, batch, step)
+                await append_step_events(log_, manifest, settings.namespace, folder_uri(store, manifest))
+                await stream.commit(batch.consumed_offsets)
+                watch.published(version, parent_version)
+                last_offsets = dict(batch.consumed_offsets)
+
+                steps += 1
+                count_step(metrics, version, batch, step)
+                log_step(version, batch, step, time.perf_counter() - publish_started)
+        return steps
+    finally:
+        gate.cancel()
+        await asyncio.gather(gate, return_exceptions=True)

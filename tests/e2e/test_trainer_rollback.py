@@ -16,8 +16,11 @@ import pytest
 from safetensors.torch import load_file
 
 from connectors.checkpoint_store import Manifest
+from connectors.event_log.base import OutgoingRecord
+from connectors.event_log.catalog import create_catalog_topics
+from connectors.event_log.sqlite_log import SqliteEventLog
 from connectors.object_store.local_store import LocalObjectStore
-from schemas.codec import decode
+from schemas.codec import decode, encode
 from schemas.topics import topic_name
 from tests.e2e.test_trainer_resume import (
     NAMESPACE,
@@ -28,6 +31,7 @@ from tests.e2e.test_trainer_resume import (
     wait,
     write_samples,
 )
+from tests.unit.event_examples import example_event
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -81,3 +85,42 @@ def test_a_version_judged_worse_than_its_parent_is_rolled_back_to_the_parents_we
     assert main(["report", *where, "--out-dir", str(report_dir)]) == 0
     table = (report_dir / "report.md").read_text()
     assert "- v1 rolled back to v0 as v2 (approval 0.00 vs 1.00 over 4 turns)" in table
+
+
+async def write_gate_decision(db: Path, version: int, decision: str) -> None:
+    """A PolicyGated on the checkpoints topic, as `orl gate` appends it."""
+    event = example_event("PolicyGated")
+    event.update(
+        run_id=RUN, version=version, baseline_version=0, decision=decision, reason="approval 0.00 vs 0.50"
+    )
+    event["envelope"].update(event_id=f"gated-{version}", namespace=NAMESPACE)
+    async with SqliteEventLog(db) as log:
+        await create_catalog_topics(log, NAMESPACE, 1)
+        await log.append(
+            topic_name(NAMESPACE, "checkpoints"), OutgoingRecord(value=encode(event), key=RUN.encode())
+        )
+
+
+def test_a_version_the_gate_held_is_not_trained_on_the_promoted_weights_are(
+    tmp_path: Path, base_model_dir: Path
+) -> None:
+    """The gate held v1 (decided before the trainer reached it): the trainer republishes the promoted
+    version's weights (the base model's) as v2 and trains the next batch from there as v3."""
+    db = tmp_path / "log.db"
+    asyncio.run(write_samples(db, judged_samples()))
+    asyncio.run(write_gate_decision(db, 1, "held"))
+    assert wait(start_trainer(tmp_path, base_model_dir, "--batch-size", "4")) == 0
+
+    store = LocalObjectStore(tmp_path / "objects")
+    manifests = {
+        v: Manifest.from_json(store.get(f"checkpoints/{RUN}/{v:08d}/manifest.json")) for v in (1, 2, 3)
+    }
+    assert not store.exists(f"checkpoints/{RUN}/00000004/manifest.json")
+    assert [manifests[v].parent_version for v in (1, 2, 3)] == [0, 0, 2]
+    assert manifests[2].metrics["held_by_gate"] == 1 and manifests[2].metrics["restored"] == 0
+    assert manifests[2].sample_count == 0 and manifests[3].sample_count == 4
+    restored = load_file(
+        tmp_path / "objects" / "checkpoints" / RUN / "00000002" / "adapter_model.safetensors"
+    )
+    assert all(bool((t == 0).all()) for name, t in restored.items() if "lora_B" in name)
+    assert "the promotion gate held v1 (approval 0.00 vs 0.50)" in (tmp_path / "trainer.log").read_text()

@@ -1,0 +1,39 @@
+"""GateHolds: which promoted version the trainer returns to when the gate held its newest one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.unit.event_examples import example_event
+from trainer.gate_holds import GateHolds
+
+
+def gated(version: int, decision: str, run_id: str = "run-1") -> dict[str, Any]:
+    event = example_event("PolicyGated")
+    event.update(run_id=run_id, version=version, decision=decision, reason=f"{decision} v{version}")
+    return event
+
+
+def test_a_held_newest_version_goes_back_to_the_newest_promoted_one() -> None:
+    holds = GateHolds("run-1")
+    assert holds.restore_for(3) is None  # no gate: nothing is held
+    for event in (
+        gated(1, "promoted"),
+        gated(2, "promoted"),
+        gated(3, "held"),
+        gated(4, "held", run_id="other"),
+    ):
+        holds.read(event)
+    holds.read(example_event("CheckpointPublished"))  # the topic's other events are not decisions
+    assert holds.promoted == 2
+    assert holds.restore_for(3) == 2
+    assert holds.restore_for(4) is None  # another run's hold, or a version not decided yet
+    assert holds.held == {3: "held v3"}
+
+
+def test_a_version_promoted_after_all_is_no_longer_held() -> None:
+    holds = GateHolds("run-1")
+    holds.read(gated(5, "held"))
+    assert holds.restore_for(5) == 0  # nothing promoted yet: the base model
+    holds.read(gated(5, "promoted"))
+    assert holds.restore_for(5) is None and holds.promoted == 5

@@ -1,0 +1,63 @@
+"""The promotion gate's holds, as the trainer sees them: a held newest version is not trained on.
+
+`orl gate` appends PolicyGated (promoted or held) to `checkpoints`. Servers behind the gate keep
+serving the promoted version, so if the trainer went on from a held version its samples would all
+come from ever older versions, until the staleness bound dropped every one and nothing new was
+published for the gate to judge. So when the trainer's own newest version is held, it republishes
+the promoted version's weights as its next version (as a rollback does) and trains on from there;
+the gate promotes that one (the same weights as the served version), and fresh samples follow.
+`GateHolds` is the pure bookkeeping; `follow_gate` feeds it from the log. Reads `checkpoints`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors.event_log.base import EventLog
+from schemas.codec import decode
+from schemas.errors import EventDecodeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GateHolds:
+    """The gate's decisions on one run: the newest promoted version and the held ones (with why)."""
+
+    run_id: str
+    promoted: int = 0
+    held: dict[int, str] = field(default_factory=dict)  # version -> the gate's reason
+
+    def read(self, event: dict[str, Any]) -> None:
+        if event["envelope"]["event_type"] != "PolicyGated" or event["run_id"] != self.run_id:
+            return
+        version = int(event["version"])
+        if event["decision"] == "promoted":
+            self.promoted = max(self.promoted, version)
+            self.held.pop(version, None)
+        else:
+            self.held[version] = str(event["reason"])
+
+    def restore_for(self, version: int) -> int | None:
+        """The promoted version to go back to if `version` (the trainer's newest) was held, else None."""
+        return self.promoted if version in self.held and self.promoted < version else None
+
+
+async def follow_gate(log_: EventLog, topic: str, holds: GateHolds, caught_up: asyncio.Event) -> None:
+    """Read `topic` from its beginning into `holds`, forever; `caught_up` is set once the first poll
+    comes back empty (everything on the log at start has been read)."""
+    async with log_.consumer(f"trainer-gate-{uuid.uuid4().hex[:8]}", [topic]) as consumer:
+        await consumer.seek_to_beginning()
+        while True:
+            records = await consumer.poll(max_records=500, timeout_s=1.0)
+            for record in records:
+                try:
+                    holds.read(decode(record.value))
+                except EventDecodeError as error:
+                    log.warning("skipping an undecodable record of %s: %s", topic, error)
+            if not records:
+                caught_up.set()
