@@ -575,6 +575,18 @@ async def consume_and_train(
             stream = SampleStream(consumer, point.consumed_offsets)
             idle_since = time.monotonic()
             while settings.max_steps == 0 or steps < settings.max_steps:
+                promoted = holds.restore_for(version) if settings.backend == "torch" else None
+                if promoted is not None:  # see trainer/gate_holds.py
+                    held = version
+                    restored = {"held_by_gate": held, "restored": promoted}
+                    version = await restore_version(
+                        settings, log_, store, runner, promoted, restored, version, point, last_offsets
+                    )
+                    watch.rolled_back(Rollback(held, promoted, 0.0, 0.0), version)
+                    log.warning(
+                        "the promotion gate held v%d (%s); republished the promoted v%d's weights as v%d to train on",
+                        held, holds.held[held], promoted, version,
+                    )  # fmt: skip
                 # Consume until N effective samples are pending (or fewer, once the stream is quiet).
                 quiet = bool(settings.partial_batch_after_s) and (
                     time.monotonic() - idle_since >= settings.partial_batch_after_s
@@ -612,18 +624,6 @@ async def consume_and_train(
                         settings, log_, store, runner, rollback, version, point, last_offsets
                     )
                     watch.rolled_back(rollback, version)
-                promoted = holds.restore_for(version) if settings.backend == "torch" else None
-                if promoted is not None:  # see trainer/gate_holds.py
-                    held = version
-                    restored = {"held_by_gate": held, "restored": promoted}
-                    version = await restore_version(
-                        settings, log_, store, runner, promoted, restored, version, point, last_offsets
-                    )
-                    watch.rolled_back(Rollback(held, promoted, 0.0, 0.0), version)
-                    log.warning(
-                        "the promotion gate held v%d (%s); republished the promoted v%d's weights as v%d to train on",
-                        held, holds.held[held], promoted, version,
-                    )  # fmt: skip
 
                 # Loss, backward, optimizer step (the runner keeps the consumer heartbeating meanwhile).
                 step = await runner.train(batch)
