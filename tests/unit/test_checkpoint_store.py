@@ -46,7 +46,13 @@ def _checkpoint_dir(tmp_path: Path, name: str = "ckpt") -> Path:
     return folder
 
 
-def _publish(store: LocalObjectStore, tmp_path: Path, version: int, parent: int | None = None) -> Manifest:
+def _publish(
+    store: LocalObjectStore,
+    tmp_path: Path,
+    version: int,
+    parent: int | None = None,
+    retry_for_s: float = 600.0,
+) -> Manifest:
     return publish_checkpoint(
         store,
         RUN,
@@ -59,6 +65,7 @@ def _publish(store: LocalObjectStore, tmp_path: Path, version: int, parent: int 
         sample_ids=["s2", "s1", "s3"],
         metrics={"loss": 0.5, "kl": float("nan")},
         created_at=datetime(2026, 1, 2, tzinfo=UTC),
+        retry_for_s=retry_for_s,
     )
 
 
@@ -270,19 +277,7 @@ def test_a_publish_whose_manifest_landed_but_whose_answer_was_lost_succeeds(
 def test_a_publish_gives_up_when_the_store_stays_unreachable(tmp_path: Path, quick_retries: None) -> None:
     store = FlakyStore(tmp_path / "store", down_for=1000)
     with pytest.raises(ServiceUnavailable, match="unreachable"):
-        publish_checkpoint(
-            store,
-            RUN,
-            1,
-            _checkpoint_dir(tmp_path),
-            parent_version=None,
-            kind="lora",
-            base_model="m",
-            consumed_offsets=[],
-            sample_ids=[],
-            metrics={},
-            retry_for_s=0.2,
-        )
+        _publish(store, tmp_path, 1, retry_for_s=0.2)
     assert latest_checkpoint(store, RUN) is None
 
 
