@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from connectors.checkpoint_store import complete_versions
-from connectors.compute import available_cores, cpu_model_name
+from connectors.compute import available_cores, describe_machine
 from connectors.object_store.local_store import LocalObjectStore
 from orl.gate import GateLog, GateSettings, gate_once, running_evaluator
 
@@ -115,8 +115,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"# bench_gate {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_model_name()}, "
-          f"{available_cores()} cores; load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+    print(f"# bench_gate {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {describe_machine()}; "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     trained = {name: train(name, args) for name in RUNS}
     print("\n| run | version | seed | decision | approval (candidate vs base) | relevance | s | core share |")
     print("|---|---|---|---|---|---|---|---|")

@@ -216,7 +216,9 @@ def test_a_server_behind_the_gate_serves_the_newest_promoted_version_only(tmp_pa
 
         first, restarted = SwappingBackend(), SwappingBackend()
         await follower_run(first, serves=2, promote_after=4)
-        await follower_run(restarted, serves=4, promote_after=None)  # a restart finds the newest promotion: v4
+        await follower_run(
+            restarted, serves=4, promote_after=None
+        )  # a restart finds the newest promotion: v4
         await log.close()
         return first.loaded, restarted.loaded
 
