@@ -426,6 +426,22 @@ async def roll_back(
     return new_version
 
 
+async def stay_stopped(settings: TrainSettings, version: int) -> None:
+    """--rollback-action stop: train no more. Waits (forever, or --idle-exit-s) rather than exit, which
+    `orl up` would answer with a restart."""
+    log.error(
+        "the run is stopped: v%d restored an earlier version's weights after a rollback and "
+        "--rollback-action is stop; servers serve v%d. Start the trainer with --rollback-action restore "
+        "to train on from it.",
+        version,
+        version,
+    )
+    if settings.idle_exit_s:
+        await asyncio.sleep(settings.idle_exit_s)
+        return
+    await asyncio.Event().wait()
+
+
 class StepRunner(Protocol):
     """How a backend takes one step and publishes it; `consume_and_train` does everything else."""
 
@@ -562,6 +578,13 @@ async def consume_and_train(
         holdout_share=settings.holdout_share,
     )
     steps = 0
+    if (
+        settings.rollback_action == "stop"
+        and point.manifest is not None
+        and "rollback_of" in point.manifest.metrics
+    ):
+        await stay_stopped(settings, point.version)  # the run stopped at a rollback before this restart
+        return steps
     holds, caught_up = GateHolds(settings.run_id), asyncio.Event()
     gate = asyncio.create_task(
         follow_gate(log_, topic_name(settings.namespace, "checkpoints"), holds, caught_up)
@@ -624,6 +647,9 @@ async def consume_and_train(
                         settings, log_, store, runner, rollback, version, point, last_offsets
                     )
                     watch.rolled_back(rollback, version)
+                    if settings.rollback_action == "stop":
+                        await stay_stopped(settings, version)
+                        return steps
 
                 # Loss, backward, optimizer step (the runner keeps the consumer heartbeating meanwhile).
                 step = await runner.train(batch)

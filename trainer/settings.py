@@ -48,6 +48,7 @@ from schemas.errors import ConfigError
 # rollout: pi_old is the logprobs serving recorded while sampling (the behaviour policy), so the
 #   ratio importance-corrects for staleness and the asymmetric clip bounds it (PPO across versions).
 OLD_LOGPROBS_MODES = ("recompute", "rollout")
+ROLLBACK_ACTIONS = ("restore", "stop")
 OPD_LOSSES = ("token", "topk")
 KINDS = ("lora", "full")
 BACKENDS = ("torch", "megatron")
@@ -134,6 +135,12 @@ class TrainSettings(ConnectionSettings):
         0.25,
         "ORL_ROLLBACK_MARGIN",
         "How much lower a version's approval must be than its parent's to roll back.",
+    )
+    rollback_action: str = setting(
+        "restore",
+        "ORL_ROLLBACK_ACTION",
+        "After a rollback has republished the parent's weights (servers serve them): restore (train on from "
+        "them) | stop (train no more; the trainer waits, also across restarts, until started with restore).",
     )
     grad_clip: float = setting(1.0, "ORL_TRAIN_GRAD_CLIP", "Clip the global gradient norm to this (0: off).")
     precision: str = setting(
@@ -260,6 +267,10 @@ def check_settings(settings: TrainSettings) -> None:
             f"--holdout-share must be in [0, 1), not {settings.holdout_share}",
         ),
         (settings.rollback_window < 0, f"--rollback-window must be >= 0, not {settings.rollback_window}"),
+        (
+            settings.rollback_action not in ROLLBACK_ACTIONS,
+            f"--rollback-action must be one of {', '.join(ROLLBACK_ACTIONS)}, not {settings.rollback_action!r}",
+        ),
         (
             not 0 <= settings.rollback_margin < 1,
             f"--rollback-margin must be in [0, 1), not {settings.rollback_margin}",

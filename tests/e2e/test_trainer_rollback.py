@@ -124,3 +124,24 @@ def test_a_version_the_gate_held_is_not_trained_on_the_promoted_weights_are(
     )
     assert all(bool((t == 0).all()) for name, t in restored.items() if "lora_B" in name)
     assert "the promotion gate held v1 (approval 0.00 vs 0.50)" in (tmp_path / "trainer.log").read_text()
+
+
+def test_with_rollback_action_stop_the_run_stops_at_the_rollback_until_started_with_restore(
+    tmp_path: Path, base_model_dir: Path
+) -> None:
+    asyncio.run(write_samples(tmp_path / "log.db", judged_samples()))
+    store = LocalObjectStore(tmp_path / "objects")
+    flags = ("--batch-size", "4", "--rollback-window", "4", "--rollback-margin", "0.25")
+
+    def published() -> list[int]:
+        return [v for v in (1, 2, 3, 4) if store.exists(f"checkpoints/{RUN}/{v:08d}/manifest.json")]
+
+    assert wait(start_trainer(tmp_path, base_model_dir, *flags, "--rollback-action", "stop")) == 0
+    assert published() == [1, 2]  # v2 restores v0's weights; nothing is trained after it
+    assert wait(start_trainer(tmp_path, base_model_dir, *flags, "--rollback-action", "stop")) == 0
+    assert published() == [1, 2]  # a restart keeps the run stopped
+    log = (tmp_path / "trainer.log").read_text()
+    assert log.count("the run is stopped: v2 restored an earlier version's weights") == 2
+    assert wait(start_trainer(tmp_path, base_model_dir, *flags)) == 0  # --rollback-action restore
+    assert published() == [1, 2, 3]
+    assert Manifest.from_json(store.get(f"checkpoints/{RUN}/00000003/manifest.json")).parent_version == 2
