@@ -9,6 +9,9 @@ trained on inverted rewards held?
    the scenario's held-out prompts, its simulated user's reply to every answer, the demo's rule judge.
 3. Prints one row per try (decision, approvals, relevances, seconds, the share of the cores the gate
    used) and the counts the issue's target asks for.
+4. Replays the trainer's automatic-rollback watch (trainer/rollback.py) over each run's recorded
+   samples for a few windows: would it have rolled a version back, and which? (A rollback in the
+   shipped run is a false alarm; none in the inverted run, a miss.)
 
     .venv/bin/python benchmarks/bench_gate.py --out /tmp/bench-gate --steps 8 --tries 10
 
@@ -29,10 +32,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from connectors.checkpoint_store import complete_versions
+from connectors.checkpoint_store import MANIFEST_NAME, complete_versions, read_manifest, version_prefix
 from connectors.compute import available_cores, describe_machine
+from connectors.event_log.factory import open_event_log
+from connectors.event_log.reading import read_to_end
 from connectors.object_store.local_store import LocalObjectStore
 from orl.gate import GateLog, GateSettings, gate_once, running_evaluator
+from schemas.codec import decode
+from trainer.rollback import RollbackWatch
 
 RUNS = {"shipped": {}, "inverted": {"ORL_TRAIN_W_RL": "-1"}}
 DEMO_MAX_TOKENS = 96  # the demo's default: the gate answers as the demo's server does
@@ -99,6 +106,33 @@ async def gate_tries(
     return rows
 
 
+def rollbacks_replayed(data_dir: Path, namespace: str, window: int, margin: float) -> list[str]:
+    """The rollbacks RollbackWatch would have made over the run's samples, in the order it saw them."""
+    store = LocalObjectStore(data_dir / "objects")
+    parents = {v: read_manifest(store, version_prefix(namespace, v) + MANIFEST_NAME).parent_version or 0
+               for v in complete_versions(store, namespace)}  # fmt: skip
+    watch = RollbackWatch(window, margin)
+    made = []
+
+    async def samples() -> list[dict[str, Any]]:
+        async with open_event_log(f"sqlite:///{data_dir / 'log.db'}") as log:
+            return [decode(r.value) for r in await read_to_end(log, f"{namespace}.samples")]
+
+    for event in asyncio.run(samples()):
+        if event["envelope"]["event_type"] != "SampleReady":
+            continue
+        version = int(event["policy_version"])
+        for published in sorted(v for v in parents if v <= version + 1 and v not in watch.parents):
+            watch.published(published, parents[published])
+        watch.judged(version, event["reward"], bool(event.get("promoted")))
+        rollback = watch.check()
+        if rollback is not None:
+            made.append(f"v{rollback.from_version}->v{rollback.to_version} "
+                        f"({rollback.from_approval:.2f} vs {rollback.to_approval:.2f})")  # fmt: skip
+            watch.rolled_back(rollback, max(parents) + len(made))
+    return made
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -113,6 +147,9 @@ def main() -> int:
     parser.add_argument("--gate-prompts", type=int, default=16)
     parser.add_argument("--gate-samples", type=int, default=2)
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument(
+        "--skip-gate", action="store_true", help="only the rollback replay (runs already trained)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"# bench_gate {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {describe_machine()}; "
@@ -123,15 +160,22 @@ def main() -> int:
     rows = [
         row
         for name, (data_dir, ns) in trained.items()
+        if not args.skip_gate
         for row in asyncio.run(gate_tries(name, data_dir, ns, args))
     ]
-    promoted = sum(r["decision"] == "promoted" for r in rows if r["run"] == "shipped")
-    held = sum(r["decision"] == "held" for r in rows if r["run"] == "inverted")
-    seconds = sorted(r["seconds"] for r in rows)
-    print(f"\nshipped promoted in {promoted} of {args.tries}; inverted held in {held} of {args.tries}; "
-          f"evaluation {seconds[len(seconds) // 2]:.1f} s median ({seconds[0]:.1f}-{seconds[-1]:.1f}), "
-          f"{args.gate_prompts} prompts x {args.gate_samples} answers x 2 versions")  # fmt: skip
-    (args.out / "results.json").write_text(json.dumps(rows, indent=2))
+    if rows:
+        promoted = sum(r["decision"] == "promoted" for r in rows if r["run"] == "shipped")
+        held = sum(r["decision"] == "held" for r in rows if r["run"] == "inverted")
+        seconds = sorted(r["seconds"] for r in rows)
+        print(f"\nshipped promoted in {promoted} of {args.tries}; inverted held in {held} of {args.tries}; "
+              f"evaluation {seconds[len(seconds) // 2]:.1f} s median ({seconds[0]:.1f}-{seconds[-1]:.1f}), "
+              f"{args.gate_prompts} prompts x {args.gate_samples} answers x 2 versions")  # fmt: skip
+        (args.out / "results.json").write_text(json.dumps(rows, indent=2))
+    print("\n| run | rollback window | margin | rollbacks the watch would make |\n|---|---|---|---|")
+    for name, (data_dir, ns) in trained.items():
+        for window in (4, 8, 16):
+            made = rollbacks_replayed(data_dir, ns, window, 0.25)
+            print(f"| {name} | {window} | 0.25 | {', '.join(made) or 'none'} |")
     return 0
 
 
