@@ -438,6 +438,7 @@ async def follow(
     out = topic_name(settings.namespace, "checkpoints")
     async with event_log.consumer(f"{settings.namespace}.gate-{uuid.uuid4().hex[:8]}", topics) as consumer:
         await consumer.seek_to_beginning()
+        waiting: set[int] = set()  # candidates whose wait for held-out prompts was logged
         while not stop.is_set():
             records = await consumer.poll(max_records=1000, timeout_s=1.0)
             for record in records:
@@ -447,6 +448,13 @@ async def follow(
                 continue  # decide once caught up: a newer version may be waiting behind these records
             event = await gate_once(evaluator, settings, state, candidate)
             if event is None:
+                if candidate not in waiting:
+                    waiting.add(candidate)
+                    log.info(
+                        "v%d waits for a held-out prompt: no main turn of a held-out session (a share of %.2f "
+                        "of the sessions) is recorded yet; servers keep serving v%d",
+                        candidate, settings.holdout_share, state.promoted,
+                    )  # fmt: skip
                 continue
             await event_log.append(
                 out, OutgoingRecord(value=encode(dict(event)), key=settings.run_id.encode())
