@@ -47,9 +47,23 @@ class GateHolds:
         return self.promoted if version in self.held and self.promoted < version else None
 
 
-async def follow_gate(log_: EventLog, topic: str, holds: GateHolds, caught_up: asyncio.Event) -> None:
-    """Read `topic` from its beginning into `holds`, forever; `caught_up` is set once the first poll
-    comes back empty (everything on the log at start has been read)."""
+async def follow_gate(
+    log_: EventLog, topic: str, holds: GateHolds, caught_up: asyncio.Event, max_backoff_s: float = 10.0
+) -> None:
+    """Read `topic` from its beginning into `holds`, forever; `caught_up` is set once a poll comes back
+    empty (everything on the log at start has been read). While the log is unreachable the trainer
+    trains on: the reading is retried with backoff, from the beginning again (reading twice is harmless)."""
+    backoff = 0.5
+    while True:
+        try:
+            await _read_decisions(log_, topic, holds, caught_up)
+        except Exception as error:  # noqa: BLE001 - whatever broke, the trainer goes on and this retries
+            log.warning("reading the promotion gate's decisions failed (%s); again in %.1f s", error, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, max_backoff_s)
+
+
+async def _read_decisions(log_: EventLog, topic: str, holds: GateHolds, caught_up: asyncio.Event) -> None:
     async with log_.consumer(f"trainer-gate-{uuid.uuid4().hex[:8]}", [topic]) as consumer:
         await consumer.seek_to_beginning()
         while True:
