@@ -4,11 +4,14 @@ trained on inverted rewards held?
 1. Trains two runs of `orl demo --methods binary` on the student scenario for --steps steps: as
    shipped, and with ORL_TRAIN_W_RL=-1 (every reward inverted: the trainer learns what the simulated
    user rejects).
-2. Gates each run's last version against the base model --tries times, each try with other sampling
-   seeds (ORL_GATE_SEED), exactly as `orl gate --gate-scenario student --judge user_reply` decides:
-   the scenario's held-out prompts, its simulated user's reply to every answer, the demo's rule judge.
+2. Gates the shipped run's middle and last versions and the inverted run's last version against the
+   base model --tries times, each try with other sampling seeds (ORL_GATE_SEED), exactly as `orl gate
+   --gate-scenario student --judge user_reply` decides: the scenario's held-out prompts, its
+   simulated user's reply to every answer, the demo's rule judge. (The user is satisfied exactly when
+   the scenario's scorer gives 1, so the gate's approval is the demo's held-out score.)
 3. Prints one row per try (decision, approvals, relevances, seconds, the share of the cores the gate
-   used) and the counts the issue's target asks for.
+   used), then per candidate how many tries each margin would promote (the decision is a pure
+   function of the figures, so the margins share the tries).
 4. Replays the trainer's automatic-rollback watch (trainer/rollback.py) over each run's recorded
    samples for a few windows: would it have rolled a version back, and which? (A rollback in the
    shipped run is a false alarm; none in the inverted run, a miss.)
@@ -39,6 +42,7 @@ from connectors.event_log.reading import read_to_end
 from connectors.object_store.local_store import LocalObjectStore
 from orl.gate import GateLog, GateSettings, gate_once, running_evaluator
 from schemas.codec import decode
+from serving.promotion_rule import PROMOTED, VersionScore, gate_decision
 from trainer.rollback import RollbackWatch
 
 RUNS = {"shipped": {}, "inverted": {"ORL_TRAIN_W_RL": "-1"}}
@@ -65,45 +69,76 @@ def train(name: str, args: argparse.Namespace) -> tuple[Path, str]:
             raise SystemExit(f"run {name} failed (exit {done.returncode}); see {args.out / f'{name}.log'}")
         print(f"   took {time.perf_counter() - started:.0f} s", flush=True)
     results = json.loads(results_file.read_text())
-    (namespace,) = results["namespaces"]["binary"].values()
+    (namespace,) = results["extra"]["namespaces"]["binary"].values()
     return data_dir, namespace
 
 
 async def gate_tries(
-    name: str, data_dir: Path, namespace: str, args: argparse.Namespace
+    candidates: list[tuple[str, Path, str, int]], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
+    """Every (run, version) candidate gated against the base model once per seed; one row per try.
+    Seeds go outermost, so the base model's answers (the same for every candidate of a seed) are
+    generated once per seed, as the gate keeps a baseline's answers for its next candidate."""
+    first = candidates[0]
     settings = GateSettings(
-        data_dir=data_dir, namespace=namespace, run_id=namespace, judge="user_reply", gate_scenario="student",
+        data_dir=first[1], namespace=first[2], run_id=first[2], judge="user_reply", gate_scenario="student",
         gate_prompts=args.gate_prompts, gate_samples=args.gate_samples, gate_max_tokens=DEMO_MAX_TOKENS,
     )  # fmt: skip
-    candidate = complete_versions(LocalObjectStore(data_dir / "objects"), namespace)[-1]
     rows: list[dict[str, Any]] = []
     async with running_evaluator(settings) as evaluator:
         for seed in range(args.tries):
-            tried = dataclasses.replace(settings, gate_seed=seed)
-            state = GateLog(namespace, 0.0, keep=1)  # the base model is promoted: v0
-            started_wall, started_cpu = time.perf_counter(), time.process_time()
-            event = await gate_once(
-                dataclasses.replace(evaluator, settings=tried, kept={}), tried, state, candidate
-            )
-            wall, cpu = time.perf_counter() - started_wall, time.process_time() - started_cpu
-            assert event is not None
-            rows.append(
-                {
-                    "run": name, "version": candidate, "seed": seed, "decision": event["decision"],
-                    "candidate_approval": event["candidate_approval"], "baseline_approval": event["baseline_approval"],
-                    "candidate_relevance": event["candidate_relevance"], "baseline_relevance": event["baseline_relevance"],
-                    "seconds": wall, "core_share": cpu / wall / available_cores(),
-                }
-            )  # fmt: skip
-            row = rows[-1]
-            print(
-                f"| {name} | v{candidate} | {seed} | {row['decision']} | {_fmt(row['candidate_approval'])} vs "
-                f"{_fmt(row['baseline_approval'])} | {row['candidate_relevance']:.2f} vs {row['baseline_relevance']:.2f} "
-                f"| {wall:.1f} | {row['core_share']:.2f} |",
-                flush=True,
-            )
+            evaluator.kept.clear()  # another seed: other answers
+            for name, data_dir, namespace, version in candidates:
+                tried = dataclasses.replace(settings, gate_seed=seed, run_id=namespace, namespace=namespace)
+                evaluator.settings = tried
+                evaluator.store = LocalObjectStore(data_dir / "objects")
+                evaluator.work_dir = data_dir / "gate"
+                state = GateLog(namespace, 0.0, keep=1)  # the base model is the promoted one: v0
+                started_wall, started_cpu = time.perf_counter(), time.process_time()
+                event = await gate_once(evaluator, tried, state, version)
+                wall, cpu = time.perf_counter() - started_wall, time.process_time() - started_cpu
+                assert event is not None
+                rows.append(
+                    {
+                        "run": name, "version": version, "seed": seed, "decision": event["decision"],
+                        "candidate_approval": event["candidate_approval"], "baseline_approval": event["baseline_approval"],
+                        "candidate_relevance": event["candidate_relevance"], "baseline_relevance": event["baseline_relevance"],
+                        "seconds": wall, "core_share": cpu / wall / available_cores(),
+                    }
+                )  # fmt: skip
+                row = rows[-1]
+                print(
+                    f"| {name} | v{version} | {seed} | {row['decision']} | {_fmt(row['candidate_approval'])} vs "
+                    f"{_fmt(row['baseline_approval'])} | {row['candidate_relevance']:.2f} vs "
+                    f"{row['baseline_relevance']:.2f} | {wall:.1f} | {row['core_share']:.2f} |",
+                    flush=True,
+                )
     return rows
+
+
+def decisions_by_margin(rows: list[dict[str, Any]], margins: tuple[float, ...]) -> list[str]:
+    """Markdown rows: per candidate, how many tries each margin would promote (the rule is pure)."""
+    lines = []
+    for name, version in sorted({(r["run"], r["version"]) for r in rows}):
+        tries = [r for r in rows if (r["run"], r["version"]) == (name, version)]
+        counts = []
+        for margin in margins:
+            promoted = 0
+            for r in tries:
+                candidate = VersionScore(1, 1, r["candidate_approval"], r["candidate_relevance"])
+                baseline = VersionScore(1, 1, r["baseline_approval"], r["baseline_relevance"])
+                promoted += gate_decision(candidate, baseline, margin)[0] == PROMOTED
+            counts.append(f"{promoted}/{len(tries)}")
+        approval = sum(r["candidate_approval"] or 0.0 for r in tries) / len(tries)
+        base = sum(r["baseline_approval"] or 0.0 for r in tries) / len(tries)
+        relevance = sum(r["candidate_relevance"] for r in tries) / len(tries)
+        base_relevance = sum(r["baseline_relevance"] for r in tries) / len(tries)
+        lines.append(
+            f"| {name} v{version} | {approval:.2f} vs {base:.2f} | {relevance:.2f} vs {base_relevance:.2f} | "
+            + " | ".join(counts)
+            + " |"
+        )
+    return lines
 
 
 def rollbacks_replayed(data_dir: Path, namespace: str, window: int, margin: float) -> list[str]:
@@ -155,21 +190,24 @@ def main() -> int:
     print(f"# bench_gate {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {describe_machine()}; "
           f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     trained = {name: train(name, args) for name in RUNS}
+    candidates = []
+    for name, (data_dir, namespace) in trained.items():
+        newest = complete_versions(LocalObjectStore(data_dir / "objects"), namespace)[-1]
+        versions = sorted({newest // 2, newest}) if name == "shipped" else [newest]
+        candidates += [(name, data_dir, namespace, version) for version in versions]
     print("\n| run | version | seed | decision | approval (candidate vs base) | relevance | s | core share |")
     print("|---|---|---|---|---|---|---|---|")
-    rows = [
-        row
-        for name, (data_dir, ns) in trained.items()
-        if not args.skip_gate
-        for row in asyncio.run(gate_tries(name, data_dir, ns, args))
-    ]
+    rows = [] if args.skip_gate else asyncio.run(gate_tries(candidates, args))
     if rows:
-        promoted = sum(r["decision"] == "promoted" for r in rows if r["run"] == "shipped")
-        held = sum(r["decision"] == "held" for r in rows if r["run"] == "inverted")
         seconds = sorted(r["seconds"] for r in rows)
-        print(f"\nshipped promoted in {promoted} of {args.tries}; inverted held in {held} of {args.tries}; "
-              f"evaluation {seconds[len(seconds) // 2]:.1f} s median ({seconds[0]:.1f}-{seconds[-1]:.1f}), "
-              f"{args.gate_prompts} prompts x {args.gate_samples} answers x 2 versions")  # fmt: skip
+        print(f"\none evaluation (candidate, and the base once per seed): {seconds[len(seconds) // 2]:.1f} s median "
+              f"({seconds[0]:.1f}-{seconds[-1]:.1f}); {args.gate_prompts} prompts x {args.gate_samples} answers; "
+              f"core share {sum(r['core_share'] for r in rows) / len(rows):.2f} mean")  # fmt: skip
+        margins = (0.0, 0.05, 0.1, 0.2)
+        print("\n| candidate | approval vs base (mean) | relevance vs base (mean) | "
+              + " | ".join(f"promoted at margin {m:g}" for m in margins) + " |")  # fmt: skip
+        print("|---|---|---|" + "---|" * len(margins))
+        print("\n".join(decisions_by_margin(rows, margins)))
         (args.out / "results.json").write_text(json.dumps(rows, indent=2))
     print("\n| run | rollback window | margin | rollbacks the watch would make |\n|---|---|---|---|")
     for name, (data_dir, ns) in trained.items():

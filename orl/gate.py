@@ -196,7 +196,7 @@ class Evaluator:
     settings: GateSettings
     base_dir: Path
     work_dir: Path
-    # the last two answer sets (by version and prompts): a baseline is evaluated once for its candidates
+    # the two answer sets (by version and prompts) used last: a baseline is evaluated once for its candidates
     kept: dict[tuple[int, tuple[str, ...]], list[dict[str, Any]]] = field(default_factory=dict)
 
     async def load(self, version: int) -> None:
@@ -215,12 +215,14 @@ class Evaluator:
         self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState
     ) -> list[dict[str, Any]]:
         """Every prompt's answers by `version`, each with its next state, the judge's votes and reward.
-        The last two calls' answers are kept: a baseline is evaluated once for a run of candidates."""
+        The two answer sets used last are kept: a baseline is evaluated once for a run of candidates."""
         key = (version, tuple(prompt.prompt_id for prompt in prompts))
-        if key not in self.kept:
+        if key in self.kept:
+            self.kept[key] = self.kept.pop(key)  # the most recently used goes last
+        else:
             self.kept[key] = await self._answers(version, prompts, next_state)
             while len(self.kept) > 2:
-                del self.kept[next(iter(self.kept))]
+                del self.kept[next(iter(self.kept))]  # the least recently used
         return self.kept[key]
 
     async def _answers(
