@@ -1,20 +1,18 @@
-"""The promotion gate's accuracy and cost: is a version trained on the user's rewards promoted, and one
-trained on inverted rewards held?
+"""The promotion gate's accuracy and cost: which trained versions does it promote, which does it hold?
 
-1. Trains two runs of `orl demo --methods binary` on the student scenario for --steps steps: as
-   shipped, and with ORL_TRAIN_W_RL=-1 (every reward inverted: the trainer learns what the simulated
-   user rejects).
-2. Gates the shipped run's middle and last versions and the inverted run's last version against the
-   base model --tries times, each try with other sampling seeds (ORL_GATE_SEED), exactly as `orl gate
-   --gate-scenario student --judge user_reply` decides: the scenario's held-out prompts, its
-   simulated user's reply to every answer, the demo's rule judge. (The user is satisfied exactly when
-   the scenario's scorer gives 1, so the gate's approval is the demo's held-out score.)
+1. Trains three runs of `orl demo` on the student scenario for --steps steps: binary as shipped,
+   binary with ORL_TRAIN_W_RL=-1 (every reward inverted: the trainer learns what the simulated user
+   rejects), and combined as shipped.
+2. Gates each run's last version against the base model --tries times, each try with other sampling
+   seeds (ORL_GATE_SEED), exactly as `orl gate --gate-scenario student --judge user_reply` decides:
+   the scenario's held-out prompts, its simulated user's reply to every answer, the demo's rule
+   judge. (The user is satisfied exactly when the scenario's scorer gives 1, so the gate's approval
+   is the demo's held-out score.)
 3. Prints one row per try (decision, approvals, relevances, seconds, the share of the cores the gate
    used), then per candidate how many tries each margin would promote (the decision is a pure
    function of the figures, so the margins share the tries).
 4. Replays the trainer's automatic-rollback watch (trainer/rollback.py) over each run's recorded
-   samples for a few windows: would it have rolled a version back, and which? (A rollback in the
-   shipped run is a false alarm; none in the inverted run, a miss.)
+   samples for a few windows: would it have rolled a version back, and which?
 
     .venv/bin/python benchmarks/bench_gate.py --out /tmp/bench-gate --steps 8 --tries 10
 
@@ -45,7 +43,12 @@ from schemas.codec import decode
 from serving.promotion_rule import PROMOTED, VersionScore, gate_decision
 from trainer.rollback import RollbackWatch
 
-RUNS = {"shipped": {}, "inverted": {"ORL_TRAIN_W_RL": "-1"}}
+# name -> (method, environment overrides)
+RUNS: dict[str, tuple[str, dict[str, str]]] = {
+    "binary": ("binary", {}),
+    "inverted": ("binary", {"ORL_TRAIN_W_RL": "-1"}),
+    "combined": ("combined", {}),
+}
 DEMO_MAX_TOKENS = 96  # the demo's default: the gate answers as the demo's server does
 
 
@@ -56,20 +59,24 @@ def train(name: str, args: argparse.Namespace) -> tuple[Path, str]:
     if not results_file.exists():
         command = [
             sys.executable, "-m", "orl.cli", "demo", "--data-dir", str(data_dir), "--out-dir", str(data_dir / "report"),
-            "--methods", "binary", "--steps", str(args.steps), "--eval-every", str(args.steps),
+            "--methods", RUNS[name][0], "--steps", str(args.steps), "--eval-every", str(args.steps),
             "--scenario", "student", "--port", str(args.port), "--max-tokens", str(DEMO_MAX_TOKENS),
         ]  # fmt: skip
-        print(f"== training {name} {RUNS[name] or ''}: {' '.join(command[2:])}", flush=True)
+        print(f"== training {name} {RUNS[name][1] or ''}: {' '.join(command[2:])}", flush=True)
         started = time.perf_counter()
         with open(args.out / f"{name}.log", "w") as log:
             done = subprocess.run(
-                command, env={**os.environ, **RUNS[name]}, stdout=log, stderr=subprocess.STDOUT, check=False
+                command,
+                env={**os.environ, **RUNS[name][1]},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=False,
             )
         if done.returncode != 0:
             raise SystemExit(f"run {name} failed (exit {done.returncode}); see {args.out / f'{name}.log'}")
         print(f"   took {time.perf_counter() - started:.0f} s", flush=True)
     results = json.loads(results_file.read_text())
-    (namespace,) = results["extra"]["namespaces"]["binary"].values()
+    (namespace,) = results["extra"]["namespaces"][RUNS[name][0]].values()
     return data_dir, namespace
 
 
@@ -193,8 +200,7 @@ def main() -> int:
     candidates = []
     for name, (data_dir, namespace) in trained.items():
         newest = complete_versions(LocalObjectStore(data_dir / "objects"), namespace)[-1]
-        versions = sorted({newest // 2, newest}) if name == "shipped" else [newest]
-        candidates += [(name, data_dir, namespace, version) for version in versions]
+        candidates.append((name, data_dir, namespace, newest))
     print("\n| run | version | seed | decision | approval (candidate vs base) | relevance | s | core share |")
     print("|---|---|---|---|---|---|---|---|")
     rows = [] if args.skip_gate else asyncio.run(gate_tries(candidates, args))

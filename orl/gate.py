@@ -196,8 +196,8 @@ class Evaluator:
     settings: GateSettings
     base_dir: Path
     work_dir: Path
-    # the two answer sets (by version and prompts) used last: a baseline is evaluated once for its candidates
-    kept: dict[tuple[int, tuple[str, ...]], list[dict[str, Any]]] = field(default_factory=dict)
+    # the two answer sets (by run, version and prompts) used last: a baseline is evaluated once for its candidates
+    kept: dict[tuple[str, int, tuple[str, ...]], list[dict[str, Any]]] = field(default_factory=dict)
 
     async def load(self, version: int) -> None:
         if version == self.backend.policy_version:
@@ -216,7 +216,7 @@ class Evaluator:
     ) -> list[dict[str, Any]]:
         """Every prompt's answers by `version`, each with its next state, the judge's votes and reward.
         The two answer sets used last are kept: a baseline is evaluated once for a run of candidates."""
-        key = (version, tuple(prompt.prompt_id for prompt in prompts))
+        key = (self.settings.run_id, version, tuple(prompt.prompt_id for prompt in prompts))
         if key in self.kept:
             self.kept[key] = self.kept.pop(key)  # the most recently used goes last
         else:
