@@ -148,6 +148,24 @@ def decisions_by_margin(rows: list[dict[str, Any]], margins: tuple[float, ...]) 
     return lines
 
 
+def decisions_against(rows: list[dict[str, Any]], promoted_run: str, margin: float) -> list[str]:
+    """Markdown rows: had `promoted_run`'s version been the promoted one, how many tries would each other
+    candidate have been promoted in? Paired per seed: within a seed every candidate answered the same
+    prompts with the same sampling seeds, so its figures compare with the promoted one's directly."""
+    served = {r["seed"]: r for r in rows if r["run"] == promoted_run}
+    lines = []
+    for name in sorted({r["run"] for r in rows} - {promoted_run}):
+        tries = [(r, served[r["seed"]]) for r in rows if r["run"] == name and r["seed"] in served]
+        promoted = 0
+        for candidate, baseline in tries:
+            mine = VersionScore(1, 1, candidate["candidate_approval"], candidate["candidate_relevance"])
+            theirs = VersionScore(1, 1, baseline["candidate_approval"], baseline["candidate_relevance"])
+            promoted += gate_decision(mine, theirs, margin)[0] == PROMOTED
+        lines.append(f"| {name} v{tries[0][0]['version']} | {promoted_run} v{tries[0][1]['version']} | "
+                     f"{promoted}/{len(tries)} | {len(tries) - promoted}/{len(tries)} |")  # fmt: skip
+    return lines
+
+
 def rollbacks_replayed(data_dir: Path, namespace: str, window: int, margin: float) -> list[str]:
     """The rollbacks RollbackWatch would have made over the run's samples, in the order it saw them."""
     store = LocalObjectStore(data_dir / "objects")
@@ -214,6 +232,8 @@ def main() -> int:
               + " | ".join(f"promoted at margin {m:g}" for m in margins) + " |")  # fmt: skip
         print("|---|---|---|" + "---|" * len(margins))
         print("\n".join(decisions_by_margin(rows, margins)))
+        print("\n| candidate | promoted version | promoted | held |\n|---|---|---|---|")
+        print("\n".join(decisions_against(rows, "combined", 0.1)))
         (args.out / "results.json").write_text(json.dumps(rows, indent=2))
     print("\n| run | rollback window | margin | rollbacks the watch would make |\n|---|---|---|---|")
     for name, (data_dir, ns) in trained.items():
