@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import random
+import tempfile
 import time
 import uuid
 from collections import deque
@@ -206,10 +207,11 @@ class Evaluator:
             await self.backend.load_checkpoint(self.base_dir, 0, "full")
             return
         key = version_prefix(self.settings.run_id, version) + MANIFEST_NAME
-        dest = self.work_dir / f"{version:08d}"
         manifest = await asyncio.to_thread(read_manifest, self.store, key)
-        await asyncio.to_thread(download_and_verify, self.store, key, dest, trainer_state=False)
-        await self.backend.load_checkpoint(dest, version, manifest.kind)  # type: ignore[arg-type]
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f"v{version:08d}-", dir=self.work_dir) as folder:
+            await asyncio.to_thread(download_and_verify, self.store, key, Path(folder), trainer_state=False)
+            await self.backend.load_checkpoint(Path(folder), version, manifest.kind)  # type: ignore[arg-type]
 
     async def answers(
         self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState
