@@ -5,7 +5,9 @@ atomic in S3, so readers never see part of an object. `put_if_absent` is a condi
 (`If-None-Match: *`, answered 412 when the key exists; verified against SeaweedFS, including a race
 of 8 writers); a server that ignores that header would silently overwrite. Network failures surface quickly as
 ServiceUnavailable: short timeouts and a small, bounded number of retries (connect errors always,
-read errors and 5xx only for GET/HEAD/DELETE, never for a PUT whose outcome would be unknown).
+read errors and 5xx only for GET/HEAD/DELETE, never for a PUT whose outcome would be unknown). An
+S3 error that says the server is in trouble for now (InternalError, SlowDown, ...) is
+ServiceUnavailable too, so callers that wait out an outage wait it out.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ _CREDENTIAL_ERRORS = frozenset(
 )
 _NOT_FOUND_ERRORS = frozenset({"NoSuchKey", "ResourceNotFound"})
 _BUCKET_EXISTS_ERRORS = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
+# The server's own trouble, gone on a retry (a server still starting answers InternalError): unreachable
+_TRANSIENT_ERRORS = frozenset({"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"})
 
 
 # put_if_absent calls minio's private single-PUT `Minio._put_object` (the public put_object would turn
@@ -200,7 +204,11 @@ class S3ObjectStore(ObjectStore):
         except MinioException as exc:
             raise ObjectStoreError(f"S3 operation on {what!r} failed: {exc}") from exc
 
-    def _s3_error(self, what: str, exc: S3Error) -> ObjectStoreError:
+    def _s3_error(self, what: str, exc: S3Error) -> ObjectStoreError | ServiceUnavailable:
+        if exc.code in _TRANSIENT_ERRORS:
+            return ServiceUnavailable(
+                f"S3 at {self._address} could not serve {what!r} for now ({exc.code}: {exc.message})"
+            )
         if exc.code in _NOT_FOUND_ERRORS:
             return ObjectNotFound(f"no object {what!r} in s3://{self.bucket} at {self._address}")
         if exc.code in _CREDENTIAL_ERRORS:

@@ -6,8 +6,10 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,49 @@ def test_s3_store_reuses_an_existing_bucket(s3_server: S3Server) -> None:
     second = S3ObjectStore(s3_server.endpoint, s3_server.access_key, s3_server.secret_key, bucket)
     first.put("k", b"v")
     assert second.get("k") == b"v"
+
+
+class _InTrouble(BaseHTTPRequestHandler):
+    """Answers every request as an S3 server does while it is starting or overloaded: 500 InternalError
+    (the error document of the S3 API's "Error responses")."""
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        body = (
+            b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code>'
+            b"<Message>We encountered an internal error, please try again.</Message>"
+            b"<Resource>/orl-trouble/k</Resource><RequestId>1</RequestId></Error>"
+        )
+        self.send_response(500)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PUT = do_HEAD = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def test_an_s3_server_in_trouble_is_unavailable_not_a_refusal() -> None:
+    """A PUT answered InternalError (SeaweedFS did so for a moment after a restart) is ServiceUnavailable,
+    so a checkpoint publish waits it out instead of failing the trainer."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _InTrouble)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = S3ObjectStore(
+            f"127.0.0.1:{server.server_address[1]}",
+            "k",
+            "s",
+            "orl-trouble",
+            region="us-east-1",
+            create_bucket=False,
+            retries=0,
+        )
+        with pytest.raises(ServiceUnavailable, match="InternalError"):
+            store.put("k", b"x")
+    finally:
+        server.shutdown()
+        server.server_close()
