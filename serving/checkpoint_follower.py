@@ -37,6 +37,7 @@ from schemas.event_types import CheckpointPublished
 from schemas.topics import topic_name
 from serving.capture import EventRecorder
 from serving.policy.base import PolicyBackend
+from serving.promotion_rule import PROMOTED
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class CheckpointFollower:
                     ref = _published_ref(event)
                     if ref is not None:
                         published[ref.version] = ref
-                    elif event["envelope"]["event_type"] == "PolicyGated" and event["decision"] == "promoted":
+                    elif event["envelope"]["event_type"] == "PolicyGated" and event["decision"] == PROMOTED:
                         newest = max(newest, int(event["version"]))
                 if (
                     self.pinned is None
