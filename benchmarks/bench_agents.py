@@ -112,6 +112,7 @@ class Run:
         self.up = UpSettings(
             data_dir=data_dir, namespace=self.namespace, port=args.port, method="binary", judge="reaction",
             reward_rule="step_outcome", group_advantage=True, run_id=self.namespace, batch_size=100_000,
+            gate=False,  # the benchmark's rollouts are its evaluation
         )  # fmt: skip
         env = {
             **component_env(self.up),

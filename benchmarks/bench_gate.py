@@ -111,6 +111,7 @@ async def gate_tries(
                         "candidate_approval": event["candidate_approval"], "baseline_approval": event["baseline_approval"],
                         "candidate_relevance": event["candidate_relevance"], "baseline_relevance": event["baseline_relevance"],
                         "seconds": wall, "core_share": cpu / wall / available_cores(),
+                        **answer_counts(event["answers"], version), "baseline": answer_counts(event["answers"], 0),
                     }
                 )  # fmt: skip
                 row = rows[-1]
@@ -123,6 +124,25 @@ async def gate_tries(
     return rows
 
 
+def answer_counts(answers: list[dict[str, Any]], version: int) -> dict[str, int]:
+    """How many answers `version` gave, and on how many the judge took a side (+1 or -1)."""
+    mine = [a for a in answers if a["version"] == version]
+    return {"answers": len(mine), "decisive": sum(a["reward"] in (1, -1) for a in mine)}
+
+
+def candidate_score(row: dict[str, Any]) -> VersionScore:
+    return VersionScore(
+        row["answers"], row["decisive"], row["candidate_approval"], row["candidate_relevance"]
+    )
+
+
+def baseline_score(row: dict[str, Any]) -> VersionScore:
+    counts = row["baseline"]
+    return VersionScore(
+        counts["answers"], counts["decisive"], row["baseline_approval"], row["baseline_relevance"]
+    )
+
+
 def decisions_by_margin(rows: list[dict[str, Any]], margins: tuple[float, ...]) -> list[str]:
     """Markdown rows: per candidate, how many tries each margin would promote (the rule is pure)."""
     lines = []
@@ -132,9 +152,7 @@ def decisions_by_margin(rows: list[dict[str, Any]], margins: tuple[float, ...]) 
         for margin in margins:
             promoted = 0
             for r in tries:
-                candidate = VersionScore(1, 1, r["candidate_approval"], r["candidate_relevance"])
-                baseline = VersionScore(1, 1, r["baseline_approval"], r["baseline_relevance"])
-                promoted += gate_decision(candidate, baseline, margin)[0] == PROMOTED
+                promoted += gate_decision(candidate_score(r), baseline_score(r), margin)[0] == PROMOTED
             counts.append(f"{promoted}/{len(tries)}")
         approval = sum(r["candidate_approval"] or 0.0 for r in tries) / len(tries)
         base = sum(r["baseline_approval"] or 0.0 for r in tries) / len(tries)
@@ -158,9 +176,9 @@ def decisions_against(rows: list[dict[str, Any]], promoted_run: str, margin: flo
         tries = [(r, served[r["seed"]]) for r in rows if r["run"] == name and r["seed"] in served]
         promoted = 0
         for candidate, baseline in tries:
-            mine = VersionScore(1, 1, candidate["candidate_approval"], candidate["candidate_relevance"])
-            theirs = VersionScore(1, 1, baseline["candidate_approval"], baseline["candidate_relevance"])
-            promoted += gate_decision(mine, theirs, margin)[0] == PROMOTED
+            promoted += (
+                gate_decision(candidate_score(candidate), candidate_score(baseline), margin)[0] == PROMOTED
+            )
         lines.append(f"| {name} v{tries[0][0]['version']} | {promoted_run} v{tries[0][1]['version']} | "
                      f"{promoted}/{len(tries)} | {len(tries) - promoted}/{len(tries)} |")  # fmt: skip
     return lines

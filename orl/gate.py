@@ -8,7 +8,8 @@ activate promoted versions only.
 For the newest published version above the promoted one (versions published meanwhile are passed
 over), the gate draws held-out prompts, generates `--gate-samples` answers per prompt with the
 candidate and with the promoted version (the same seeds for both), lets the run's reward judge
-score every answer, and decides with `serving.promotion_rule.gate_decision`. Prompts:
+score every answer, and decides with `serving.promotion_rule.gate_decision`. A version that
+republishes the promoted one's weights (the trainer's restore after a hold) is promoted at once. Prompts:
 
 - from the log (default): the newest recorded main turns of held-out sessions (the share
   `--holdout-share` of sessions the trainer skips, so no version trained on them); the judge sees
@@ -213,6 +214,16 @@ class Evaluator:
             await asyncio.to_thread(download_and_verify, self.store, key, Path(folder), trainer_state=False)
             await self.backend.load_checkpoint(Path(folder), version, manifest.kind)  # type: ignore[arg-type]
 
+    async def restored_version(self, version: int) -> int | None:
+        """The version whose weights `version` republishes (the trainer's restore after a hold or a
+        rollback, recorded in its manifest), else None."""
+        if version == 0:
+            return None
+        key = version_prefix(self.settings.run_id, version) + MANIFEST_NAME
+        manifest = await asyncio.to_thread(read_manifest, self.store, key)
+        restored = manifest.metrics.get("restored")
+        return None if restored is None else int(restored)
+
     async def answers(
         self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState
     ) -> list[dict[str, Any]]:
@@ -361,17 +372,20 @@ async def gate_once(
     evaluator: Evaluator, settings: GateSettings, state: GateLog, candidate: int
 ) -> PolicyGated | None:
     """Evaluate `candidate` against the promoted version; the decision event (None: no prompts yet)."""
-    if settings.gate_scenario:
-        prompts = scenario_prompts(settings.gate_scenario, settings.gate_prompts)
-        next_state = scenario_user(settings.gate_scenario)
-    else:
-        prompts = list(state.held_out)[-settings.gate_prompts :]
-        next_state = no_reply
-    if not prompts:
-        return None
-    started = time.perf_counter()
     baseline = state.promoted
     try:
+        if await evaluator.restored_version(candidate) == baseline:  # the same weights: nothing to compare
+            reason = f"v{candidate} republishes the promoted v{baseline}'s weights (the trainer's restore)"
+            return cast(PolicyGated, gated_event(settings, candidate, baseline, PROMOTED, reason, 0.0, []))
+        if settings.gate_scenario:
+            prompts = scenario_prompts(settings.gate_scenario, settings.gate_prompts)
+            next_state = scenario_user(settings.gate_scenario)
+        else:
+            prompts = list(state.held_out)[-settings.gate_prompts :]
+            next_state = no_reply
+        if not prompts:
+            return None
+        started = time.perf_counter()
         answers = [
             *await evaluator.answers(baseline, prompts, next_state),
             *await evaluator.answers(candidate, prompts, next_state),

@@ -98,13 +98,14 @@ class UpSettings(ConnectionSettings):
         "127.0.0.1 from this port up, one port per pipeline process (0: off).",
     )
     gate: bool = setting(
-        False,
+        True,
         "ORL_GATE",
-        "Promotion gate: also start `orl gate`; servers serve only the versions it promotes (scored no worse "
-        "than the served one on held-out prompts), and the trainer never trains on the held-out sessions.",
+        "Promotion gate (--no-gate: off): also start `orl gate`; servers serve only the versions it promotes "
+        "(scored no worse than the served one on held-out prompts), and the trainer never trains on the "
+        "held-out sessions.",
     )
     holdout_share: float = setting(
-        0.1, "ORL_HOLDOUT_SHARE", "With --gate: the share of sessions held out for the gate's prompts."
+        0.1, "ORL_HOLDOUT_SHARE", "With the gate: the share of sessions held out for the gate's prompts."
     )
     opd_loss: str = setting(
         "token",
@@ -167,11 +168,14 @@ def compute_budget(settings: UpSettings) -> str:
     """The line `orl up` / `orl demo` log at start: the cores, the threads and the numerics, and why."""
     cores = stack_cores(settings)
     numerics = choose_numerics(settings.precision, "cpu")
-    torch_processes = sum(name in ("serve", "train") for name in settings.components) + settings.gate
+    torch_names = [name for name in settings.components if name in ("serve", "train")] + (
+        ["gate"] if settings.gate else []
+    )
+    named = " and ".join([", ".join(torch_names[:-1]), torch_names[-1]] if len(torch_names) > 2 else torch_names)
     return (
         f"compute budget: {cores} cores ({'set by --cores' if settings.cores else 'all this process may use'}; "
-        f"{available_cores()} available, {cpu_model_name()}); serve and train use {cores} torch threads each while computing alone, "
-        f"{max(1, cores // max(1, torch_processes))} each while both compute (core board {settings.data_dir / 'cores'}); "
+        f"{available_cores()} available, {cpu_model_name()}); {named} use {cores} torch threads each while computing alone, "
+        f"{max(1, cores // max(1, len(torch_names)))} each while all compute (core board {settings.data_dir / 'cores'}); "
         f"OpenMP waits {os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')}; numerics {numerics.precision} ({numerics.reason})"
     )
 

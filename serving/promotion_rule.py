@@ -8,17 +8,22 @@ or none) and a relevance flag (it mentions a content word of the prompt). Per ve
   when it took a side on none (a rule judge that needs a user's reply, shown no reply);
 - relevance: the share of relevant answers.
 
-The candidate is promoted unless it falls below the baseline by more than the margin on approval
-(when both have one) or on relevance. The held-out sessions are `schemas.ids.held_out_session`'s.
+The candidate is promoted unless it falls below the baseline on approval (when both have one) or on
+relevance by more than the margin and beyond sampling noise: the Agresti-Caffo 95% one-sided upper
+bound of the difference between the two shares is below zero. Without the second condition a few
+answers decide: on 8 answers, two off-topic ones (relevance 0.75 against 1.00) would hold a version
+whose approval had gone from 0.12 to 0.50. The held-out sessions are `schemas.ids.held_out_session`'s.
 Reads and writes no topics.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 PROMOTED, HELD = "promoted", "held"
+Z_95_ONE_SIDED = 1.645
 
 
 @dataclass(frozen=True)
@@ -42,20 +47,34 @@ def score_version(rewards: Sequence[int | None], relevant: Sequence[bool]) -> Ve
     return VersionScore(len(rewards), len(decisive), approval, sum(relevant) / len(relevant))
 
 
+def falls_below(candidate: float, candidate_n: int, baseline: float, baseline_n: int, margin: float) -> bool:
+    """Whether the candidate's share (of `candidate_n` answers) is below the baseline's by more than
+    `margin` and beyond sampling noise (Agresti-Caffo: one success and one failure added to each side)."""
+    if candidate >= baseline - margin:
+        return False
+    low = (candidate * candidate_n + 1) / (candidate_n + 2)
+    high = (baseline * baseline_n + 1) / (baseline_n + 2)
+    spread = math.sqrt(low * (1 - low) / (candidate_n + 2) + high * (1 - high) / (baseline_n + 2))
+    return low - high + Z_95_ONE_SIDED * spread < 0
+
+
 def gate_decision(candidate: VersionScore, baseline: VersionScore, margin: float) -> tuple[str, str]:
     """(PROMOTED or HELD, the reason in words)."""
     falls: list[str] = []
     figures: list[str] = []
     if candidate.approval is not None and baseline.approval is not None:
         figures.append(f"approval {candidate.approval:.2f} vs {baseline.approval:.2f}")
-        if candidate.approval < baseline.approval - margin:
+        if falls_below(candidate.approval, candidate.decisive, baseline.approval, baseline.decisive, margin):
             falls.append("approval")
     else:
         figures.append("approval not comparable (the judge took no side on one version's answers)")
     figures.append(f"relevance {candidate.relevance:.2f} vs {baseline.relevance:.2f}")
-    if candidate.relevance < baseline.relevance - margin:
+    if falls_below(candidate.relevance, candidate.answers, baseline.relevance, baseline.answers, margin):
         falls.append("relevance")
     said = "; ".join(figures)
     if falls:
-        return HELD, f"{said}: {' and '.join(falls)} below the baseline by more than the margin {margin:.2f}"
-    return PROMOTED, f"{said}: within the margin {margin:.2f} or better"
+        return HELD, (
+            f"{said}: {' and '.join(falls)} below the baseline by more than the margin {margin:.2f} and "
+            "beyond sampling noise (95%)"
+        )
+    return PROMOTED, f"{said}: within the margin {margin:.2f} or sampling noise, or better"

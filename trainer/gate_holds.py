@@ -6,6 +6,8 @@ come from ever older versions, until the staleness bound dropped every one and n
 published for the gate to judge. So when the trainer's own newest version is held, it republishes
 the promoted version's weights as its next version (as a rollback does) and trains on from there;
 the gate promotes that one (the same weights as the served version), and fresh samples follow.
+Nor does the trainer run ahead of a slow gate (`ahead_of_gate`): it waits while its samples' version
+would soon be too old to train on.
 `GateHolds` is the pure bookkeeping; `follow_gate` feeds it from the log. Reads `checkpoints`.
 """
 
@@ -45,6 +47,13 @@ class GateHolds:
     def restore_for(self, version: int) -> int | None:
         """The promoted version to go back to if `version` (the trainer's newest) was held, else None."""
         return self.promoted if version in self.held and self.promoted < version else None
+
+
+def ahead_of_gate(version: int, promoted: int, max_staleness: int) -> bool:
+    """Whether a trainer at `version` must wait for the gate before its next step: servers behind the
+    gate serve `promoted`, and a sample of it is trained only up to `max_staleness` versions later, so
+    the trainer publishes at most max(1, max_staleness) versions beyond it (a negative bound: no wait)."""
+    return max_staleness >= 0 and version - promoted >= max(1, max_staleness)
 
 
 async def follow_gate(

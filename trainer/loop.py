@@ -60,7 +60,7 @@ from trainer.batch_loss import LossConfig, batch_loss
 from trainer.batching import Batch, SampleBatcher
 from trainer.core_sharing import fit_threads_every_layer
 from trainer.flush_request import FlushRequest
-from trainer.gate_holds import GateHolds, follow_gate
+from trainer.gate_holds import GateHolds, ahead_of_gate, follow_gate
 from trainer.policy_model import LoraSettings, PolicyKind, PolicyModel, load_policy
 from trainer.resume import (
     PRODUCER,
@@ -597,6 +597,7 @@ async def consume_and_train(
         async with log_.consumer(settings.group_id(), [samples_topic]) as consumer:
             stream = SampleStream(consumer, point.consumed_offsets)
             idle_since = time.monotonic()
+            logged_wait = False
             while settings.max_steps == 0 or steps < settings.max_steps:
                 promoted = holds.restore_for(version) if settings.backend == "torch" else None
                 if promoted is not None:  # see trainer/gate_holds.py
@@ -614,10 +615,21 @@ async def consume_and_train(
                 quiet = bool(settings.partial_batch_after_s) and (
                     time.monotonic() - idle_since >= settings.partial_batch_after_s
                 )
-                batch = batcher.take(version, partial=quiet)
+                waiting = settings.follow_promoted and ahead_of_gate(
+                    version, holds.promoted, settings.max_staleness
+                )
+                if waiting and not logged_wait:
+                    log.info(
+                        "at v%d, waiting for the promotion gate: the servers serve the promoted v%d, and "
+                        "training beyond v%d would make its samples stale",
+                        version, holds.promoted, version,
+                    )  # fmt: skip
+                logged_wait = waiting
+                batch = None if waiting else batcher.take(version, partial=quiet)
                 # A flush request: read to the end of the topic, then train whatever is pending.
                 if (
-                    batch is None
+                    not waiting
+                    and batch is None
                     and flush is not None
                     and flush.requested
                     and await drained(log_, stream, samples_topic)

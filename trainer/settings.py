@@ -136,6 +136,12 @@ class TrainSettings(ConnectionSettings):
         "ORL_ROLLBACK_MARGIN",
         "How much lower a version's approval must be than its parent's to roll back.",
     )
+    follow_promoted: bool = setting(
+        False,
+        "ORL_FOLLOW_PROMOTED",
+        "The servers serve only versions the promotion gate promoted (`orl up`'s gate): publish at most "
+        "max(1, --max-staleness) versions beyond the newest promoted one, then wait for the gate.",
+    )
     rollback_action: str = setting(
         "restore",
         "ORL_ROLLBACK_ACTION",

@@ -43,6 +43,7 @@ from orl.up import (
 from schemas.codec import decode
 from schemas.errors import ConfigError, OrlError
 from schemas.topics import topic_name
+from serving.promotion_rule import HELD, PROMOTED
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,13 @@ class DemoSettings(ConnectionSettings):
         "ORL_PRECISION",
         "Numerics of server and trainer: auto (bf16 only where native) | bf16 | fp32.",
     )
+    gate: bool = setting(
+        True,
+        "ORL_GATE",
+        "Promotion gate (--no-gate: off): `orl gate` scores every trained version against the served one on "
+        "the scenario's held-out prompts, with its simulated user and the demo's judge, before the server may "
+        "serve it; a held version is never served and the trainer goes back to the promoted weights.",
+    )
     quick: bool = setting(
         False,
         "ORL_DEMO_QUICK",
@@ -139,6 +147,7 @@ def run_demo(settings: DemoSettings) -> int:
     print(compute_budget(up_settings(settings, "combined", "demo")), flush=True)
     print(f"base model: {prepare_model_once(settings)}", flush=True)
     results = asyncio.run(_run_all(settings, scenario, tag))
+    gate = asyncio.run(_gate_summaries(settings, tag, results)) if settings.gate else {}
     files = write_report(
         out_dir,
         {
@@ -154,6 +163,7 @@ def run_demo(settings: DemoSettings) -> int:
             "namespaces": {
                 m: {str(seed): _namespace(tag, seed, m) for seed in by_seed} for m, by_seed in results.items()
             },
+            "gate": gate,
             "seconds": round(time.perf_counter() - started),
             "settings": {
                 "steps": settings.steps,
@@ -166,10 +176,26 @@ def run_demo(settings: DemoSettings) -> int:
         },
     )
     print(files.table.read_text())
+    for method, by_seed in gate.items():
+        for seed, summary in by_seed.items():
+            print(f"promotion gate, {method} seed {seed}: {summary}")
     print(
         f"learning curve: {files.chart}\nresults: {files.results}\ntook {time.perf_counter() - started:.0f} s"
     )
     return 0
+
+
+async def _gate_summaries(
+    settings: DemoSettings, tag: str, results: dict[str, dict[int, dict[int, Evaluation]]]
+) -> dict[str, dict[str, str]]:
+    """What the gate promoted and held in every method's run, from its log."""
+    summaries: dict[str, dict[str, str]] = {}
+    for method, by_seed in results.items():
+        for seed in by_seed:
+            namespace = _namespace(tag, seed, method)
+            decisions = await gate_decisions(up_settings(settings, method, namespace), namespace)
+            summaries.setdefault(method, {})[str(seed)] = decisions.summary()
+    return summaries
 
 
 def demo_seeds(settings: DemoSettings) -> list[int]:
@@ -218,6 +244,8 @@ def up_settings(settings: DemoSettings, method: str, namespace: str) -> UpSettin
         precision=settings.precision,
         opd_topk=settings.opd_topk,
         opd_loss=settings.opd_loss,
+        gate=settings.gate,
+        holdout_share=0.0,  # the gate asks the scenario's held-out prompts, which no session uses
     )
 
 
@@ -245,6 +273,11 @@ async def start_stack(settings: DemoSettings, method: str, namespace: str) -> De
         "ORL_TEACHER_KIND": settings.teacher_kind,
         "ORL_SERVED_MODEL_NAME": "orl-policy",
         "ORL_TRAIN_SEED": str(settings.seed),
+        # the gate evaluates as the demo does: the scenario's held-out prompts, answers of the same length
+        "ORL_GATE_SCENARIO": settings.scenario,
+        "ORL_GATE_PROMPTS": str(settings.eval_prompts),
+        "ORL_GATE_SAMPLES": str(settings.eval_samples),
+        "ORL_GATE_MAX_TOKENS": str(settings.max_tokens),
     }
     supervisor = Supervisor(stack_launches(up, env), settings.data_dir / "logs" / namespace)
     api_key, admin_key = stack_keys(up)
@@ -346,13 +379,61 @@ async def wait_for_training(stack: DemoStack, round_: Round, deadline: float) ->
             supervisor.signal("train", signal.SIGUSR1)  # train the round's samples, even fewer than N
             asked_s = time.monotonic()
         await asyncio.sleep(0.5)
-    while await client.policy_version() < trained[1]:
+    served, gate = trained[1], ""
+    if up.gate and trained[1] > 0:
+        served, gate = await _wait_for_gate(stack, trained[1], deadline, step)
+    while await client.policy_version() < served:
         supervisor.check()
         _check_deadline(deadline, step, "waiting for the hot swap")
         await asyncio.sleep(0.5)
     return (
         f"{round_.satisfied}/{round_.sessions} users satisfied, {ready - ready_before} samples "
-        f"({ready - trained[0]} pending; policy v{trained[1]}, KL to base {trained[2]:.3f})"
+        f"({ready - trained[0]} pending; policy v{trained[1]}, KL to base {trained[2]:.3f}){gate}"
+    )
+
+
+async def _wait_for_gate(stack: DemoStack, version: int, deadline: float, step: int) -> tuple[int, str]:
+    """Wait until the gate decided `version` and, if it held it, promoted the trainer's restore of the
+    promoted weights; (the version the server is to serve, the decision in words)."""
+    while True:
+        stack.supervisor.check()
+        _check_deadline(deadline, step, "waiting for the promotion gate")
+        decisions = await gate_decisions(stack.up, stack.namespace)
+        published = max(decisions.published, default=0)
+        if published >= version and decisions.decided.get(published, ("",))[0] == PROMOTED:
+            decision, reason = decisions.decided[version]
+            return published, f"; gate: v{version} {decision} ({reason})"
+        await asyncio.sleep(0.5)
+
+
+@dataclass
+class GateDecisions:
+    """The run's published versions and the gate's decisions on them: version -> (decision, reason)."""
+
+    published: set[int]
+    decided: dict[int, tuple[str, str]]
+
+    def summary(self) -> str:
+        """One line: what the gate promoted and held."""
+        held = sorted(v for v, (decision, _) in self.decided.items() if decision == HELD)
+        promoted = sorted(v for v, (decision, _) in self.decided.items() if decision == PROMOTED)
+        return f"{len(promoted)} versions promoted, {len(held)} held" + (
+            f" ({', '.join(f'v{v}' for v in held)})" if held else ""
+        )
+
+
+async def gate_decisions(up: UpSettings, namespace: str) -> GateDecisions:
+    """Read `checkpoints`: the versions the trainer published and what the gate decided on each."""
+    async with open_event_log(up.effective_log_url()) as log:
+        events = [decode(r.value) for r in await read_to_end(log, topic_name(namespace, "checkpoints"))]
+    ours = [e for e in events if e.get("run_id") == up.run_id]
+    return GateDecisions(
+        {int(e["version"]) for e in ours if e["envelope"]["event_type"] == "CheckpointPublished"},
+        {
+            int(e["version"]): (str(e["decision"]), str(e["reason"]))
+            for e in ours
+            if e["envelope"]["event_type"] == "PolicyGated"
+        },
     )
 
 

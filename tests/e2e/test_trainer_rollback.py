@@ -126,6 +126,34 @@ def test_a_version_the_gate_held_is_not_trained_on_the_promoted_weights_are(
     assert "the promotion gate held v1 (approval 0.00 vs 0.50)" in (tmp_path / "trainer.log").read_text()
 
 
+def test_behind_the_gate_the_trainer_runs_no_further_ahead_of_the_promoted_version_than_the_staleness_bound(
+    tmp_path: Path, base_model_dir: Path
+) -> None:
+    """Servers behind the gate serve v0 until it promotes something: with --max-staleness 1 the trainer
+    publishes v1 and waits (samples of v0 trained later than v1 would be stale); once v1 is promoted it
+    trains v2 from the samples that waited."""
+    db = tmp_path / "log.db"
+    asyncio.run(write_samples(db, judged_samples()))
+    store = LocalObjectStore(tmp_path / "objects")
+    flags = ("--batch-size", "4", "--follow-promoted", "--max-staleness", "1")
+
+    def published() -> list[int]:
+        return [v for v in (1, 2, 3) if store.exists(f"checkpoints/{RUN}/{v:08d}/manifest.json")]
+
+    assert wait(start_trainer(tmp_path, base_model_dir, *flags)) == 0
+    assert published() == [1]  # eight samples waiting, but the gate has not decided v1
+    assert (
+        "at v1, waiting for the promotion gate: the servers serve the promoted v0"
+        in (tmp_path / "trainer.log").read_text()
+    )
+    asyncio.run(write_gate_decision(db, 1, "promoted"))
+    assert wait(start_trainer(tmp_path, base_model_dir, *flags)) == 0
+    assert published() == [1, 2]
+    manifest = Manifest.from_json(store.get(f"checkpoints/{RUN}/00000002/manifest.json"))
+    ids = [e["envelope"]["event_id"] for e in judged_samples()]
+    assert manifest.parent_version == 1 and manifest.metrics["sample_ids"] == ids[4:]
+
+
 def test_with_rollback_action_stop_the_run_stops_at_the_rollback_until_started_with_restore(
     tmp_path: Path, base_model_dir: Path
 ) -> None:

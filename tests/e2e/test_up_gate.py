@@ -1,4 +1,4 @@
-"""`orl up --gate`: the server serves a trained version only after the promotion gate promoted it.
+"""`orl up` (the gate is on by default): the server serves a trained version only after the promotion gate promoted it.
 
 The stack (server, pipeline, trainer, gate) runs as a user starts it, with half the sessions held out.
 Four two-question sessions, each closed with a "thanks" and a "try again", give every session two
@@ -70,11 +70,11 @@ def test_up_with_the_gate_serves_only_promoted_versions_and_never_trains_on_held
 ) -> None:
     kept, held = sessions()
     gate_env = {
-        "ORL_GATE": "true", "ORL_HOLDOUT_SHARE": str(SHARE), "ORL_GATE_PROMPTS": "4", "ORL_GATE_SAMPLES": "1",
+        "ORL_HOLDOUT_SHARE": str(SHARE), "ORL_GATE_PROMPTS": "4", "ORL_GATE_SAMPLES": "1",
         "ORL_GATE_MAX_TOKENS": "16", "ORL_GATE_MARGIN": "1.0", "ORL_TRAIN_BATCH_SIZE": "2",
     }  # fmt: skip
     with running_up(
-        tmp_path, idle_timeout_s=600, extra_env=gate_env, components="serve,pipeline,train"
+        tmp_path, idle_timeout_s=600, extra_env=gate_env, components="serve,pipeline,train", gate=True
     ) as stack:
         assert "started gate (pid" in stack.log_path.read_text()
         for session, topic in zip(held + kept, ("noun", "verb", "cat", "river"), strict=True):

@@ -35,11 +35,13 @@ def running_up(
     idle_timeout_s: float,
     extra_env: dict[str, str] | None = None,
     components: str = "serve,pipeline",
+    gate: bool = False,
 ) -> Iterator[UpStack]:
     """`orl up --method binary --components serve,pipeline` on a free port, ready; SIGTERM at the end.
 
     `extra_env` adds settings (environment variables), e.g. the SGLang backend's; `components` is
-    passed to --components (the fault suite adds `train`).
+    passed to --components (the fault suite adds `train`). The promotion gate, on by default in
+    `orl up`, is off (`--no-gate`) unless `gate`: the tests that do not test it see every version served.
     """
     port, data_dir, log_path = free_port(), tmp_path / "orl", tmp_path / "up.log"
     env = {
@@ -51,7 +53,7 @@ def running_up(
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "orl.cli", "up", "--data-dir", str(data_dir), "--port", str(port),
-             "--method", "binary", "--components", components],
+             "--method", "binary", "--components", components, *([] if gate else ["--no-gate"])],
             env=env, stdout=log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:

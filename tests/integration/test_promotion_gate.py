@@ -3,7 +3,8 @@
 v1 is the base model's own weights published as a full checkpoint: the gate's answers (same prompts,
 same seeds) match the base model's, so it must be promoted. v2 has every weight matrix drowned in
 noise: it babbles, the demo scenario's simulated user asks for a redo of every answer, and the
-rule judge `user_reply` rejects it, so it must be held. The gate runs as `orl gate` runs
+rule judge `user_reply` rejects it, so it must be held. v3, the trainer's restore of v1's weights
+after that hold, is promoted without an evaluation. The gate runs as `orl gate` runs
 (`run_gate_loop`) and its PolicyGated events are read back from the log.
 """
 
@@ -46,11 +47,13 @@ def full_checkpoint(base: Path, out: Path, noise: float) -> Path:
     return out
 
 
-async def publish(settings: GateSettings, folder: Path, version: int) -> None:
+async def publish(
+    settings: GateSettings, folder: Path, version: int, metrics: dict[str, Any] | None = None
+) -> None:
     store = LocalObjectStore(settings.data_dir / "objects")
     publish_checkpoint(
         store, RUN, version, folder, parent_version=version - 1, kind="full", base_model="smollm2",
-        consumed_offsets=[], sample_ids=[], metrics={},
+        consumed_offsets=[], sample_ids=[], metrics=metrics or {},
     )  # fmt: skip
     manifest = latest_checkpoint(store, RUN)
     assert manifest is not None
@@ -88,12 +91,15 @@ def test_the_gate_promotes_a_harmless_checkpoint_and_holds_a_broken_one(
         try:
             await gated(settings, 1)
             await publish(settings, broken, 2)
-            return await gated(settings, 2)
+            await gated(settings, 2)
+            # the trainer's answer to the hold: v1's weights again, as v3 (trainer/gate_holds.py)
+            await publish(settings, same, 3, metrics={"held_by_gate": 2, "restored": 1})
+            return await gated(settings, 3, timeout_s=60)
         finally:
             stop.set()
             await asyncio.wait_for(gate, 120)
 
-    first, second = asyncio.run(scenario())
+    first, second, restore = asyncio.run(scenario())
     assert asyncio.run(gate_seen_in_the_audit(settings, version=2)) == [("held", 1, second["reason"])]
     assert (first["version"], first["baseline_version"], first["decision"]) == (1, 0, "promoted"), first[
         "reason"
@@ -109,6 +115,9 @@ def test_the_gate_promotes_a_harmless_checkpoint_and_holds_a_broken_one(
     answer = next(a for a in second["answers"] if a["version"] == 2 and a["reward"] == -1)
     assert answer["next_state"] and '"score": -1' in answer["votes"][0]  # the user's redo, the judge's words
     assert first["prompt_source"] == "scenario:student" and first["judge_id"] == "prm:user_reply"
+    # a restore of the promoted weights is promoted without an evaluation
+    assert (restore["version"], restore["baseline_version"], restore["decision"]) == (3, 1, "promoted")
+    assert restore["answers"] == [] and "republishes the promoted v1's weights" in restore["reason"]
 
 
 async def gate_seen_in_the_audit(settings: GateSettings, version: int) -> list[tuple[str, int, str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.unit.event_examples import example_event
-from trainer.gate_holds import GateHolds
+from trainer.gate_holds import GateHolds, ahead_of_gate
 
 
 def gated(version: int, decision: str, run_id: str = "run-1") -> dict[str, Any]:
@@ -37,3 +37,18 @@ def test_a_version_promoted_after_all_is_no_longer_held() -> None:
     assert holds.restore_for(5) == 0  # nothing promoted yet: the base model
     holds.read(gated(5, "promoted"))
     assert holds.restore_for(5) is None and holds.promoted == 5
+
+
+def test_the_trainer_runs_at_most_max_staleness_versions_ahead_of_the_promoted_one() -> None:
+    # the servers serve v3: its samples are trained up to v5 (bound 2), so v5 waits for the gate
+    assert [ahead_of_gate(version, 3, max_staleness=2) for version in (3, 4, 5, 6)] == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert [ahead_of_gate(version, 3, max_staleness=0) for version in (3, 4)] == [
+        False,
+        True,
+    ]  # one at a time
+    assert not ahead_of_gate(50, 3, max_staleness=-1)  # no staleness bound: no wait

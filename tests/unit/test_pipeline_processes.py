@@ -34,9 +34,16 @@ def test_one_core_runs_the_pipeline_in_one_process() -> None:
 def test_the_stack_launches_each_pipeline_process_with_its_role_in_the_environment() -> None:
     settings = UpSettings(data_dir=Path("/tmp/orl-launch-test"), cores=2, method="binary")
     launches = stack_launches(settings, {"ORL_NAMESPACE": "live"})
-    assert list(launches) == ["serve", "pipeline", "pipeline-downstream", "train"]
+    assert list(launches) == [
+        "serve",
+        "pipeline",
+        "pipeline-downstream",
+        "train",
+        "gate",
+    ]  # the gate: on by default
     assert {name: launch.command for name, launch in launches.items()} == {
         "serve": "serve", "pipeline": "pipeline", "pipeline-downstream": "pipeline", "train": "train",
+        "gate": "gate",
     }  # fmt: skip
     assert launches["pipeline-downstream"].env == {
         "ORL_NAMESPACE": "live",
@@ -49,7 +56,13 @@ def test_each_pipeline_process_gets_its_own_metrics_port_when_asked() -> None:
     settings = UpSettings(data_dir=Path("/tmp/orl-launch-test"), cores=2, pipeline_metrics_port=9400)
     launches = stack_launches(settings, {})
     ports = {name: launch.env.get("ORL_PIPELINE_METRICS_PORT") for name, launch in launches.items()}
-    assert ports == {"serve": None, "pipeline": "9400", "pipeline-downstream": "9401", "train": None}
+    assert ports == {
+        "serve": None,
+        "pipeline": "9400",
+        "pipeline-downstream": "9401",
+        "train": None,
+        "gate": None,
+    }
     assert "ORL_PIPELINE_METRICS_PORT" not in stack_launches(UpSettings(cores=2), {})["pipeline"].env
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from schemas.errors import ConfigError
 from schemas.ids import held_out_session
-from serving.promotion_rule import HELD, PROMOTED, VersionScore, gate_decision, score_version
+from serving.promotion_rule import HELD, PROMOTED, VersionScore, falls_below, gate_decision, score_version
 
 
 def test_approval_counts_only_the_answers_the_judge_took_a_side_on() -> None:
@@ -26,27 +26,41 @@ def test_a_candidate_within_the_margin_is_promoted_and_one_below_it_held() -> No
     baseline = VersionScore(16, 16, approval=0.50, relevance=1.0)
     slightly_worse = VersionScore(16, 16, approval=0.44, relevance=0.94)
     assert gate_decision(slightly_worse, baseline, margin=0.1)[0] == PROMOTED
-    decision, reason = gate_decision(VersionScore(16, 16, 0.25, 1.0), baseline, margin=0.1)
+    decision, reason = gate_decision(VersionScore(16, 16, 1 / 16, 1.0), baseline, margin=0.1)
     assert decision == HELD
-    assert (
-        reason
-        == "approval 0.25 vs 0.50; relevance 1.00 vs 1.00: approval below the baseline by more than the margin 0.10"
+    assert reason == (
+        "approval 0.06 vs 0.50; relevance 1.00 vs 1.00: approval below the baseline by more than the margin "
+        "0.10 and beyond sampling noise (95%)"
     )
+
+
+def test_a_fall_within_sampling_noise_does_not_hold() -> None:
+    """The quick demo's v2 (approval 0.12 -> 0.50, but 2 of 8 answers off topic) is promoted; the same
+    shares over 64 answers each are a real fall."""
+    decision, reason = gate_decision(
+        VersionScore(8, 8, 0.50, 0.75), VersionScore(8, 8, 0.12, 1.0), margin=0.1
+    )
+    assert decision == PROMOTED and reason.endswith("within the margin 0.10 or sampling noise, or better")
+    assert gate_decision(VersionScore(64, 64, 0.50, 0.75), VersionScore(64, 64, 0.12, 1.0), 0.1)[0] == HELD
+    # a fall of 0.25 on 16 answers is noise too; at 1.00 -> 0.25 it is not
+    assert falls_below(0.25, 16, 0.50, 16, margin=0.1) is False
+    assert falls_below(0.25, 16, 1.00, 16, margin=0.1) is True
+    assert falls_below(0.0, 100, 0.05, 100, margin=0.1) is False  # within the margin: never a fall
 
 
 def test_relevance_alone_holds_a_candidate_that_the_judge_cannot_score() -> None:
     """A rule judge that needs the user's reply takes no side on the gate's answers: relevance decides."""
-    baseline = VersionScore(8, 0, approval=None, relevance=0.9)
-    decision, reason = gate_decision(VersionScore(8, 0, None, 0.5), baseline, margin=0.1)
+    baseline = VersionScore(16, 0, approval=None, relevance=0.9)
+    decision, reason = gate_decision(VersionScore(16, 0, None, 0.5), baseline, margin=0.1)
     assert decision == HELD and "approval not comparable" in reason and "relevance below" in reason
-    assert gate_decision(VersionScore(8, 0, None, 0.9), baseline, margin=0.1)[0] == PROMOTED
+    assert gate_decision(VersionScore(16, 0, None, 0.9), baseline, margin=0.1)[0] == PROMOTED
 
 
 def test_a_better_candidate_is_promoted_with_its_figures() -> None:
     decision, reason = gate_decision(VersionScore(8, 8, 0.9, 1.0), VersionScore(8, 8, 0.2, 0.8), margin=0.0)
     assert (decision, reason) == (
         PROMOTED,
-        "approval 0.90 vs 0.20; relevance 1.00 vs 0.80: within the margin 0.00 or better",
+        "approval 0.90 vs 0.20; relevance 1.00 vs 0.80: within the margin 0.00 or sampling noise, or better",
     )
 
 

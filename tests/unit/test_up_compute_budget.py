@@ -19,7 +19,14 @@ def test_every_torch_process_gets_the_budget_and_passive_waits(
     line = compute_budget(settings)
     assert stack_cores(settings) == 3
     assert line.startswith("compute budget: 3 cores (set by --cores;")
-    assert "serve and train use 3 torch threads each while computing alone, 1 each while both compute" in line
+    assert (
+        "serve, train and gate use 3 torch threads each while computing alone, 1 each while all compute"
+        in line
+    )
+    no_gate = compute_budget(UpSettings(data_dir=tmp_path, cores=3, precision="fp32", gate=False))
+    assert (
+        "serve and train use 3 torch threads each while computing alone, 1 each while all compute" in no_gate
+    )
     assert "numerics fp32 (set by --precision)" in line
     env = component_env(settings)
     assert env["ORL_THREADS"] == "3" and env["ORL_PRECISION"] == "fp32"

@@ -1,4 +1,4 @@
-"""`orl up --gate` starts the gate and tells the server and the trainer: follow promotions, hold out sessions."""
+"""`orl up` (the gate is on by default) starts the gate and tells the server and the trainer: follow promotions, hold out sessions."""
 
 from __future__ import annotations
 
@@ -11,19 +11,20 @@ from trainer.settings import TrainSettings
 
 
 def test_the_gate_is_started_and_the_children_told(tmp_path: Path) -> None:
-    settings = UpSettings(data_dir=tmp_path, gate=True, holdout_share=0.2, cores=2)
+    settings = UpSettings(data_dir=tmp_path, holdout_share=0.2, cores=2)  # the gate is on by default
     env = component_env(settings)
     assert (env["ORL_FOLLOW_PROMOTED"], env["ORL_HOLDOUT_SHARE"]) == ("true", "0.2")
     launches = stack_launches(settings, env)
     assert launches["gate"].command == "gate" and launches["gate"].env is env
     # the variables are the ones the server's, the trainer's and the gate's settings are bound to
     assert ServeSettings.__dataclass_fields__["follow_promoted"].metadata["env"] == "ORL_FOLLOW_PROMOTED"
+    assert TrainSettings.__dataclass_fields__["follow_promoted"].metadata["env"] == "ORL_FOLLOW_PROMOTED"
     for settings_class in (TrainSettings, GateSettings):
         assert settings_class.__dataclass_fields__["holdout_share"].metadata["env"] == "ORL_HOLDOUT_SHARE"
 
 
 def test_without_the_gate_every_version_is_served_and_every_session_trained(tmp_path: Path) -> None:
-    settings = UpSettings(data_dir=tmp_path, holdout_share=0.2, cores=2)
+    settings = UpSettings(data_dir=tmp_path, gate=False, holdout_share=0.2, cores=2)  # --no-gate
     env = component_env(settings)
     assert (env["ORL_FOLLOW_PROMOTED"], env["ORL_HOLDOUT_SHARE"]) == ("false", "0.0")
     assert "gate" not in stack_launches(settings, env)
