@@ -40,7 +40,8 @@ from connectors.event_log.reading import read_to_end
 from connectors.object_store.local_store import LocalObjectStore
 from orl.gate import GateLog, GateSettings, gate_once, running_evaluator
 from schemas.codec import decode
-from serving.promotion_rule import PROMOTED, VersionScore, gate_decision
+from schemas.gate_decisions import PROMOTED
+from serving.promotion_rule import VersionScore, gate_decision
 from trainer.rollback import RollbackWatch
 
 # name -> (method, environment overrides)

@@ -62,13 +62,14 @@ from schemas.codec import decode, encode
 from schemas.errors import CheckpointError, ConfigError
 from schemas.event_types import PolicyGated, RequestReceived
 from schemas.events import make_event
+from schemas.gate_decisions import HELD, PROMOTED, GateDecisions
 from schemas.ids import held_out_session
 from schemas.messages import Message, prompt_text
 from schemas.topics import topic_name
 from serving.policy.base import PolicyBackend, SamplingParams
 from serving.policy.chat_template import ChatTemplate
 from serving.policy.transformers_backend import TransformersBackend
-from serving.promotion_rule import HELD, PROMOTED, gate_decision, score_version
+from serving.promotion_rule import gate_decision, score_version
 
 log = logging.getLogger(__name__)
 PRODUCER = "orl.gate/1"
@@ -84,7 +85,7 @@ class GateSettings(PipelineSettings):
         0.0,
         "ORL_HOLDOUT_SHARE",
         "Share of sessions held out: the trainer skips them, the gate draws its prompts from them (give "
-        "the trainer the same value; `orl up --gate` does).",
+        "the trainer the same value; `orl up` does).",
     )
     gate_prompts: int = setting(16, "ORL_GATE_PROMPTS", "Held-out prompts per evaluation (the newest).")
     gate_samples: int = setting(2, "ORL_GATE_SAMPLES", "Answers per prompt and version (paired seeds).")
@@ -159,32 +160,34 @@ class GateLog:
     holdout_share: float
     keep: int  # held-out prompts kept: the newest
     published: set[int] = field(default_factory=set)
-    decided: set[int] = field(default_factory=set)
-    promoted: int = 0
+    decisions: GateDecisions = field(init=False)
     held_out: deque[HeldOutPrompt] = field(init=False)
 
     def __post_init__(self) -> None:
+        self.decisions = GateDecisions(self.run_id)
         self.held_out = deque(maxlen=self.keep)
+
+    @property
+    def promoted(self) -> int:
+        return self.decisions.promoted
 
     def read(self, event: dict[str, Any]) -> None:
         kind = event["envelope"]["event_type"]
         if kind == "CheckpointPublished" and event["run_id"] == self.run_id:
             self.published.add(int(event["version"]))
-        elif kind == "PolicyGated" and event["run_id"] == self.run_id:
-            self.decided.add(int(event["version"]))
-            if event["decision"] == PROMOTED:
-                self.promoted = max(self.promoted, int(event["version"]))
         elif kind == "RequestReceived":
             request = cast(RequestReceived, event)
             session_id = request["envelope"].get("session_id") or ""
             if request["turn_kind"] == "main" and held_out_session(session_id, self.holdout_share):
                 turn_id = request["envelope"].get("turn_id") or request["request_id"]
                 self.held_out.append(HeldOutPrompt(turn_id, json.loads(request["messages_json"])))
+        else:
+            self.decisions.read(event)
 
     def candidate(self) -> int | None:
         """The newest published version above the promoted one, if the gate has not decided it."""
         newest = max(self.published, default=0)
-        return newest if newest > self.promoted and newest not in self.decided else None
+        return newest if newest > self.promoted and not self.decisions.decided(newest) else None
 
 
 @dataclass

@@ -171,7 +171,9 @@ def compute_budget(settings: UpSettings) -> str:
     torch_names = [name for name in settings.components if name in ("serve", "train")] + (
         ["gate"] if settings.gate else []
     )
-    named = " and ".join([", ".join(torch_names[:-1]), torch_names[-1]] if len(torch_names) > 2 else torch_names)
+    named = " and ".join(
+        [", ".join(torch_names[:-1]), torch_names[-1]] if len(torch_names) > 2 else torch_names
+    )
     return (
         f"compute budget: {cores} cores ({'set by --cores' if settings.cores else 'all this process may use'}; "
         f"{available_cores()} available, {cpu_model_name()}); {named} use {cores} torch threads each while computing alone, "

@@ -34,10 +34,10 @@ from connectors.object_store.base import ObjectStore
 from schemas.codec import decode
 from schemas.errors import CheckpointError, EventDecodeError
 from schemas.event_types import CheckpointPublished
+from schemas.gate_decisions import GateDecisions
 from schemas.topics import topic_name
 from serving.capture import EventRecorder
 from serving.policy.base import PolicyBackend
-from serving.promotion_rule import PROMOTED
 
 logger = logging.getLogger(__name__)
 
@@ -132,12 +132,13 @@ class CheckpointFollower:
         passed over for the newest."""
         topic = topic_name(namespace, "checkpoints")
         published: dict[int, CheckpointRef] = {}
+        decisions = GateDecisions(self.run_id)
         async with log.consumer(
             f"{namespace}.serve.{self.server_id}.{uuid.uuid4().hex[:8]}", [topic]
         ) as consumer:
             await consumer.seek_to_beginning()
             while True:
-                newest = self.backend.policy_version
+                promoted_before = decisions.promoted
                 for record in await consumer.poll(max_records=500, timeout_s=1.0):
                     event = _decoded(record.value)
                     if event is None or event.get("run_id") != self.run_id:
@@ -145,8 +146,14 @@ class CheckpointFollower:
                     ref = _published_ref(event)
                     if ref is not None:
                         published[ref.version] = ref
-                    elif event["envelope"]["event_type"] == "PolicyGated" and event["decision"] == PROMOTED:
-                        newest = max(newest, int(event["version"]))
+                    else:
+                        decisions.read(event)
+                # a promotion read in this batch (as after a pin and unpin, the server waits for the next one)
+                newest = (
+                    decisions.promoted
+                    if decisions.promoted > promoted_before
+                    else self.backend.policy_version
+                )
                 if (
                     self.pinned is None
                     and newest > self.backend.policy_version

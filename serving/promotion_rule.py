@@ -22,7 +22,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-PROMOTED, HELD = "promoted", "held"
+from schemas.gate_decisions import HELD, PROMOTED
+
 Z_95_ONE_SIDED = 1.645
 
 

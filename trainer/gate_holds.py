@@ -8,7 +8,7 @@ the promoted version's weights as its next version (as a rollback does) and trai
 the gate promotes that one (the same weights as the served version), and fresh samples follow.
 Nor does the trainer run ahead of a slow gate (`ahead_of_gate`): it waits while its samples' version
 would soon be too old to train on.
-`GateHolds` is the pure bookkeeping; `follow_gate` feeds it from the log. Reads `checkpoints`.
+`schemas.gate_decisions.GateDecisions` is the bookkeeping; `follow_gate` feeds it from the log. Reads `checkpoints`.
 """
 
 from __future__ import annotations
@@ -16,37 +16,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
 
 from connectors.event_log.base import EventLog
 from schemas.codec import decode
 from schemas.errors import EventDecodeError
+from schemas.gate_decisions import GateDecisions
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class GateHolds:
-    """The gate's decisions on one run: the newest promoted version and the held ones (with why)."""
-
-    run_id: str
-    promoted: int = 0
-    held: dict[int, str] = field(default_factory=dict)  # version -> the gate's reason
-
-    def read(self, event: dict[str, Any]) -> None:
-        if event["envelope"]["event_type"] != "PolicyGated" or event["run_id"] != self.run_id:
-            return
-        version = int(event["version"])
-        if event["decision"] == "promoted":
-            self.promoted = max(self.promoted, version)
-            self.held.pop(version, None)
-        else:
-            self.held[version] = str(event["reason"])
-
-    def restore_for(self, version: int) -> int | None:
-        """The promoted version to go back to if `version` (the trainer's newest) was held, else None."""
-        return self.promoted if version in self.held and self.promoted < version else None
+def restore_for(decisions: GateDecisions, version: int) -> int | None:
+    """The promoted version to go back to if `version` (the trainer's newest) was held, else None."""
+    return decisions.promoted if version in decisions.held and decisions.promoted < version else None
 
 
 def ahead_of_gate(version: int, promoted: int, max_staleness: int) -> bool:
@@ -57,7 +38,7 @@ def ahead_of_gate(version: int, promoted: int, max_staleness: int) -> bool:
 
 
 async def follow_gate(
-    log_: EventLog, topic: str, holds: GateHolds, caught_up: asyncio.Event, max_backoff_s: float = 10.0
+    log_: EventLog, topic: str, holds: GateDecisions, caught_up: asyncio.Event, max_backoff_s: float = 10.0
 ) -> None:
     """Read `topic` from its beginning into `holds`, forever; `caught_up` is set once a poll comes back
     empty (everything on the log at start has been read). While the log is unreachable the trainer
@@ -72,7 +53,7 @@ async def follow_gate(
             backoff = min(2 * backoff, max_backoff_s)
 
 
-async def _read_decisions(log_: EventLog, topic: str, holds: GateHolds, caught_up: asyncio.Event) -> None:
+async def _read_decisions(log_: EventLog, topic: str, holds: GateDecisions, caught_up: asyncio.Event) -> None:
     async with log_.consumer(f"trainer-gate-{uuid.uuid4().hex[:8]}", [topic]) as consumer:
         await consumer.seek_to_beginning()
         while True:

@@ -55,12 +55,13 @@ from connectors.object_store.base import ObjectStore
 from schemas.codec import encode
 from schemas.errors import CheckpointError, ConfigError, OrlError
 from schemas.events import make_event
+from schemas.gate_decisions import GateDecisions
 from schemas.topics import topic_name
 from trainer.batch_loss import LossConfig, batch_loss
 from trainer.batching import Batch, SampleBatcher
 from trainer.core_sharing import fit_threads_every_layer
 from trainer.flush_request import FlushRequest
-from trainer.gate_holds import GateHolds, ahead_of_gate, follow_gate
+from trainer.gate_holds import ahead_of_gate, follow_gate, restore_for
 from trainer.policy_model import LoraSettings, PolicyKind, PolicyModel, load_policy
 from trainer.resume import (
     PRODUCER,
@@ -585,7 +586,7 @@ async def consume_and_train(
     ):
         await stay_stopped(settings, point.version)  # the run stopped at a rollback before this restart
         return steps
-    holds, caught_up = GateHolds(settings.run_id), asyncio.Event()
+    holds, caught_up = GateDecisions(settings.run_id), asyncio.Event()
     gate = asyncio.create_task(
         follow_gate(log_, topic_name(settings.namespace, "checkpoints"), holds, caught_up)
     )
@@ -599,7 +600,7 @@ async def consume_and_train(
             idle_since = time.monotonic()
             logged_wait = False
             while settings.max_steps == 0 or steps < settings.max_steps:
-                promoted = holds.restore_for(version) if settings.backend == "torch" else None
+                promoted = restore_for(holds, version) if settings.backend == "torch" else None
                 if promoted is not None:  # see trainer/gate_holds.py
                     held = version
                     restored = {"held_by_gate": held, "restored": promoted}

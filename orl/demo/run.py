@@ -42,8 +42,8 @@ from orl.up import (
 )
 from schemas.codec import decode
 from schemas.errors import ConfigError, OrlError
+from schemas.gate_decisions import HELD, PROMOTED, GateDecisions
 from schemas.topics import topic_name
-from serving.promotion_rule import HELD, PROMOTED
 
 logger = logging.getLogger(__name__)
 
@@ -193,8 +193,8 @@ async def _gate_summaries(
     for method, by_seed in results.items():
         for seed in by_seed:
             namespace = _namespace(tag, seed, method)
-            decisions = await gate_decisions(up_settings(settings, method, namespace), namespace)
-            summaries.setdefault(method, {})[str(seed)] = decisions.summary()
+            _, decisions = await read_gate(up_settings(settings, method, namespace), namespace)
+            summaries.setdefault(method, {})[str(seed)] = gate_summary(decisions)
     return summaries
 
 
@@ -398,42 +398,33 @@ async def _wait_for_gate(stack: DemoStack, version: int, deadline: float, step: 
     while True:
         stack.supervisor.check()
         _check_deadline(deadline, step, "waiting for the promotion gate")
-        decisions = await gate_decisions(stack.up, stack.namespace)
-        published = max(decisions.published, default=0)
-        if published >= version and decisions.decided.get(published, ("",))[0] == PROMOTED:
-            decision, reason = decisions.decided[version]
-            return published, f"; gate: v{version} {decision} ({reason})"
+        published, decisions = await read_gate(stack.up, stack.namespace)
+        newest = max(published, default=0)
+        if newest >= version and decisions.reasons.get(newest, ("",))[0] == PROMOTED:
+            decision, reason = decisions.reasons[version]
+            return newest, f"; gate: v{version} {decision} ({reason})"
         await asyncio.sleep(0.5)
 
 
-@dataclass
-class GateDecisions:
-    """The run's published versions and the gate's decisions on them: version -> (decision, reason)."""
-
-    published: set[int]
-    decided: dict[int, tuple[str, str]]
-
-    def summary(self) -> str:
-        """One line: what the gate promoted and held."""
-        held = sorted(v for v, (decision, _) in self.decided.items() if decision == HELD)
-        promoted = sorted(v for v, (decision, _) in self.decided.items() if decision == PROMOTED)
-        return f"{len(promoted)} versions promoted, {len(held)} held" + (
-            f" ({', '.join(f'v{v}' for v in held)})" if held else ""
-        )
-
-
-async def gate_decisions(up: UpSettings, namespace: str) -> GateDecisions:
-    """Read `checkpoints`: the versions the trainer published and what the gate decided on each."""
+async def read_gate(up: UpSettings, namespace: str) -> tuple[set[int], GateDecisions]:
+    """The versions the trainer published, and the gate's decisions on them (from `checkpoints`)."""
     async with open_event_log(up.effective_log_url()) as log:
         events = [decode(r.value) for r in await read_to_end(log, topic_name(namespace, "checkpoints"))]
-    ours = [e for e in events if e.get("run_id") == up.run_id]
-    return GateDecisions(
-        {int(e["version"]) for e in ours if e["envelope"]["event_type"] == "CheckpointPublished"},
-        {
-            int(e["version"]): (str(e["decision"]), str(e["reason"]))
-            for e in ours
-            if e["envelope"]["event_type"] == "PolicyGated"
-        },
+    decisions = GateDecisions(up.run_id)
+    published: set[int] = set()
+    for event in events:
+        decisions.read(event)
+        if event["envelope"]["event_type"] == "CheckpointPublished" and event["run_id"] == up.run_id:
+            published.add(int(event["version"]))
+    return published, decisions
+
+
+def gate_summary(decisions: GateDecisions) -> str:
+    """One line: what the gate promoted and held."""
+    held = sorted(v for v, (decision, _) in decisions.reasons.items() if decision == HELD)
+    promoted = sorted(v for v, (decision, _) in decisions.reasons.items() if decision == PROMOTED)
+    return f"{len(promoted)} versions promoted, {len(held)} held" + (
+        f" ({', '.join(f'v{v}' for v in held)})" if held else ""
     )
 
 

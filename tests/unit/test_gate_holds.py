@@ -1,11 +1,12 @@
-"""GateHolds: which promoted version the trainer returns to when the gate held its newest one."""
+"""GateDecisions and restore_for: which promoted version the trainer returns to when the gate held its newest one."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from schemas.gate_decisions import GateDecisions
 from tests.unit.event_examples import example_event
-from trainer.gate_holds import GateHolds, ahead_of_gate
+from trainer.gate_holds import ahead_of_gate, restore_for
 
 
 def gated(version: int, decision: str, run_id: str = "run-1") -> dict[str, Any]:
@@ -15,8 +16,8 @@ def gated(version: int, decision: str, run_id: str = "run-1") -> dict[str, Any]:
 
 
 def test_a_held_newest_version_goes_back_to_the_newest_promoted_one() -> None:
-    holds = GateHolds("run-1")
-    assert holds.restore_for(3) is None  # no gate: nothing is held
+    holds = GateDecisions("run-1")
+    assert restore_for(holds, 3) is None  # no gate: nothing is held
     for event in (
         gated(1, "promoted"),
         gated(2, "promoted"),
@@ -26,17 +27,17 @@ def test_a_held_newest_version_goes_back_to_the_newest_promoted_one() -> None:
         holds.read(event)
     holds.read(example_event("CheckpointPublished"))  # the topic's other events are not decisions
     assert holds.promoted == 2
-    assert holds.restore_for(3) == 2
-    assert holds.restore_for(4) is None  # another run's hold, or a version not decided yet
+    assert restore_for(holds, 3) == 2
+    assert restore_for(holds, 4) is None  # another run's hold, or a version not decided yet
     assert holds.held == {3: "held v3"}
 
 
 def test_a_version_promoted_after_all_is_no_longer_held() -> None:
-    holds = GateHolds("run-1")
+    holds = GateDecisions("run-1")
     holds.read(gated(5, "held"))
-    assert holds.restore_for(5) == 0  # nothing promoted yet: the base model
+    assert restore_for(holds, 5) == 0  # nothing promoted yet: the base model
     holds.read(gated(5, "promoted"))
-    assert holds.restore_for(5) is None and holds.promoted == 5
+    assert restore_for(holds, 5) is None and holds.promoted == 5
 
 
 def test_the_trainer_runs_at_most_max_staleness_versions_ahead_of_the_promoted_one() -> None:

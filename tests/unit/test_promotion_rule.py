@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from schemas.errors import ConfigError
+from schemas.gate_decisions import HELD, PROMOTED
 from schemas.ids import held_out_session
-from serving.promotion_rule import HELD, PROMOTED, VersionScore, falls_below, gate_decision, score_version
+from serving.promotion_rule import VersionScore, falls_below, gate_decision, score_version
 
 
 def test_approval_counts_only_the_answers_the_judge_took_a_side_on() -> None:
