@@ -100,9 +100,9 @@ class UpSettings(ConnectionSettings):
     gate: bool = setting(
         True,
         "ORL_GATE",
-        "Promotion gate (--no-gate: off): also start `orl gate`; servers serve only the versions it promotes "
-        "(scored no worse than the served one on held-out prompts), and the trainer never trains on the "
-        "held-out sessions.",
+        "Promotion gate (--no-gate: off): start `orl gate` beside the trainer; servers serve only the versions "
+        "it promotes (scored no worse than the served one on held-out prompts), and the trainer never trains "
+        "on the held-out sessions.",
     )
     holdout_share: float = setting(
         0.1, "ORL_HOLDOUT_SHARE", "With the gate: the share of sessions held out for the gate's prompts."
@@ -169,7 +169,7 @@ def compute_budget(settings: UpSettings) -> str:
     cores = stack_cores(settings)
     numerics = choose_numerics(settings.precision, "cpu")
     torch_names = [name for name in settings.components if name in ("serve", "train")] + (
-        ["gate"] if settings.gate else []
+        ["gate"] if settings.gate and "train" in settings.components else []
     )
     named = " and ".join(
         [", ".join(torch_names[:-1]), torch_names[-1]] if len(torch_names) > 2 else torch_names
@@ -291,7 +291,7 @@ def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launc
                 launches[name] = Launch("pipeline", pipeline_env)
         else:
             launches[component] = Launch(component, env)
-    if settings.gate:
+    if settings.gate and "train" in settings.components:  # one gate per run, beside its one trainer
         launches["gate"] = Launch("gate", env)
     return launches
 

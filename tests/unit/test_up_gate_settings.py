@@ -28,3 +28,12 @@ def test_without_the_gate_every_version_is_served_and_every_session_trained(tmp_
     env = component_env(settings)
     assert (env["ORL_FOLLOW_PROMOTED"], env["ORL_HOLDOUT_SHARE"]) == ("false", "0.0")
     assert "gate" not in stack_launches(settings, env)
+
+
+def test_the_gate_runs_beside_the_trainer_only(tmp_path: Path) -> None:
+    """Servers started on their own (`--components serve`) follow promotions but start no gate: the run's
+    one gate runs where its one trainer does."""
+    settings = UpSettings(data_dir=tmp_path, components=("serve",), cores=2)
+    env = component_env(settings)
+    assert env["ORL_FOLLOW_PROMOTED"] == "true"
+    assert list(stack_launches(settings, env)) == ["serve"]
