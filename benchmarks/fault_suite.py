@@ -55,7 +55,7 @@ def main() -> None:
     started = datetime.now(UTC)
     machine = machine_line()
     wall = time.monotonic()
-    run = run_fault_suite(work_dir, kill_rounds(args.kills, args.seed), seed=args.seed)
+    run = run_fault_suite(work_dir, kill_rounds(args.kills, args.seed), seed=args.seed, gate=True)
     save_run(run, work_dir / "run.json")
     verdict = check_run(run)
     print(f"date: {started:%Y-%m-%d %H:%M} UTC, {time.monotonic() - wall:.0f} s")

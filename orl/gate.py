@@ -7,8 +7,10 @@ activate promoted versions only.
 
 For the newest published version above the promoted one (versions published meanwhile are passed
 over), the gate draws held-out prompts, generates `--gate-samples` answers per prompt with the
-candidate and with the promoted version (the same seeds for both), lets the run's reward judge
-score every answer, and decides with `serving.promotion_rule.gate_decision`. A version that
+candidate, with the promoted version and with the base model (the same seeds for all), lets the
+run's reward judge score every answer, and decides with
+`serving.promotion_rule.gate_decision_with_base`: no worse than the promoted version, nor than the
+base model, beyond the margin and the noise. A version that
 republishes the promoted one's weights (the trainer's restore after a hold) is promoted at once. Prompts:
 
 - from the log (default): the newest recorded main turns of held-out sessions (the share
@@ -69,7 +71,7 @@ from schemas.topics import topic_name
 from serving.policy.base import PolicyBackend, SamplingParams
 from serving.policy.chat_template import ChatTemplate
 from serving.policy.transformers_backend import TransformersBackend
-from serving.promotion_rule import gate_decision, score_version
+from serving.promotion_rule import gate_decision_with_base, score_version
 
 log = logging.getLogger(__name__)
 PRODUCER = "orl.gate/1"
@@ -201,7 +203,8 @@ class Evaluator:
     settings: GateSettings
     base_dir: Path
     work_dir: Path
-    # the two answer sets (by run, version and prompts) used last: a baseline is evaluated once for its candidates
+    # the three answer sets (by run, version and prompts) used last: the base model's and a baseline's are
+    # evaluated once for a run of candidates
     kept: dict[tuple[str, int, tuple[str, ...]], list[dict[str, Any]]] = field(default_factory=dict)
 
     async def load(self, version: int) -> None:
@@ -231,13 +234,14 @@ class Evaluator:
         self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState
     ) -> list[dict[str, Any]]:
         """Every prompt's answers by `version`, each with its next state, the judge's votes and reward.
-        The two answer sets used last are kept: a baseline is evaluated once for a run of candidates."""
+        The three answer sets used last are kept: the base model's and a baseline's are evaluated once
+        for a run of candidates."""
         key = (self.settings.run_id, version, tuple(prompt.prompt_id for prompt in prompts))
         if key in self.kept:
             self.kept[key] = self.kept.pop(key)  # the most recently used goes last
         else:
             self.kept[key] = await self._answers(version, prompts, next_state)
-            while len(self.kept) > 2:
+            while len(self.kept) > 3:
                 del self.kept[next(iter(self.kept))]  # the least recently used
         return self.kept[key]
 
@@ -309,15 +313,18 @@ class Evaluator:
 def decide(
     settings: GateSettings, candidate: int, baseline: int, answers: list[dict[str, Any]], seconds: float
 ) -> dict[str, Any]:
-    """The PolicyGated event for the candidate's and the baseline's judged answers."""
+    """The PolicyGated event for the judged answers of the candidate, the baseline and (when the
+    baseline is not the base model) the base model."""
     scores = {
         version: score_version(
             [a["reward"] for a in answers if a["version"] == version],
             [a["relevant"] for a in answers if a["version"] == version],
         )
-        for version in (candidate, baseline)
+        for version in {a["version"] for a in answers}
     }
-    decision, reason = gate_decision(scores[candidate], scores[baseline], settings.gate_margin)
+    decision, reason = gate_decision_with_base(
+        scores[candidate], scores[baseline], scores.get(0), baseline, settings.gate_margin
+    )
     return gated_event(
         settings,
         candidate,
@@ -389,7 +396,9 @@ async def gate_once(
         if not prompts:
             return None
         started = time.perf_counter()
+        floor = [*await evaluator.answers(0, prompts, next_state)] if baseline != 0 else []
         answers = [
+            *floor,
             *await evaluator.answers(baseline, prompts, next_state),
             *await evaluator.answers(candidate, prompts, next_state),
         ]

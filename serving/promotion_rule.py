@@ -8,8 +8,9 @@ or none) and a relevance flag (it mentions a content word of the prompt). Per ve
   when it took a side on none (a rule judge that needs a user's reply, shown no reply);
 - relevance: the share of relevant answers.
 
-The candidate is promoted unless it falls below the baseline on approval (when both have one) or on
-relevance by more than the margin and beyond sampling noise: the Agresti-Caffo 95% one-sided upper
+The candidate is promoted unless it falls below the baseline (the promoted version, and the base
+model as a fixed floor) on approval (when both have one) or on relevance by more than the margin and
+beyond sampling noise: the Agresti-Caffo 95% one-sided upper
 bound of the difference between the two shares is below zero. Without the second condition a few
 answers decide: on 8 answers, two off-topic ones (relevance 0.75 against 1.00) would hold a version
 whose approval had gone from 0.12 to 0.50. The held-out sessions are `schemas.ids.held_out_session`'s.
@@ -79,3 +80,22 @@ def gate_decision(candidate: VersionScore, baseline: VersionScore, margin: float
             "beyond sampling noise (95%)"
         )
     return PROMOTED, f"{said}: within the margin {margin:.2f} or sampling noise, or better"
+
+
+def gate_decision_with_base(
+    candidate: VersionScore,
+    baseline: VersionScore,
+    base: VersionScore | None,
+    baseline_version: int,
+    margin: float,
+) -> tuple[str, str]:
+    """`gate_decision` against the promoted version and, when that is not the base model, against the
+    base model too: each promoted step may fall a little, within the margin or the noise, and such
+    falls add up (relevance 1.00 -> 0.94 -> 0.81 over three promotions on the demo's binary run); the
+    base model is the fixed floor that catches the sum."""
+    decision, reason = gate_decision(candidate, baseline, margin)
+    if base is None or baseline_version == 0:
+        return decision, reason
+    base_decision, base_reason = gate_decision(candidate, base, margin)
+    both = f"against v{baseline_version}: {reason}. Against the base model: {base_reason}"
+    return (HELD if HELD in (decision, base_decision) else PROMOTED), both

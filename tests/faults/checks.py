@@ -20,6 +20,7 @@ from typing import Any
 
 from connectors.checkpoint_store import CheckpointRejected, complete_versions, download_and_verify
 from connectors.object_store.factory import open_object_store
+from schemas.gate_decisions import PROMOTED
 from tests.faults.harness import COMPONENTS, NAMESPACE, FaultRun
 from tests.integration.log_reading import read_events
 
@@ -64,6 +65,7 @@ def check_run(run: FaultRun) -> Verdict:
     check_feedback(run, log, verdict)
     check_samples(run, log, verdict)
     check_checkpoints(run, log, verdict)
+    check_gate(log, verdict)
     for target, kind in sorted({(o.target, o.kind) for o in run.outages}):
         outages = [o for o in run.outages if (o.target, o.kind) == (target, kind)]
         durations = ", ".join(f"{o.paused_s:g}" for o in outages)
@@ -77,7 +79,8 @@ def check_run(run: FaultRun) -> Verdict:
 
 def check_kills(run: FaultRun, verdict: Verdict) -> None:
     exits = Counter(name for name, _ in EXITED_LINE.findall(run.up_log))
-    for component in COMPONENTS:
+    killed_gate = any(k.component == "gate" for k in run.kills) or exits["gate"]
+    for component in (*COMPONENTS, "gate") if killed_gate else COMPONENTS:
         kills = [k for k in run.kills if k.component == component]
         times = [k.recovery_s for k in kills if k.recovery_s is not None]
         verdict.components[component] = {
@@ -230,6 +233,32 @@ def check_checkpoints(run: FaultRun, log: dict[str, list[dict[str, Any]]], verdi
             "checkpoints published": len(published),
             "checkpoints verified": verified,
             "checkpoint versions in the store": len(in_store),
+        }
+    )
+
+
+def check_gate(log: dict[str, list[dict[str, Any]]], verdict: Verdict) -> None:
+    """With the promotion gate: each version decided once (a restarted gate reads its decisions back),
+    and servers activated only promoted versions."""
+    gated = distinct(log["checkpoints"], "PolicyGated")
+    if not gated:
+        return
+    decided = Counter((e["run_id"], e["version"]) for e in gated)
+    for (run_id, version), n in sorted(decided.items()):
+        if n > 1:
+            verdict.problems.append(f"the gate decided {run_id} v{version} {n} times")
+    promoted = {(e["run_id"], e["version"]) for e in gated if e["decision"] == PROMOTED}
+    served = {
+        (e["run_id"], e["version"])
+        for e in distinct(log["policy_activations"], "PolicyActivated")
+        if e["version"] > 0
+    }
+    for run_id, version in sorted(served - promoted):
+        verdict.problems.append(f"servers activated {run_id} v{version}, which the gate never promoted")
+    verdict.figures.update(
+        {
+            "gate decisions (promoted, held)": f"{len(promoted)}, {len(gated) - len(promoted)}",
+            "versions served that the gate did not promote": len(served - promoted),
         }
     )
 

@@ -11,8 +11,9 @@ what the kills did is returned as a `FaultRun`; tests/faults/checks.py holds the
   text); a refused or failed request is retried as a new request and the failure is recorded.
 - ingest loop: POST /v1/feedback (thumbs up, explicit turn id) for every acknowledged first turn;
   every 2xx is recorded with the event id the server returned.
-- kills: for each round, for serve, pipeline, pipeline-downstream and train in turn: wait a random
-  1-6 s, kill -9 the pid `orl up` last logged for it, wait for a new pid (and /readyz 200 for serve).
+- kills: for each round, for serve, pipeline, pipeline-downstream, train and (with the promotion gate)
+  gate in turn: wait a random 1-6 s, kill -9 the pid `orl up` last logged for it, wait for a new pid
+  (and /readyz 200 for serve).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ COMPONENTS = ("serve", "pipeline", "pipeline-downstream", "train")
 NAMESPACE = "live"
 MAX_TOKENS = 8
 STACK_ENV = {"ORL_TRAIN_BATCH_SIZE": "4"}
+# with the promotion gate: small evaluations (the suite tests crashes, not the gate's judgement)
+GATE_ENV = {"ORL_GATE_PROMPTS": "4", "ORL_GATE_SAMPLES": "1", "ORL_GATE_MAX_TOKENS": str(MAX_TOKENS)}
 IDLE_TIMEOUT_S = 5.0
 
 
@@ -243,7 +246,7 @@ def kill_rounds(kills: int, seed: int) -> Faults:
     def inject(stack: UpStack, run: FaultRun) -> None:
         rng = random.Random(seed)
         for _ in range(kills):
-            for component in COMPONENTS:
+            for component in [c for c in (*COMPONENTS, "gate") if c in children(stack)]:
                 time.sleep(rng.uniform(1.0, 6.0))
                 kill = kill_and_wait(stack, component)
                 run.kills.append(kill)
@@ -370,21 +373,23 @@ def run_fault_suite(
     store_keys: tuple[str, str] | None = None,
     quiet_s: float = 30,
     drain_timeout_s: float = 300,
+    gate: bool = False,
 ) -> FaultRun:
     """Traffic under `faults`, drained, and the stack stopped with SIGTERM.
 
     `backends` may name ORL_LOG_URL and ORL_STORE_URL (with the S3 keys as ORL_S3_*); the default is
-    the embedded log and store in the data folder."""
+    the embedded log and store in the data folder. `gate`: with `orl up`'s promotion gate (off in
+    the suites that test the backends)."""
     started = time.monotonic()
-    env = {**STACK_ENV, **(backends or {})}
-    with running_up(tmp_path, IDLE_TIMEOUT_S, env, components="serve,pipeline,train") as stack:
+    env = {**STACK_ENV, **(GATE_ENV if gate else {}), **(backends or {})}
+    with running_up(tmp_path, IDLE_TIMEOUT_S, env, components="serve,pipeline,train", gate=gate) as stack:
         run = FaultRun(
             stack.data_dir,
             env.get("ORL_LOG_URL", stack.log_url),
             env.get("ORL_STORE_URL", f"file://{stack.data_dir / 'objects'}"),
             store_keys,
         )
-        assert set(COMPONENTS) <= set(children(stack)), children(stack)
+        assert set(COMPONENTS) | ({"gate"} if gate else set()) <= set(children(stack)), children(stack)
         traffic = Traffic(stack, run, seed)
         traffic.start()
         try:

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 def test_kill_minus_nine_of_every_component_loses_and_duplicates_nothing(
     tmp_path: Path, base_model_dir: Path
 ) -> None:
-    run = run_fault_suite(tmp_path, kill_rounds(kills=2, seed=0))
+    run = run_fault_suite(tmp_path, kill_rounds(kills=2, seed=0), gate=True)
     verdict = check_run(run)
     print(results_table(verdict))
     assert len(run.turns) > 10 and run.feedback, verdict.figures

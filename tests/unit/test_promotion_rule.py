@@ -7,7 +7,13 @@ import pytest
 from schemas.errors import ConfigError
 from schemas.gate_decisions import HELD, PROMOTED
 from schemas.ids import held_out_session
-from serving.promotion_rule import VersionScore, falls_below, gate_decision, score_version
+from serving.promotion_rule import (
+    VersionScore,
+    falls_below,
+    gate_decision,
+    gate_decision_with_base,
+    score_version,
+)
 
 
 def test_approval_counts_only_the_answers_the_judge_took_a_side_on() -> None:
@@ -74,3 +80,19 @@ def test_the_held_out_split_is_stable_and_sized_by_its_share() -> None:
     assert not any(held_out_session(s, 0.0) for s in sessions)
     with pytest.raises(ConfigError, match="held-out share"):
         held_out_session("s", 1.0)
+
+
+def test_the_base_model_is_a_floor_that_small_promoted_falls_cannot_add_up_below() -> None:
+    """The demo's binary run: relevance 1.00 (base) -> 0.94 (v2) -> 0.81 (v3), each step within the
+    noise of the one before; against the base model v3 is a real fall."""
+    base, v2, v3 = (VersionScore(32, 32, a, r) for a, r in ((0.16, 1.00), (0.19, 0.94), (0.28, 0.81)))
+    assert gate_decision(v3, v2, margin=0.1)[0] == PROMOTED
+    decision, reason = gate_decision_with_base(v3, v2, base, baseline_version=2, margin=0.1)
+    assert decision == HELD
+    assert reason.startswith("against v2: approval 0.28 vs 0.19; relevance 0.81 vs 0.94: within the margin")
+    assert "Against the base model: approval 0.28 vs 0.16; relevance 0.81 vs 1.00: relevance below" in reason
+    # against the base model itself, or without its figures, it is the plain rule
+    assert gate_decision_with_base(v2, base, base, baseline_version=0, margin=0.1) == gate_decision(
+        v2, base, 0.1
+    )
+    assert gate_decision_with_base(v3, v2, None, baseline_version=2, margin=0.1) == gate_decision(v3, v2, 0.1)
