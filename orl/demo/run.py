@@ -401,7 +401,7 @@ async def _wait_for_gate(stack: DemoStack, version: int, deadline: float, step: 
         published, decisions = await read_gate(stack.up, stack.namespace)
         newest = max(published, default=0)
         if newest >= version and decisions.reasons.get(newest, ("",))[0] == PROMOTED:
-            decision, reason = decisions.reasons[version]
+            decision, reason = decisions.reasons.get(version, ("passed over", f"the gate decided v{newest}"))
             return newest, f"; gate: v{version} {decision} ({reason})"
         await asyncio.sleep(0.5)
 

@@ -98,6 +98,9 @@ def test_a_live_reward_drop_rolls_back_within_the_window_and_no_request_is_refus
         load.join(timeout=120)
         activations = asyncio.run(read_events(stack.log_url, "live.policy_activations"))
 
+    print(
+        f"side requests {dict(statuses)}; rated (version, thumbs) {dict(Counter(rated))}; activations {[e['version'] for e in activations if e['envelope']['event_type'] == 'PolicyActivated']}"
+    )
     # every request got a 200 while the versions changed (one_rated_turn asserts it of its own)
     assert set(statuses) == {200} and statuses[200] > 20, statuses
     (first, *_) = rollbacks(stack.log_url)
