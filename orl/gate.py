@@ -235,15 +235,19 @@ class Evaluator:
     ) -> list[dict[str, Any]]:
         """Every prompt's answers by `version`, each with its next state, the judge's votes and reward.
         The three answer sets used last are kept: the base model's and a baseline's are evaluated once
-        for a run of candidates."""
-        key = (self.settings.run_id, version, tuple(prompt.prompt_id for prompt in prompts))
+        for a run of candidates. A restore's answers are those of the version whose weights it
+        republishes (the same weights, the same seeds), under its own version number."""
+        trained = version
+        while (restored := await self.restored_version(trained)) is not None and restored < trained:
+            trained = restored
+        key = (self.settings.run_id, trained, tuple(prompt.prompt_id for prompt in prompts))
         if key in self.kept:
             self.kept[key] = self.kept.pop(key)  # the most recently used goes last
         else:
-            self.kept[key] = await self._answers(version, prompts, next_state)
+            self.kept[key] = await self._answers(trained, prompts, next_state)
             while len(self.kept) > 3:
                 del self.kept[next(iter(self.kept))]  # the least recently used
-        return self.kept[key]
+        return [{**answer, "version": version} for answer in self.kept[key]]
 
     async def _answers(
         self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState

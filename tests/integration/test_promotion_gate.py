@@ -4,7 +4,8 @@ v1 is the base model's own weights published as a full checkpoint: the gate's an
 same seeds) match the base model's, so it must be promoted. v2 has every weight matrix drowned in
 noise: it babbles, the demo scenario's simulated user asks for a redo of every answer, and the
 rule judge `user_reply` rejects it, so it must be held. v3, the trainer's restore of v1's weights
-after that hold, is promoted without an evaluation. The gate runs as `orl gate` runs
+after that hold, is promoted without an evaluation, and v4 is then compared with v3 (whose answers
+are v1's) and with the base model. The gate runs as `orl gate` runs
 (`run_gate_loop`) and its PolicyGated events are read back from the log.
 """
 
@@ -94,12 +95,14 @@ def test_the_gate_promotes_a_harmless_checkpoint_and_holds_a_broken_one(
             await gated(settings, 2)
             # the trainer's answer to the hold: v1's weights again, as v3 (trainer/gate_holds.py)
             await publish(settings, same, 3, metrics={"held_by_gate": 2, "restored": 1})
-            return await gated(settings, 3, timeout_s=60)
+            await gated(settings, 3, timeout_s=60)
+            await publish(settings, same, 4)  # trained on from the restore (here: unchanged)
+            return await gated(settings, 4)
         finally:
             stop.set()
             await asyncio.wait_for(gate, 120)
 
-    first, second, restore = asyncio.run(scenario())
+    first, second, restore, after = asyncio.run(scenario())
     assert asyncio.run(gate_seen_in_the_audit(settings, version=2)) == [("held", 1, second["reason"])]
     assert (first["version"], first["baseline_version"], first["decision"]) == (1, 0, "promoted"), first[
         "reason"
@@ -118,6 +121,13 @@ def test_the_gate_promotes_a_harmless_checkpoint_and_holds_a_broken_one(
     # a restore of the promoted weights is promoted without an evaluation
     assert (restore["version"], restore["baseline_version"], restore["decision"]) == (3, 1, "promoted")
     assert restore["answers"] == [] and "republishes the promoted v1's weights" in restore["reason"]
+    # v4 against the restore v3 and the base model: v3's answers are v1's (kept), under v3's number
+    assert (after["version"], after["baseline_version"], after["decision"]) == (4, 3, "promoted"), after[
+        "reason"
+    ]
+    texts = {v: [a["text"] for a in after["answers"] if a["version"] == v] for v in (0, 3, 4)}
+    assert texts[3] == by_version[1] and texts[0] == by_version[0] and texts[4] == by_version[0]
+    assert "Against the base model" in after["reason"]
 
 
 async def gate_seen_in_the_audit(settings: GateSettings, version: int) -> list[tuple[str, int, str]]:
