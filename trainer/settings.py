@@ -285,6 +285,11 @@ def check_settings(settings: TrainSettings) -> None:
             settings.rollback_window > 0 and settings.backend == "megatron",
             "--rollback-window needs the torch backend (the megatron backend cannot reload a version yet)",
         ),
+        (
+            settings.follow_promoted and settings.backend == "megatron",
+            "--follow-promoted (the promotion gate) needs the torch backend: after a hold the trainer goes back "
+            "to the promoted weights, which the megatron backend cannot reload yet",
+        ),
         (settings.poll_timeout_s <= 0, f"--poll-timeout-s must be > 0, not {settings.poll_timeout_s}"),
         (
             not settings.run_id or "/" in settings.run_id,

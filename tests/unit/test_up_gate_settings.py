@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from orl.gate import GateSettings
 from orl.up import UpSettings, component_env, stack_launches
+from schemas.errors import ConfigError
 from serving.settings import ServeSettings
-from trainer.settings import TrainSettings
+from trainer.settings import TrainSettings, check_settings
 
 
 def test_the_gate_is_started_and_the_children_told(tmp_path: Path) -> None:
@@ -37,3 +40,11 @@ def test_the_gate_runs_beside_the_trainer_only(tmp_path: Path) -> None:
     env = component_env(settings)
     assert env["ORL_FOLLOW_PROMOTED"] == "true"
     assert list(stack_launches(settings, env)) == ["serve"]
+
+
+def test_the_megatron_trainer_refuses_to_train_behind_the_gate() -> None:
+    """After a hold the trainer goes back to the promoted weights, which megatron cannot reload yet."""
+    with pytest.raises(ConfigError, match="--follow-promoted .* needs the torch backend"):
+        check_settings(TrainSettings(backend="megatron", kind="full", follow_promoted=True))
+    check_settings(TrainSettings(backend="megatron", kind="full"))
+    check_settings(TrainSettings(follow_promoted=True))
