@@ -9,8 +9,9 @@ from pathlib import Path
 from connectors.event_log.base import Consumer, EventLogError, OutgoingRecord, TopicSpec
 from connectors.event_log.sqlite_log import SqliteEventLog
 from schemas.codec import encode
+from schemas.gate_decisions import GateDecisions
 from tests.unit.event_examples import example_event
-from trainer.gate_holds import GateHolds, follow_gate
+from trainer.gate_holds import follow_gate, restore_for
 
 TOPIC = "ns.checkpoints"
 
@@ -28,7 +29,7 @@ class UnreachableFirst(SqliteEventLog):
 
 
 def test_the_decisions_are_read_after_the_log_comes_back(tmp_path: Path) -> None:
-    async def scenario() -> GateHolds:
+    async def scenario() -> GateDecisions:
         log = UnreachableFirst(tmp_path / "log.db")
         await log.start()
         await log.create_topics([TopicSpec(TOPIC, 1)])
@@ -37,7 +38,7 @@ def test_the_decisions_are_read_after_the_log_comes_back(tmp_path: Path) -> None
             event.update(run_id="run-1", version=version, decision=decision, reason=f"{decision} v{version}")
             event["envelope"]["event_id"] = f"gated-{version}"
             await log.append(TOPIC, OutgoingRecord(value=encode(event), key=b"run-1"))
-        holds, caught_up = GateHolds("run-1"), asyncio.Event()
+        holds, caught_up = GateDecisions("run-1"), asyncio.Event()
         reading = asyncio.create_task(follow_gate(log, TOPIC, holds, caught_up, max_backoff_s=0.1))
         try:
             await asyncio.wait_for(caught_up.wait(), 20)
@@ -50,4 +51,4 @@ def test_the_decisions_are_read_after_the_log_comes_back(tmp_path: Path) -> None
 
     holds = asyncio.run(scenario())
     assert (holds.promoted, holds.held) == (1, {2: "held v2"})
-    assert holds.restore_for(2) == 1
+    assert restore_for(holds, 2) == 1
