@@ -10,8 +10,8 @@ over), the gate draws held-out prompts, generates `--gate-samples` answers per p
 candidate, with the promoted version and with the base model (the same seeds for all), lets the
 run's reward judge score every answer, and decides with
 `serving.promotion_rule.gate_decision_with_base`: no worse than the promoted version, nor than the
-base model, beyond the margin and the noise. A version that
-republishes the promoted one's weights (the trainer's restore after a hold) is promoted at once. Prompts:
+base model, beyond the margin and the noise. A version that republishes the promoted one's weights
+(the trainer's restore after a hold) is promoted at once. Prompts:
 
 - from the log (default): the newest recorded main turns of held-out sessions (the share
   `--holdout-share` of sessions the trainer skips, so no version trained on them); the judge sees
@@ -206,6 +206,8 @@ class Evaluator:
     # the three answer sets (by run, version and prompts) used last: the base model's and a baseline's are
     # evaluated once for a run of candidates
     kept: dict[tuple[str, int, tuple[str, ...]], list[dict[str, Any]]] = field(default_factory=dict)
+    # what each version's manifest says it restores (manifests never change): read once per version
+    restores: dict[tuple[str, int], int | None] = field(default_factory=dict)
 
     async def load(self, version: int) -> None:
         if version == self.backend.policy_version:
@@ -225,10 +227,11 @@ class Evaluator:
         rollback, recorded in its manifest), else None."""
         if version == 0:
             return None
-        key = version_prefix(self.settings.run_id, version) + MANIFEST_NAME
-        manifest = await asyncio.to_thread(read_manifest, self.store, key)
-        restored = manifest.metrics.get("restored")
-        return None if restored is None else int(restored)
+        if (self.settings.run_id, version) not in self.restores:
+            key = version_prefix(self.settings.run_id, version) + MANIFEST_NAME
+            restored = (await asyncio.to_thread(read_manifest, self.store, key)).metrics.get("restored")
+            self.restores[(self.settings.run_id, version)] = None if restored is None else int(restored)
+        return self.restores[(self.settings.run_id, version)]
 
     async def answers(
         self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState
@@ -400,7 +403,7 @@ async def gate_once(
         if not prompts:
             return None
         started = time.perf_counter()
-        floor = [*await evaluator.answers(0, prompts, next_state)] if baseline != 0 else []
+        floor = await evaluator.answers(0, prompts, next_state) if baseline != 0 else []
         answers = [
             *floor,
             *await evaluator.answers(baseline, prompts, next_state),

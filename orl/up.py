@@ -164,12 +164,17 @@ def stack_cores(settings: UpSettings) -> int:
     return settings.cores or available_cores()
 
 
+def runs_gate(settings: UpSettings) -> bool:
+    """Whether this `orl up` starts the gate: one per run, beside its one trainer."""
+    return settings.gate and "train" in settings.components
+
+
 def compute_budget(settings: UpSettings) -> str:
     """The line `orl up` / `orl demo` log at start: the cores, the threads and the numerics, and why."""
     cores = stack_cores(settings)
     numerics = choose_numerics(settings.precision, "cpu")
     torch_names = [name for name in settings.components if name in ("serve", "train")] + (
-        ["gate"] if settings.gate and "train" in settings.components else []
+        ["gate"] if runs_gate(settings) else []
     )
     named = " and ".join(
         [", ".join(torch_names[:-1]), torch_names[-1]] if len(torch_names) > 2 else torch_names
@@ -291,7 +296,7 @@ def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launc
                 launches[name] = Launch("pipeline", pipeline_env)
         else:
             launches[component] = Launch(component, env)
-    if settings.gate and "train" in settings.components:  # one gate per run, beside its one trainer
+    if runs_gate(settings):
         launches["gate"] = Launch("gate", env)
     return launches
 

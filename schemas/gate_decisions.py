@@ -20,8 +20,12 @@ class GateDecisions:
 
     run_id: str
     promoted: int = 0
-    held: dict[int, str] = field(default_factory=dict)  # version -> the gate's reason
     reasons: dict[int, tuple[str, str]] = field(default_factory=dict)  # version -> (decision, reason)
+
+    @property
+    def held(self) -> dict[int, str]:
+        """The versions whose latest decision is HELD, with the gate's reason."""
+        return {version: reason for version, (decision, reason) in self.reasons.items() if decision == HELD}
 
     def read(self, event: Mapping[str, Any]) -> bool:
         """Take in one event of `checkpoints`; whether it was the gate's decision on this run. A version
@@ -32,9 +36,6 @@ class GateDecisions:
         self.reasons[version] = (decision, reason)
         if decision == PROMOTED:
             self.promoted = max(self.promoted, version)
-            self.held.pop(version, None)
-        else:
-            self.held[version] = reason
         return True
 
     def decided(self, version: int) -> bool:
