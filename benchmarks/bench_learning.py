@@ -72,6 +72,7 @@ def run_variant(name: str, args: argparse.Namespace, port: int) -> dict[str, obj
         sys.executable, "-m", "orl.cli", "demo", "--data-dir", str(data_dir), "--out-dir", str(data_dir / "report"),
         "--methods", args.method, "--steps", str(args.steps), "--eval-every", str(args.eval_every),
         "--seed", str(args.seed), "--seeds", str(args.seeds), "--scenario", args.scenario, "--port", str(port),
+        "--no-gate",  # the variants measure learning; the gate would hold some versions back
     ]  # fmt: skip
     print(f"== {name}: {description} {overrides or ''}", flush=True)
     started = time.perf_counter()

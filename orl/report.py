@@ -32,7 +32,7 @@ import asyncio
 import json
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from connectors.event_log.reading import read_to_end
 from connectors.metrics import Metrics
 from connectors.settings import ConnectionSettings, setting
 from orl.demo.scenarios import get_scenario
-from orl.demo.scoring import bootstrap_ci, relevance, word_count
+from orl.demo.scoring import Scorer, bootstrap_ci, relevance, word_count
 from pipeline.history.namespace_io import partition_count
 from schemas.codec import decode
 from schemas.errors import OrlError
@@ -57,7 +57,6 @@ REPORT_TOPICS = (
     "requests", "responses", "next_states", "rewards", "train_steps", "checkpoints", "policy_activations",
 )  # fmt: skip
 Event = dict[str, Any]
-Scorer = Callable[[str, str], float]
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,7 @@ class VersionFigures:
     held_out_samples: int = 0
     held_out_score: Interval | None = None
     held_out_relevance: float | None = None
+    held_out_style: float | None = None  # every check of the scenario but relevance passed
 
 
 def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -145,6 +145,7 @@ def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = N
     turn_version: dict[str, tuple[int, str, float, int]] = {}
     held_out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     held_out_on_topic: dict[int, list[float]] = defaultdict(list)
+    held_out_style: dict[int, list[float]] = defaultdict(list)
     for response in events.get("responses", []):
         request = requests.get(response["request_id"])
         if request is None:
@@ -158,8 +159,10 @@ def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = N
             turn = (version, session, relevance(prompt, answer), word_count(answer))
             turn_version[request["envelope"]["turn_id"]] = turn
         elif scorer is not None and prompt:
-            held_out[version][prompt].append(scorer(prompt, answer))
-            held_out_on_topic[version].append(relevance(prompt, answer))
+            breakdown = scorer(prompt, answer)
+            held_out[version][prompt].append(breakdown.score)
+            held_out_on_topic[version].append(breakdown.relevance)
+            held_out_style[version].append(breakdown.style)
 
     approvals: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     on_topic: dict[int, list[float]] = defaultdict(list)
@@ -212,6 +215,8 @@ def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = N
         figures.held_out_score = _interval(held_out[version])
         checked = held_out_on_topic[version]
         figures.held_out_relevance = sum(checked) / len(checked) if checked else None
+        styles = held_out_style[version]
+        figures.held_out_style = sum(styles) / len(styles) if styles else None
     return [by_version[v] for v in sorted(by_version)]
 
 
@@ -237,7 +242,7 @@ def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str) -
         "KL",
     ]
     header += ["gate", "activations", "refusals"] + (
-        ["held-out score [95% CI]", "held-out relevance"] if held else []
+        ["held-out score [95% CI]", "held-out style", "held-out relevance"] if held else []
     )
     lines = [
         f"# orl report: namespace {namespace}",
@@ -246,7 +251,12 @@ def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str) -
         "approval: the share of them at +1, 95% cluster-bootstrap interval over sessions; neutral: turns "
         "rewarded 0. Satisfied: positive explicit feedback among turns that got any. Relevance and words: "
         "of the judged answers. KL: the trainer's KL to the base at the step that made the version."
-        + (f" Held-out: the side turns scored with the {scenario!r} scenario's scorer." if held else ""),
+        + (
+            f" Held-out: the side turns scored with the {scenario!r} scenario's scorer; style: the share "
+            "that passed every check but relevance."
+            if held
+            else ""
+        ),
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -267,7 +277,7 @@ def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str) -
             str(len(r.refusals)),
         ]
         if held:
-            cells += [_interval_cell(r.held_out_score), _cell(r.held_out_relevance)]
+            cells += [_interval_cell(r.held_out_score), _cell(r.held_out_style), _cell(r.held_out_relevance)]
         lines.append("| " + " | ".join(cells) + " |")
     refusals = [(r.version, reason) for r in rows for reason in r.refusals]
     if refusals:
@@ -323,7 +333,7 @@ async def read_report_events(log_url: str, namespace: str) -> dict[str, list[Eve
 # VersionFigures field -> the Prometheus gauge `orl_report_<name>{version}` it is exported as
 METRIC_FIELDS = (
     "main_turns", "judged_turns", "neutral_turns", "feedback_turns", "satisfied", "relevance", "words", "kl",
-    "activations", "held_out_samples", "held_out_relevance",
+    "activations", "held_out_samples", "held_out_relevance", "held_out_style",
 )  # fmt: skip
 
 
@@ -347,10 +357,7 @@ def export_metrics(rows: Sequence[VersionFigures], metrics: Metrics) -> None:
 
 def report_once(settings: ReportSettings) -> list[VersionFigures]:
     """Read the namespace, write report.md, .json and .png, and return the rows."""
-    scorer = None
-    if settings.scenario:
-        scenario_scorer = get_scenario(settings.scenario).scorer
-        scorer = lambda prompt, answer: scenario_scorer(prompt, answer).score  # noqa: E731
+    scorer = get_scenario(settings.scenario).scorer if settings.scenario else None
     events = asyncio.run(read_report_events(settings.effective_log_url(), settings.namespace))
     rows = version_figures(events, scorer)
     if not rows:

@@ -1,10 +1,10 @@
 """The demo's report over seeds: a paper-style table, a learning-curve PNG and results.json.
 
 Input: runs[method][seed][step], one `StepResult` per held-out evaluation (per-prompt score lists of
-the first response, several samples per prompt; the relevance rate; the mean words). Per seed and step
-it gives the mean score with a 95% cluster-bootstrap interval; per method and step, the mean over seeds
-with the lowest and highest seed. results.md shows the score and the relevance at every evaluated step,
-each seed's curve (with several seeds) and the issue-19 targets. The same inputs always give
+the first response, several samples per prompt; the relevance and style rates; the mean words). Per
+seed and step it gives the mean score with a 95% cluster-bootstrap interval; per method and step, the
+mean over seeds with the lowest and highest seed. results.md shows the score, the relevance and the
+style at every evaluated step, each seed's curve (with several seeds) and the issue-19 targets. The same inputs always give
 byte-identical files. Writes `<out_dir>/results.md`, `results.json`, `learning_curve.png`.
 """
 
@@ -52,11 +52,13 @@ StepSummary = dict[str, float | None]
 
 @dataclass(frozen=True)
 class StepResult:
-    """One held-out evaluation: per-prompt score lists (0..1), relevance rate and mean words (None if unknown)."""
+    """One held-out evaluation: per-prompt score lists (0..1), relevance rate, mean words and style rate
+    (every check but relevance passed; None if unknown)."""
 
     scores: Sequence[Sequence[float]]
     relevance: float | None = None
     words: float | None = None
+    style: float | None = None
 
 
 Runs = Mapping[str, Mapping[int, Mapping[int, StepResult]]]  # method -> seed -> step
@@ -94,6 +96,7 @@ def summarize_run(results: Mapping[int, StepResult], bootstrap_seed: int = 0) ->
             "prompts": len(per_prompt),
             "samples": sum(len(s) for s in per_prompt),
             "relevance": optional_float(results[step].relevance),
+            "style": optional_float(results[step].style),
             "words": optional_float(results[step].words),
         }
     return summary
@@ -107,6 +110,7 @@ def summarize_seeds(curves: Mapping[int, Mapping[int, StepSummary]]) -> dict[int
         scores = [number(s, "score") for s in at_step]
         relevances = [s["relevance"] for s in at_step if s["relevance"] is not None]
         words = [s["words"] for s in at_step if s["words"] is not None]
+        styles = [style for s in at_step if (style := s.get("style")) is not None]
         summary[step] = {
             "score": mean(scores),
             "score_min": min(scores),
@@ -114,6 +118,7 @@ def summarize_seeds(curves: Mapping[int, Mapping[int, StepSummary]]) -> dict[int
             "relevance": mean(relevances) if relevances else None,
             "relevance_min": min(relevances) if relevances else None,
             "relevance_max": max(relevances) if relevances else None,
+            "style": mean(styles) if styles else None,
             "words": mean(words) if words else None,
             "seeds": len(at_step),
         }
@@ -206,6 +211,13 @@ def relevance_cell(over_seeds: StepSummary | None, several_seeds: bool) -> str:
     return f"{over_seeds['relevance']:.2f} (min {number(over_seeds, 'relevance_min'):.2f})"
 
 
+def style_cell(over_seeds: StepSummary | None) -> str:
+    """ "0.94" (the mean over seeds); "n/a" when not measured."""
+    if over_seeds is None or over_seeds.get("style") is None:
+        return "n/a"
+    return f"{number(over_seeds, 'style'):.2f}"
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
@@ -233,6 +245,9 @@ def render_table(summaries: Summaries, per_seed: PerSeed, opd_teacher: str, scen
         [METHOD_LABELS.get(m, m), *(relevance_cell(summaries[m].get(s), several) for s in steps)]
         for m in methods
     ]
+    style_rows = [
+        [METHOD_LABELS.get(m, m), *(style_cell(summaries[m].get(s)) for s in steps)] for m in methods
+    ]
     lines = [
         f"Scenario: {scenario}. Held-out score of the first response, 0..1: {spread}. "
         f"OPD teacher: {opd_teacher}.",
@@ -243,6 +258,15 @@ def render_table(summaries: Summaries, per_seed: PerSeed, opd_teacher: str, scen
         "",
         *markdown_table(["method", *step_labels], relevance_rows),
     ]
+    if any(v.get("style") is not None for by_step in summaries.values() for v in by_step.values()):
+        lines += [
+            "",
+            "Style: the share of answers that pass every check but relevance"
+            + (" (mean over seeds)" if several else "")
+            + ". The score asks for both; the CPU prototype's score was style alone.",
+            "",
+            *markdown_table(["method", *step_labels], style_rows),
+        ]
     if several:
         seed_rows = [
             [METHOD_LABELS.get(m, m), str(seed), *seed_cells(per_seed[m].get(seed, {}), steps)]

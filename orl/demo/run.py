@@ -152,7 +152,7 @@ def run_demo(settings: DemoSettings) -> int:
         out_dir,
         {
             method: {
-                seed: {step: StepResult(e.scores, e.relevance, e.words) for step, e in curve.items()}
+                seed: {step: StepResult(e.scores, e.relevance, e.words, e.style) for step, e in curve.items()}
                 for seed, curve in by_seed.items()
             }
             for method, by_seed in results.items()
@@ -477,7 +477,7 @@ def _progress(
     if evaluation is not None:
         flat = [s for scores in evaluation.scores for s in scores]
         parts.append(
-            f"held-out score {sum(flat) / len(flat):.2f}, relevance {evaluation.relevance:.2f}, "
-            f"{evaluation.words:.0f} words"
+            f"held-out score {sum(flat) / len(flat):.2f} (style {evaluation.style:.2f}, "
+            f"relevance {evaluation.relevance:.2f}), {evaluation.words:.0f} words"
         )
     print("  " + " | ".join(parts), flush=True)

@@ -103,6 +103,11 @@ class ScoreBreakdown:
     words: int
     relevance: float
 
+    @property
+    def style(self) -> float:
+        """1.0 iff every check but relevance passed: the CPU prototype's score, which did not ask for on-topic."""
+        return 0.0 if any(v != OFF_TOPIC for v in self.violations) else 1.0
+
 
 Scorer = Callable[[str, str], ScoreBreakdown]
 

@@ -30,9 +30,10 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One evaluation of the held-out prompts: per-prompt scores, relevance and mean words."""
+    """One evaluation of the held-out prompts: per-prompt scores, style and relevance rates, mean words."""
 
     scores: list[list[float]]
+    style: float  # share of answers passing every check but relevance (`ScoreBreakdown.style`)
     relevance: float
     words: float
     examples: list[tuple[str, str]]
@@ -145,6 +146,7 @@ class DemoClient:
         ]
         return Evaluation(
             scores=scores,
+            style=sum(b.style for b in breakdowns) / len(breakdowns),
             relevance=sum(b.relevance for b in breakdowns) / len(breakdowns),
             words=sum(b.words for b in breakdowns) / len(breakdowns),
             examples=list(pairs[: min(4, len(pairs))]),

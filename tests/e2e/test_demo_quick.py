@@ -68,6 +68,11 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     # the demo waits for each step's version (or, if the gate held it, the promoted one) before it evaluates
     assert len(held_out) == 3, rows
     assert [held_out[v] for v in sorted(held_out)] == [scores[step] for step in ("0", "1", "2")]
+    # style (every check but relevance) agrees between the demo's report and the log's
+    styles = {r["version"]: r["held_out_style"] for r in rows if r["held_out_score"]}
+    demo_styles = [results["methods"]["combined"][step]["style"] for step in ("0", "1", "2")]
+    assert [styles[v] for v in sorted(styles)] == pytest.approx(demo_styles)
+    assert all(style >= scores[step] for style, step in zip(demo_styles, ("0", "1", "2"), strict=True))
     assert all(
         r["approval"] is not None for r in rows if r["version"] < 2
     )  # versions 0 and 1 served sessions

@@ -28,7 +28,7 @@ def curve(rates: dict[int, float], relevance: float | None = 0.97) -> dict[int, 
         ones = round(rate * PROMPTS * SAMPLES)
         flat = [1.0 if i < ones else 0.0 for i in range(PROMPTS * SAMPLES)]
         scores = [flat[p::PROMPTS] for p in range(PROMPTS)]
-        result[step] = StepResult(scores, relevance, 60.0 - step)
+        result[step] = StepResult(scores, relevance, 60.0 - step, style=min(1.0, rate + 0.05))
     return result
 
 
@@ -70,6 +70,7 @@ def test_results_json_has_means_spreads_and_every_seed(tmp_path: Path) -> None:
     assert at_8["score"] == pytest.approx(sum(finals) / 3)
     assert (at_8["score_min"], at_8["score_max"]) == (min(finals), max(finals))
     assert at_8["relevance"] == pytest.approx(0.97) and at_8["relevance_min"] == 0.97 and at_8["seeds"] == 3
+    assert at_8["style"] == pytest.approx(sum(COMBINED_FINAL[s] + 0.05 for s in SEEDS) / 3)
     assert set(results["per_seed"]["combined"]) == {"3", "4", "5"}
     assert set(results["per_seed"]["combined"]["5"]) == {str(s) for s in STEPS}
     assert results["per_seed"]["combined"]["5"]["32"]["score"] == exact(0.89)
@@ -89,6 +90,8 @@ def test_table_has_every_evaluated_step_spreads_relevance_seeds_and_targets(tmp_
     assert table.index("| Binary RL |") < table.index("| OPD |") < table.index("| Combined |")
     relevance = table.split("Relevance")[1]
     assert "| 0.97 (min 0.97) |" in row(relevance, "| Combined |")
+    style = table.split("Style:")[1]
+    assert row(style, "| Combined |").startswith("| Combined | 0.15 | 0.55 | 0.97 |")
     per_seed = table.split("Score of each seed.")[1]
     assert row(per_seed, "| Combined | 5 |").endswith(f"| {exact(0.89):.2f} |")
     assert len([line for line in per_seed.splitlines() if line.startswith("| OPD |")]) == 3

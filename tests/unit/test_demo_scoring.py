@@ -73,6 +73,12 @@ def test_a_short_off_topic_answer_scores_zero_with_relevance_zero() -> None:
     result = student_score(PROMPT, "I have absolutely nothing to add.")
     assert (result.score, result.relevance, result.violations) == (0.0, 0.0, (OFF_TOPIC,))
     assert relevance(PROMPT, "I have absolutely nothing to add.") == 0.0
+    assert result.style == 1.0  # short and plain: the prototype's score, which did not check the topic
+
+
+def test_style_fails_on_any_check_but_relevance() -> None:
+    long_off_topic = student_score(PROMPT, "I have absolutely nothing to add. " * 8)
+    assert long_off_topic.style == 0.0 and long_off_topic.relevance == 0.0
 
 
 def test_relevance_matches_numbers_and_word_prefixes() -> None:

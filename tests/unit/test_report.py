@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from connectors.metrics import Metrics
+from orl.demo.scoring import student_score
 from orl.report import export_metrics, render_markdown, version_figures
 
 
@@ -48,6 +49,7 @@ def events() -> dict[str, list[dict[str, Any]]]:
         turn("t5", "s3", 1, "And a verb?", "A verb is an action word, like run."),
         turn("e1", "x", 1, "What is a noun?", "A noun names a person or thing.", kind="side"),
         turn("e2", "x", 1, "What is a verb?", "**Verb**: an action.", kind="side"),
+        turn("e3", "x", 1, "What is an adverb?", "I have nothing to add.", kind="side"),
     ]
     feedback = {
         "envelope": {"turn_id": "t4", "event_type": "NextStateObserved"},
@@ -96,11 +98,14 @@ def test_each_version_gets_its_approval_relevance_feedback_kl_and_refusals() -> 
 
 
 def test_side_turns_are_scored_per_prompt_with_the_given_scorer() -> None:
-    rows = version_figures(events(), scorer=lambda prompt, answer: 0.0 if "**" in answer else 1.0)
+    rows = version_figures(events(), scorer=student_score)
     v1 = rows[1]
-    assert v1.held_out_samples == 2 and v1.held_out_score is not None
-    assert v1.held_out_score.mean == pytest.approx(0.5) and v1.held_out_relevance == 1.0
+    assert v1.held_out_samples == 3 and v1.held_out_score is not None
+    assert v1.held_out_score.mean == pytest.approx(1 / 3)  # only the plain, short, on-topic answer
+    assert v1.held_out_style == pytest.approx(2 / 3)  # the off-topic one is short and plain
+    assert v1.held_out_relevance == pytest.approx(2 / 3)
     table = render_markdown("live", rows, "student")
+    assert "held-out style" in table and "| 0.33 [0.00, 1.00] | 0.67 | 0.67 |" in table
     assert "| 1 | 2 | 1 | 1.00 [1.00, 1.00] | 0 | 1.00 (1) |" in table
     assert "- v2: trainer: sha256 mismatch" in table
     assert "- v1 rolled back to v0 as v3" in table
