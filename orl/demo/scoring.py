@@ -74,6 +74,10 @@ WARM_WORDS = (
     "accurate", "you", "your", "you've", "you're", "yours",
 )  # fmt: skip
 _WARM = re.compile(r"\b(" + "|".join(re.escape(w) for w in WARM_WORDS) + r")\b", re.IGNORECASE)
+# Calling the answer wrong is not friendly, whatever else the comment says ("This answer is incorrect. The
+# correct answer is: '<the student's own answer>'" would otherwise pass on "correct"); every graded answer
+# in the scenario is right.
+_WRONG_VERDICT = re.compile(r"\b(incorrect|wrong|not (correct|right))\b", re.IGNORECASE)
 
 # Words that say how a question is asked, not what it is about; removed before the keyword match.
 _STOP_WORDS_TEXT = """
@@ -206,8 +210,9 @@ def is_template(response: str) -> bool:
 
 
 def is_friendly(response: str) -> bool:
-    """Whether the comment has a warm or affirming word or speaks to the student (`WARM_WORDS`)."""
-    return _WARM.search(response) is not None
+    """Whether the comment has a warm or affirming word or speaks to the student (`WARM_WORDS`) and does
+    not call the answer wrong."""
+    return _WARM.search(response) is not None and _WRONG_VERDICT.search(response) is None
 
 
 def teacher_score(prompt: str, response: str) -> ScoreBreakdown:

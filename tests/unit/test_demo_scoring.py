@@ -106,6 +106,7 @@ def test_a_specific_friendly_short_comment_scores_one() -> None:
     [
         ("Great job, keep going!", NOT_SPECIFIC),
         ("Six sides and the honeycomb comparison are both there.", NOT_FRIENDLY),
+        ("This answer is incorrect. The correct answer is: 'Six sides, like a honeycomb.'", NOT_FRIENDLY),
         ("Grade: A\nNice honeycomb comparison.", TEMPLATE),
         ("Nice honeycomb comparison, 9/10.", TEMPLATE),
         ("Strengths: nice honeycomb comparison.", TEMPLATE),
