@@ -44,6 +44,10 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
         {"ORL_DEMO_PARTIAL_BATCHES": "true"},
     ),  # fmt: skip
     "w_opd_0.5": ("OPD weight 0.5 in Combined", {"ORL_TRAIN_W_OPD": "0.5"}),
+    "user_restates_length": (
+        "the simulated user's redo of a short enough answer also restates the word limit",
+        {"ORL_DEMO_USER_RESTATES_LENGTH": "true"},
+    ),
 }
 
 

@@ -82,6 +82,12 @@ class DemoSettings(ConnectionSettings):
     max_tokens: int = setting(
         96, "ORL_DEMO_MAX_TOKENS", "Response length limit (the scenario asks for <= 40 words)."
     )
+    user_restates_length: bool = setting(
+        False,
+        "ORL_DEMO_USER_RESTATES_LENGTH",
+        "The simulated user's redo of an answer that was short enough also restates the word limit, so "
+        "the OPD hint for an off-topic answer keeps asking for short answers.",
+    )
     port: int = setting(8011, "ORL_DEMO_PORT", "Port of the demo's server.")
     out_dir: Path = setting(
         Path(""), "ORL_DEMO_OUT", "Where the report goes (default <data-dir>/demo/<run>)."
@@ -287,6 +293,7 @@ async def start_stack(settings: DemoSettings, method: str, namespace: str) -> De
         admin_key,
         Sampling(max_tokens=settings.max_tokens),
         concurrency=settings.batch_size,  # one wave per round: its samples reach the trainer together
+        restate_length=settings.user_restates_length,
     )
     stack = DemoStack(up, supervisor, client, namespace, settings.partial_batches)
     supervisor.start_all()

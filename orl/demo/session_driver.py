@@ -40,9 +40,18 @@ class Evaluation:
 
 
 class DemoClient:
-    def __init__(self, base_url: str, api_key: str, admin_key: str, sampling: Sampling, concurrency: int = 8):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        admin_key: str,
+        sampling: Sampling,
+        concurrency: int = 8,
+        restate_length: bool = False,
+    ):
         self.base_url = base_url.rstrip("/")
         self.sampling = sampling
+        self.restate_length = restate_length  # the simulated user's redo repeats the word limit
         self._auth = {"Authorization": f"Bearer {api_key}"}
         self._admin = {"Authorization": f"Bearer {admin_key}"}
         self._limit = asyncio.Semaphore(concurrency)
@@ -100,7 +109,7 @@ class DemoClient:
         """One training session; True if the user was satisfied with the answer."""
         question = [{"role": "user", "content": prompt}]
         answer = await self.chat(question, {"X-Session-Id": session_id}, seed=seed)
-        reaction = react(scenario, prompt, answer, random.Random(seed))
+        reaction = react(scenario, prompt, answer, random.Random(seed), self.restate_length)
         follow_up = [
             *question,
             {"role": "assistant", "content": answer},

@@ -5,6 +5,10 @@ fixes the whole conversation. A response that scores 1 gets a satisfied reply; a
 a redo request that says what was wrong (a complaint) and what to do instead (a directive correction
 such as "Please keep it under 40 words in plain sentences and don't use bold text."), built from the
 scorer's violations. The directive sentence is what the demo's hint extractor turns into an OPD hint.
+With `restate_length`, a redo of an answer that was short enough also restates the word limit ("...
+and keep it under 40 words"), as a user who asked for short answers before would: without it, the
+hint for a short off-topic answer asks only for the question, and the base model with that hint
+writes 58 words on average (docs/demo/ablations.md).
 `redo_variants` enumerates every text the user can produce for a set of violations (for tests).
 Reads and writes no topics or object keys.
 """
@@ -109,8 +113,11 @@ class RedoChoice:
     style: int
 
 
-def react(scenario: Scenario, prompt: str, response: str, rng: random.Random) -> UserReaction:
-    """The user's reply to `response`: satisfied iff the scenario's scorer gives 1, else a redo request."""
+def react(
+    scenario: Scenario, prompt: str, response: str, rng: random.Random, restate_length: bool = False
+) -> UserReaction:
+    """The user's reply to `response`: satisfied iff the scenario's scorer gives 1, else a redo request
+    (which, with `restate_length`, also restates the word limit when the answer kept it)."""
     breakdown = scenario.scorer(prompt, response)
     if not breakdown.violations:
         return UserReaction(rng.choice(SATISFIED_REPLIES), satisfied=True, violations=[])
@@ -121,15 +128,21 @@ def react(scenario: Scenario, prompt: str, response: str, rng: random.Random) ->
         style=rng.randrange(DIRECTIVE_STYLES),
     )
     violations = list(breakdown.violations)
-    return UserReaction(redo_text(violations, prompt, choice), satisfied=False, violations=violations)
+    standing = [LENGTH] if restate_length and LENGTH not in violations else []
+    text = redo_text(violations, prompt, choice, standing)
+    return UserReaction(text, satisfied=False, violations=violations)
 
 
-def redo_text(violations: list[str], prompt: str, choice: RedoChoice) -> str:
-    """A redo request: opener, one complaint sentence, one directive sentence (what to do instead)."""
+def redo_text(
+    violations: list[str], prompt: str, choice: RedoChoice, standing: list[str] | None = None
+) -> str:
+    """A redo request: opener, one complaint sentence, one directive sentence (what to do instead).
+
+    `standing`: checks the answer passed whose directive the user repeats after the others."""
     ordered = [v for v in VIOLATION_ORDER if v in violations]
     fill = {"question": inline_question(prompt), "detail": detail_word(prompt)}
     complaints = [COMPLAINTS[v].format(**fill) for v in ordered]
-    directives = [DIRECTIVES[v][choice.style].format(**fill) for v in ordered]
+    directives = [DIRECTIVES[v][choice.style].format(**fill) for v in [*ordered, *(standing or [])]]
     return " ".join(
         (
             REDO_OPENERS[choice.opener],

@@ -9,6 +9,7 @@ import pytest
 from orl.demo.scenarios import HELD_OUT_COUNT, SCENARIOS, STUDENT, TEACHER, get_scenario, split_prompts
 from orl.demo.scoring import LENGTH, OFF_TOPIC, keywords, parse_grading_prompt
 from orl.demo.simulated_user import SATISFIED_REPLIES, react, redo_variants
+from pipeline.effects.reply_rules import user_hint_extractor
 from schemas.errors import ConfigError
 
 PROMPT = "Why does the Moon have phases?"
@@ -78,6 +79,20 @@ def test_an_off_topic_response_is_asked_to_answer_the_question() -> None:
     )
     assert reaction.violations == [OFF_TOPIC]
     assert "why did the Titanic sink" in reaction.text
+
+
+def test_a_user_who_restates_the_length_repeats_it_only_for_answers_that_kept_it() -> None:
+    off_topic = "I have absolutely nothing to add."
+    plain = react(STUDENT, "Why did the Titanic sink?", off_topic, random.Random(0))
+    restated = react(STUDENT, "Why did the Titanic sink?", off_topic, random.Random(0), restate_length=True)
+    assert restated.violations == plain.violations == [OFF_TOPIC]
+    assert "40 words" not in plain.text and "40 words" in restated.text
+    assert "why did the Titanic sink" in restated.text
+    _, hint, _ = user_hint_extractor([], off_topic, {"role": "user", "content": restated.text})
+    assert hint is not None and "40 words" in hint and "Titanic" in hint
+    long_answer = "The Moon orbits Earth. " * 12
+    once = react(STUDENT, PROMPT, long_answer, random.Random(1), restate_length=True)
+    assert once.text == react(STUDENT, PROMPT, long_answer, random.Random(1)).text  # said once already
 
 
 def test_a_two_sentence_question_is_quoted_as_one_clause() -> None:
