@@ -6,7 +6,9 @@
   prototype); the on-topic part keeps short evasions from scoring.
 - "teacher": grading comments on a short student answer that are specific (mention something from the
   answer), friendly (a warm or affirming word, or speaking to the student), not a rubric template and at
-  most 40 words. The base model's rate is about 0.08; it almost never writes a warm word unprompted.
+  most 40 words. The base model's rate is about 0.09; it almost never writes a warm word unprompted,
+  and even with the user's hint it satisfies this teacher only about 0.19 of the time
+  (`benchmarks/bench_hinted_teacher.py`): a preference beyond SmolLM2-135M.
 
 Prompts are tasks where style, not correctness, is judged (the 135M model is weak at arithmetic).
 The split is deterministic (seeded shuffle); held-out prompts are never trained on.

@@ -65,7 +65,8 @@ _GRADING_PROMPT = re.compile(r"^Grade this answer to '(?P<question>.+?)': '(?P<a
 # Friendly: a warm or affirming word, or speaking to the student ("you", "your"). Whole-word match.
 # Affirmations and direct address count because SmolLM2-135M almost never writes a warm word when grading:
 # with warm words alone, 0/64 base and 0/64 hinted held-out comments passed (unlearnable); with this set
-# the base rate is about 0.08 (measured on the held-out prompts, 4 samples each, temperature 0.7).
+# the base rate was about 0.08 (the held-out prompts, 4 samples each, temperature 0.7), and 0.09 on 2
+# samples each after `_WRONG_VERDICT` (benchmarks/bench_hinted_teacher.py, 2026-11-27).
 WARM_WORDS = (
     "great", "good", "nice", "nicely", "well done", "excellent", "wonderful", "lovely", "thanks", "thank you",
     "awesome", "fantastic", "brilliant", "love", "glad", "proud", "impressive", "super", "terrific", "perfect",
