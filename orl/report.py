@@ -46,7 +46,7 @@ from connectors.event_log.reading import read_to_end
 from connectors.metrics import Metrics
 from connectors.settings import ConnectionSettings, setting
 from orl.demo.scenarios import get_scenario
-from orl.demo.scoring import Scorer, bootstrap_ci, relevance, word_count
+from orl.demo.scoring import ScoreBreakdown, Scorer, bootstrap_ci, relevance, word_count
 from pipeline.history.namespace_io import partition_count
 from schemas.codec import decode
 from schemas.errors import OrlError
@@ -143,9 +143,7 @@ def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = N
 
     # main turn id -> (version, session id, on-topic, words)
     turn_version: dict[str, tuple[int, str, float, int]] = {}
-    held_out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    held_out_on_topic: dict[int, list[float]] = defaultdict(list)
-    held_out_style: dict[int, list[float]] = defaultdict(list)
+    held_out: dict[int, dict[str, list[ScoreBreakdown]]] = defaultdict(lambda: defaultdict(list))
     for response in events.get("responses", []):
         request = requests.get(response["request_id"])
         if request is None:
@@ -159,10 +157,7 @@ def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = N
             turn = (version, session, relevance(prompt, answer), word_count(answer))
             turn_version[request["envelope"]["turn_id"]] = turn
         elif scorer is not None and prompt:
-            breakdown = scorer(prompt, answer)
-            held_out[version][prompt].append(breakdown.score)
-            held_out_on_topic[version].append(breakdown.relevance)
-            held_out_style[version].append(breakdown.style)
+            held_out[version][prompt].append(scorer(prompt, answer))
 
     approvals: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     on_topic: dict[int, list[float]] = defaultdict(list)
@@ -211,12 +206,13 @@ def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = N
         figures.satisfied = sum(feedback[version]) / len(feedback[version]) if feedback[version] else None
         figures.relevance = sum(on_topic[version]) / len(on_topic[version]) if on_topic[version] else None
         figures.words = sum(words[version]) / len(words[version]) if words[version] else None
-        figures.held_out_samples = sum(len(s) for s in held_out[version].values())
-        figures.held_out_score = _interval(held_out[version])
-        checked = held_out_on_topic[version]
-        figures.held_out_relevance = sum(checked) / len(checked) if checked else None
-        styles = held_out_style[version]
-        figures.held_out_style = sum(styles) / len(styles) if styles else None
+        scored = [b for by_prompt in held_out[version].values() for b in by_prompt]
+        figures.held_out_samples = len(scored)
+        figures.held_out_score = _interval(
+            {prompt: [b.score for b in by_prompt] for prompt, by_prompt in held_out[version].items()}
+        )
+        figures.held_out_relevance = sum(b.relevance for b in scored) / len(scored) if scored else None
+        figures.held_out_style = sum(b.style for b in scored) / len(scored) if scored else None
     return [by_version[v] for v in sorted(by_version)]
 
 

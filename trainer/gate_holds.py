@@ -20,15 +20,14 @@ import uuid
 from connectors.event_log.base import EventLog
 from schemas.codec import decode
 from schemas.errors import EventDecodeError
-from schemas.gate_decisions import HELD, GateDecisions
+from schemas.gate_decisions import GateDecisions
 
 log = logging.getLogger(__name__)
 
 
 def restore_for(decisions: GateDecisions, version: int) -> int | None:
     """The promoted version to go back to if `version` (the trainer's newest) was held, else None."""
-    held = decisions.reasons.get(version, ("",))[0] == HELD
-    return decisions.promoted if held and decisions.promoted < version else None
+    return decisions.promoted if version in decisions.held and decisions.promoted < version else None
 
 
 def ahead_of_gate(version: int, promoted: int, max_staleness: int) -> bool:

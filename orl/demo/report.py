@@ -4,8 +4,8 @@ Input: runs[method][seed][step], one `StepResult` per held-out evaluation (per-p
 the first response, several samples per prompt; the relevance and style rates; the mean words). Per
 seed and step it gives the mean score with a 95% cluster-bootstrap interval; per method and step, the
 mean over seeds with the lowest and highest seed. results.md shows the score, the relevance and the
-style at every evaluated step, each seed's curve (with several seeds) and the issue-19 targets. The same inputs always give
-byte-identical files. Writes `<out_dir>/results.md`, `results.json`, `learning_curve.png`.
+style at every evaluated step, each seed's curve (with several seeds) and the issue-19 targets. The
+same inputs always give byte-identical files. Writes `<out_dir>/results.md`, `results.json`, `learning_curve.png`.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def summarize_seeds(curves: Mapping[int, Mapping[int, StepSummary]]) -> dict[int
         scores = [number(s, "score") for s in at_step]
         relevances = [s["relevance"] for s in at_step if s["relevance"] is not None]
         words = [s["words"] for s in at_step if s["words"] is not None]
-        styles = [style for s in at_step if (style := s.get("style")) is not None]
+        styles = [style for s in at_step if (style := s["style"]) is not None]
         summary[step] = {
             "score": mean(scores),
             "score_min": min(scores),
@@ -213,7 +213,7 @@ def relevance_cell(over_seeds: StepSummary | None, several_seeds: bool) -> str:
 
 def style_cell(over_seeds: StepSummary | None) -> str:
     """ "0.94" (the mean over seeds); "n/a" when not measured."""
-    if over_seeds is None or over_seeds.get("style") is None:
+    if over_seeds is None or over_seeds["style"] is None:
         return "n/a"
     return f"{number(over_seeds, 'style'):.2f}"
 
@@ -245,9 +245,6 @@ def render_table(summaries: Summaries, per_seed: PerSeed, opd_teacher: str, scen
         [METHOD_LABELS.get(m, m), *(relevance_cell(summaries[m].get(s), several) for s in steps)]
         for m in methods
     ]
-    style_rows = [
-        [METHOD_LABELS.get(m, m), *(style_cell(summaries[m].get(s)) for s in steps)] for m in methods
-    ]
     lines = [
         f"Scenario: {scenario}. Held-out score of the first response, 0..1: {spread}. "
         f"OPD teacher: {opd_teacher}.",
@@ -258,7 +255,10 @@ def render_table(summaries: Summaries, per_seed: PerSeed, opd_teacher: str, scen
         "",
         *markdown_table(["method", *step_labels], relevance_rows),
     ]
-    if any(v.get("style") is not None for by_step in summaries.values() for v in by_step.values()):
+    if any(v["style"] is not None for by_step in summaries.values() for v in by_step.values()):
+        style_rows = [
+            [METHOD_LABELS.get(m, m), *(style_cell(summaries[m].get(s)) for s in steps)] for m in methods
+        ]
         lines += [
             "",
             "Style: the share of answers that pass every check but relevance"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from orl.demo.scenarios import Scenario
@@ -128,21 +128,19 @@ def react(
         style=rng.randrange(DIRECTIVE_STYLES),
     )
     violations = list(breakdown.violations)
-    standing = [LENGTH] if restate_length and LENGTH not in violations else []
+    standing = (LENGTH,) if restate_length and LENGTH not in violations else ()
     text = redo_text(violations, prompt, choice, standing)
     return UserReaction(text, satisfied=False, violations=violations)
 
 
-def redo_text(
-    violations: list[str], prompt: str, choice: RedoChoice, standing: list[str] | None = None
-) -> str:
+def redo_text(violations: list[str], prompt: str, choice: RedoChoice, standing: Sequence[str] = ()) -> str:
     """A redo request: opener, one complaint sentence, one directive sentence (what to do instead).
 
     `standing`: checks the answer passed whose directive the user repeats after the others."""
     ordered = [v for v in VIOLATION_ORDER if v in violations]
     fill = {"question": inline_question(prompt), "detail": detail_word(prompt)}
     complaints = [COMPLAINTS[v].format(**fill) for v in ordered]
-    directives = [DIRECTIVES[v][choice.style].format(**fill) for v in [*ordered, *(standing or [])]]
+    directives = [DIRECTIVES[v][choice.style].format(**fill) for v in [*ordered, *standing]]
     return " ".join(
         (
             REDO_OPENERS[choice.opener],
