@@ -26,6 +26,10 @@ from pathlib import Path
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "baseline": ("the demo as shipped", {}),
     "center_rewards": ("batch-mean reward baseline", {"ORL_TRAIN_CENTER_REWARDS": "true"}),
+    "sample_mean": (
+        "loss averaged per response, then over the batch (OpenClaw-RL's reduction)",
+        {"ORL_TRAIN_LOSS_REDUCTION": "sample"},
+    ),
     "live_teacher": ("OPD teacher = the served policy + hint", {"ORL_TEACHER_KIND": "live_policy"}),
     "topk_opd": (
         "top-K distillation (K=20) instead of the token-level OPD advantage",

@@ -41,8 +41,8 @@ from trainer.losses import (
     LossStats,
     binary_advantages,
     center_rewards,
-    masked_mean,
     opd_advantages,
+    reduce_loss,
     topk_reverse_kl,
     total_loss,
 )
@@ -61,6 +61,7 @@ class LossConfig:
     autocast: bool = False  # bf16 autocast forwards (trainer.loop.loss_config decides per machine)
     train_temperature: float | None = None  # None: each sample's own temperature
     opd_loss: str = "token"  # token | topk (trainer.settings.OPD_LOSSES)
+    loss_reduction: str = "token"  # token | sample (trainer.losses.reduce_loss)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: L
         beta_kl=config.beta_kl,
         eps_low=config.eps_low,
         eps_high=config.eps_high,
+        reduction=config.loss_reduction,
     )
     distill_loss, distill_kl = distillation_term(samples, student_top, mask_B_T, config)
     loss = loss + distill_loss
@@ -178,7 +180,8 @@ def distillation_term(
     mask_B_T: Tensor,
     config: LossConfig,
 ) -> tuple[Tensor, float]:
-    """(sum over distilled samples of w_opd * KL, over the batch's valid tokens; mean KL per distilled token).
+    """(w_opd * KL of the distilled samples, reduced over the batch's valid tokens like the surrogate;
+    mean KL per distilled token).
 
     Each sample has its own K (the pipeline's setting may change), so the KL is taken per sample.
     """
@@ -197,4 +200,4 @@ def distillation_term(
     if not kl_values:
         return torch.zeros(()), float("nan")
     weighted_B_T, _ = pad_right(weighted_rows)
-    return masked_mean(weighted_B_T, mask_B_T), float(torch.cat(kl_values).mean())
+    return reduce_loss(weighted_B_T, mask_B_T, config.loss_reduction), float(torch.cat(kl_values).mean())

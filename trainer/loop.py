@@ -108,6 +108,7 @@ def loss_config(settings: TrainSettings, device: str = "cpu") -> LossConfig:
         autocast=resolved_numerics(settings.precision, device).autocast,
         train_temperature=settings.train_temperature,
         opd_loss=settings.opd_loss,
+        loss_reduction=settings.loss_reduction,
     )
 
 

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from schemas.errors import OrlError
+from trainer.settings import LOSS_REDUCTIONS
 
 DEFAULT_EPS_LOW = 0.2  # OpenClaw-RL --eps-clip
 DEFAULT_EPS_HIGH = 0.28  # OpenClaw-RL --eps-clip-high (asymmetric, DAPO-style clip-higher)
@@ -77,7 +78,7 @@ def _check_same_shape(**tensors: Tensor) -> None:
 
 
 def masked_mean(values_B_T: Tensor, mask_B_T: Tensor) -> Tensor:
-    """Mean over every valid token of the batch (the reduction of `total_loss`; 0 when none is valid).
+    """Mean over every valid token of the batch (`total_loss`'s default reduction; 0 when none is valid).
 
     Token mean, not slime's `sum_of_sample_mean` (mean within each sample, summed over samples):
     every trained token gets the same weight whatever the length of its response, so a long
@@ -91,6 +92,24 @@ def masked_mean(values_B_T: Tensor, mask_B_T: Tensor) -> Tensor:
     return total / valid_B_T.sum().clamp(min=1)
 
 
+def reduce_loss(values_B_T: Tensor, mask_B_T: Tensor, reduction: str = "token") -> Tensor:
+    """The per-token loss reduced to a scalar: "token" is `masked_mean`; "sample" is the mean over
+    samples of each sample's mean over its valid tokens (slime's `sum_of_sample_mean` divided by the
+    batch size, OpenClaw-RL's reduction). Under "sample" every response weighs the same whatever its
+    length: with a low base rate, the many long -1 answers no longer outweigh the few short +1 ones
+    token by token. Samples without a valid token are left out; 0 when none is valid."""
+    if reduction == "token":
+        return masked_mean(values_B_T, mask_B_T)
+    if reduction != "sample":
+        raise LossInputError(f"unknown loss reduction {reduction!r}; expected one of {LOSS_REDUCTIONS}")
+    valid_B_T = mask_B_T.to(torch.bool)
+    tokens_B = valid_B_T.sum(dim=1)
+    sums_B = torch.where(valid_B_T, values_B_T, torch.zeros_like(values_B_T)).sum(dim=1)
+    has_B = tokens_B > 0
+    means_B = torch.where(has_B, sums_B / tokens_B.clamp(min=1), torch.zeros_like(sums_B))
+    return means_B.sum() / has_B.sum().clamp(min=1)
+
+
 def ppo_clipped_surrogate(
     logprobs_B_T: Tensor,
     old_logprobs_B_T: Tensor,
@@ -98,8 +117,10 @@ def ppo_clipped_surrogate(
     mask_B_T: Tensor,
     eps_low: float = DEFAULT_EPS_LOW,
     eps_high: float = DEFAULT_EPS_HIGH,
+    reduction: str = "token",
 ) -> tuple[Tensor, SurrogateStats]:
-    """Per token L = max(-rho*A, -clip(rho, 1-eps_low, 1+eps_high)*A), rho = exp(lp - old); masked mean.
+    """Per token L = max(-rho*A, -clip(rho, 1-eps_low, 1+eps_high)*A), rho = exp(lp - old); reduced
+    by `reduce_loss` (token mean by default).
 
     Gradient flows only through `logprobs_B_T`; old logprobs and advantages are treated as constants.
     Where the clipped branch is strictly larger (rho > 1+eps_high with A > 0, rho < 1-eps_low with
@@ -113,7 +134,7 @@ def ppo_clipped_surrogate(
     unclipped_B_T = -ratio_B_T * advantages_B_T
     clipped_B_T = -torch.clamp(ratio_B_T, 1.0 - eps_low, 1.0 + eps_high) * advantages_B_T
     per_token_B_T = torch.maximum(unclipped_B_T, clipped_B_T)
-    loss = masked_mean(per_token_B_T, valid_B_T)
+    loss = reduce_loss(per_token_B_T, valid_B_T, reduction)
     stats = _surrogate_stats(loss, ratio_B_T, unclipped_B_T, clipped_B_T, advantages_B_T, valid_B_T)
     return loss, stats
 
@@ -269,14 +290,21 @@ def total_loss(
     beta_kl: float = DEFAULT_BETA_KL,
     eps_low: float = DEFAULT_EPS_LOW,
     eps_high: float = DEFAULT_EPS_HIGH,
+    reduction: str = "token",
 ) -> tuple[Tensor, LossStats]:
-    """loss = mean over valid tokens of [clipped surrogate + beta_kl * k3 KL to the reference].
+    """loss = clipped surrogate + beta_kl * k3 KL to the reference, each reduced by `reduce_loss`.
 
-    The reduction is `masked_mean` (see there for why token mean rather than slime's
-    sum_of_sample_mean). `beta_kl == 0` disables the KL term and `ref_logprobs_B_T` may then be None.
+    The default reduction is the token mean (`masked_mean`, see there for why); "sample" is slime's.
+    `beta_kl == 0` disables the KL term and `ref_logprobs_B_T` may then be None.
     """
     pg_loss, pg_stats = ppo_clipped_surrogate(
-        logprobs_B_T, old_logprobs_B_T, advantages_B_T, mask_B_T, eps_low=eps_low, eps_high=eps_high
+        logprobs_B_T,
+        old_logprobs_B_T,
+        advantages_B_T,
+        mask_B_T,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        reduction=reduction,
     )
     kl = torch.zeros((), dtype=pg_loss.dtype)
     if beta_kl != 0.0:
@@ -288,7 +316,7 @@ def total_loss(
         # through exp's backward (0 * exp(NaN) = NaN), even though the value is masked away.
         safe_lp_B_T = torch.where(valid_B_T, logprobs_B_T, 0.0)
         safe_ref_B_T = torch.where(valid_B_T, ref_logprobs_B_T, 0.0)
-        kl = masked_mean(k3_kl(safe_lp_B_T, safe_ref_B_T), valid_B_T)
+        kl = reduce_loss(k3_kl(safe_lp_B_T, safe_ref_B_T), valid_B_T, reduction)
     loss = pg_loss + beta_kl * kl
     stats = LossStats(
         loss=float(loss.detach()),

@@ -17,6 +17,9 @@ Defaults and why (DESIGN.md "Methods"; issue 5):
   the K+1 bins instead (OpenClaw-RL's --distill-topk); samples without top-K keep the token-level term.
   The megatron backend refuses "topk" (not implemented there: it needs the top-K gather under tensor
   parallelism, where each rank holds a slice of the vocabulary).
+- `loss_reduction` "token": every trained token weighs the same (`trainer.losses.masked_mean`, the
+  prototype's reduction). "sample" is OpenClaw-RL's (slime's `sum_of_sample_mean`): each response's
+  token mean, averaged over the batch, so every response weighs the same whatever its length.
 - `backend` "torch": one process on the CPU, LoRA or full. "megatron" trains full weights with
   megatron-core across GPUs (tensor x data parallel), one process per GPU started by torchrun
   (`trainer.megatron_backend.launch` has the command); same samples, loss, checkpoints and events.
@@ -50,6 +53,7 @@ from schemas.errors import ConfigError
 OLD_LOGPROBS_MODES = ("recompute", "rollout")
 ROLLBACK_ACTIONS = ("restore", "stop")
 OPD_LOSSES = ("token", "topk")
+LOSS_REDUCTIONS = ("token", "sample")  # trainer.losses.reduce_loss
 KINDS = ("lora", "full")
 BACKENDS = ("torch", "megatron")
 MEGATRON_DEVICES = ("cuda", "cpu")
@@ -166,6 +170,12 @@ class TrainSettings(ConnectionSettings):
         "OPD term: token (advantage teacher - old on the sampled tokens) | topk (reverse KL to the teacher's "
         "top-K plus a tail bin, for samples the pipeline gave top-K with --opd-topk; the others stay token).",
     )
+    loss_reduction: str = setting(
+        "token",
+        "ORL_TRAIN_LOSS_REDUCTION",
+        "How per-token losses become one: token (mean over the batch's tokens) | sample (mean over responses "
+        "of each response's token mean, OpenClaw-RL's).",
+    )
     train_temperature: float | None = setting(
         1.0,
         "ORL_TRAIN_TEMPERATURE",
@@ -253,6 +263,10 @@ def check_settings(settings: TrainSettings) -> None:
         (
             settings.opd_loss not in OPD_LOSSES,
             f"--opd-loss must be one of {OPD_LOSSES}, not {settings.opd_loss!r}",
+        ),
+        (
+            settings.loss_reduction not in LOSS_REDUCTIONS,
+            f"--loss-reduction must be one of {LOSS_REDUCTIONS}, not {settings.loss_reduction!r}",
         ),
         (
             settings.backend == "megatron" and settings.opd_loss == "topk",

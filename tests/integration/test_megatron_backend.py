@@ -135,6 +135,7 @@ def loss_flags(settings: TrainSettings) -> list[str]:
         "--lr", str(settings.effective_lr()), "--beta-kl", str(settings.beta_kl),
         "--old-logprobs", settings.old_logprobs, "--grad-clip", str(settings.grad_clip),
         "--center-rewards" if settings.center_rewards else "--no-center-rewards",
+        "--loss-reduction", settings.loss_reduction,
     ]  # fmt: skip
 
 
@@ -188,7 +189,10 @@ def tiny_samples(count: int) -> list[TrainingSample]:
     return samples
 
 
-def test_tiny_llama_tp2_dp2_matches_the_torch_backend(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("reduction", ["token", "sample"])
+def test_tiny_llama_tp2_dp2_matches_the_torch_backend(
+    tiny_model_dir: Path, tmp_path: Path, reduction: str
+) -> None:
     samples = tiny_samples(8)
     write_samples(tmp_path / "samples.jsonl", samples)
     settings = TrainSettings(
@@ -199,6 +203,7 @@ def test_tiny_llama_tp2_dp2_matches_the_torch_backend(tiny_model_dir: Path, tmp_
         center_rewards=True,
         precision="fp32",
         train_temperature=None,
+        loss_reduction=reduction,
     )
     report = run_worker(
         4,

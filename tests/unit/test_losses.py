@@ -18,6 +18,7 @@ from trainer.losses import (
     masked_mean,
     opd_advantages,
     ppo_clipped_surrogate,
+    reduce_loss,
     total_loss,
 )
 
@@ -162,6 +163,35 @@ def test_total_loss_hand_computed() -> None:
     assert stats.kl == pytest.approx(kl, abs=1e-6)
     assert loss.item() == pytest.approx(pg + 0.5 * kl, abs=1e-6)
     assert stats.tokens == 3
+
+
+def test_sample_reduction_weighs_every_response_the_same() -> None:
+    # One long response of -1 (3 tokens) and one short of +1 (1 token): the token mean is dominated
+    # by the long one, the sample mean weighs the two alike.
+    values = torch.tensor([[1.0, 1.0, 1.0], [-1.0, float("nan"), 5.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    assert reduce_loss(values, mask, "token").item() == pytest.approx((3 - 1) / 4)
+    assert reduce_loss(values, mask, "sample").item() == pytest.approx((1 - 1) / 2)
+    # A row without a valid token is left out, and an all-padding batch reduces to 0.
+    with_empty = torch.cat([values, torch.tensor([[9.0, 9.0, 9.0]])])
+    empty_row = torch.cat([mask, torch.zeros(1, 3, dtype=torch.bool)])
+    assert reduce_loss(with_empty, empty_row, "sample").item() == pytest.approx(0.0)
+    assert reduce_loss(values, torch.zeros_like(mask), "sample").item() == 0.0
+    with pytest.raises(LossInputError, match="unknown loss reduction"):
+        reduce_loss(values, mask, "sum")
+
+
+def test_total_loss_sample_reduction_hand_computed() -> None:
+    lp = torch.tensor([[-1.0, -1.0], [-2.0, 0.0]])
+    ref = torch.tensor([[-1.0, -2.0], [-1.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0]], dtype=torch.bool)
+    loss, stats = total_loss(lp, lp, adv, mask, ref, beta_kl=0.5, reduction="sample")
+    pg = ((-1 - 1) / 2 + 1 / 1) / 2
+    kl = ((0.0 + math.exp(-1)) / 2 + (math.e - 2) / 1) / 2
+    assert stats.pg_loss == pytest.approx(pg, abs=1e-6)
+    assert stats.kl == pytest.approx(kl, abs=1e-6)
+    assert loss.item() == pytest.approx(pg + 0.5 * kl, abs=1e-6)
 
 
 def test_total_loss_beta_zero_needs_no_reference_and_beta_needs_one() -> None:

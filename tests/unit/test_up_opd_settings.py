@@ -43,4 +43,6 @@ def test_the_trainer_refuses_topk_on_megatron_and_unknown_losses() -> None:
         check_settings(TrainSettings(backend="megatron", kind="full", opd_loss="topk"))
     with pytest.raises(ConfigError, match="--opd-loss must"):
         check_settings(TrainSettings(opd_loss="kl"))
+    with pytest.raises(ConfigError, match="--loss-reduction must"):
+        check_settings(TrainSettings(loss_reduction="sum"))
     check_settings(TrainSettings(opd_loss="topk"))

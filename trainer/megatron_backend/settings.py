@@ -17,7 +17,7 @@ from typing import Any
 from schemas.errors import ConfigError
 from trainer.batch_loss import LossConfig
 from trainer.policy_model import default_lr
-from trainer.settings import OLD_LOGPROBS_MODES
+from trainer.settings import LOSS_REDUCTIONS, OLD_LOGPROBS_MODES
 
 
 def flag(default: Any, help: str) -> Any:
@@ -39,6 +39,7 @@ class MegatronSettings:
     w_rl: float = flag(1.0, "Weight of the reward in the combined advantage.")
     center_rewards: bool = flag(False, "Subtract the batch-mean reward (a baseline) before training.")
     old_logprobs: str = flag("recompute", "pi_old for the PPO ratio: recompute | rollout.")
+    loss_reduction: str = flag("token", "Per-token losses to one: token (batch token mean) | sample.")
     autocast: bool = flag(False, "Run forwards under bf16 autocast (fp32 master weights).")
     grad_clip: float = flag(1.0, "Clip the global gradient norm to this (0: off).")
     seed: int = flag(0, "torch and megatron RNG seed.")
@@ -63,6 +64,7 @@ class MegatronSettings:
             center_rewards=self.center_rewards,
             old_logprobs=self.old_logprobs,
             autocast=self.autocast,
+            loss_reduction=self.loss_reduction,
         )
 
 
@@ -83,6 +85,10 @@ def check_megatron_settings(settings: MegatronSettings) -> None:
         (
             settings.old_logprobs not in OLD_LOGPROBS_MODES,
             f"--old-logprobs must be one of {OLD_LOGPROBS_MODES}, not {settings.old_logprobs!r}",
+        ),
+        (
+            settings.loss_reduction not in LOSS_REDUCTIONS,
+            f"--loss-reduction must be one of {LOSS_REDUCTIONS}, not {settings.loss_reduction!r}",
         ),
         (
             not settings.run_id or "/" in settings.run_id,

@@ -39,7 +39,8 @@ from trainer.megatron_backend.logprobs import response_logprobs_tp
 from trainer.megatron_backend.model import MegatronPolicy
 from trainer.megatron_backend.parallel import ParallelContext, clip_gradients, dp_sum, sync_gradients
 
-_WEIGHTED_STATS = ("loss", "pg_loss", "kl", "clip_fraction", "advantage_mean")
+_LOSS_STATS = ("loss", "pg_loss", "kl")  # reduced like the loss (per token or per sample)
+_TOKEN_STATS = ("clip_fraction", "advantage_mean")  # always token means
 
 
 @dataclass(frozen=True)
@@ -83,13 +84,23 @@ def _logprobs(
 
 
 def _batch_stats(
-    local: dict[str, float], tokens: int, opd: tuple[float, int], parallel: ParallelContext
+    local: dict[str, float], units: tuple[int, int], opd: tuple[float, int], parallel: ParallelContext
 ) -> dict[str, float]:
-    """Token-weighted sums over DP ranks -> whole-batch statistics (as the torch backend reports them)."""
-    values = [local[name] * tokens for name in _WEIGHTED_STATS] + [float(tokens), opd[0], float(opd[1])]
+    """Weighted sums over DP ranks -> whole-batch statistics (as the torch backend reports them).
+
+    `units`: this rank's (tokens, loss units): the loss units are its tokens under the token-mean
+    reduction and its samples under the sample-mean one."""
+    tokens, loss_units = units
+    values = [local[name] * loss_units for name in _LOSS_STATS] + [
+        local[name] * tokens for name in _TOKEN_STATS
+    ]
+    values += [float(loss_units), float(tokens), opd[0], float(opd[1])]
     summed = dp_sum(torch.tensor(values, dtype=torch.float64, device=parallel.device), parallel).tolist()
-    total_tokens, opd_sum, opd_count = summed[len(_WEIGHTED_STATS) :]
-    stats = {name: summed[i] / max(total_tokens, 1.0) for i, name in enumerate(_WEIGHTED_STATS)}
+    named = len(_LOSS_STATS) + len(_TOKEN_STATS)
+    total_units, total_tokens, opd_sum, opd_count = summed[named:]
+    stats = {name: summed[i] / max(total_units, 1.0) for i, name in enumerate(_LOSS_STATS)}
+    for i, name in enumerate(_TOKEN_STATS, start=len(_LOSS_STATS)):
+        stats[name] = summed[i] / max(total_tokens, 1.0)
     stats["tokens"] = total_tokens
     stats["opd_advantage_mean"] = opd_sum / opd_count if opd_count else float("nan")
     stats["distill_kl"] = float("nan")  # top-K distillation is torch-backend only (trainer.settings)
@@ -131,6 +142,7 @@ def _local_loss(
         beta_kl=config.beta_kl,
         eps_low=config.eps_low,
         eps_high=config.eps_high,
+        reduction=config.loss_reduction,
     )
     opd_w_B, _ = method_weights(local, config)
     opd_count = int(((opd_w_B != 0)[:, None] & mask_B_T).sum())
@@ -160,8 +172,12 @@ def shard_loss(policy: MegatronPolicy, samples: Sequence[TrainingSample], config
         loss, stats, opd, logprobs_B_T = _local_loss(policy, local, rewards_B, config)
     else:
         loss, stats, opd, logprobs_B_T = _empty_local_loss(policy)
-    batch = _batch_stats(asdict(stats), stats.tokens, opd, parallel)
-    share = stats.tokens / batch["tokens"] if batch["tokens"] else 0.0
+    # The DP gradient sum must equal the whole batch's reduction: weigh this rank's mean by its share
+    # of the batch's tokens (token mean) or of its samples (sample mean).
+    loss_units = len(local) if config.loss_reduction == "sample" else stats.tokens
+    batch = _batch_stats(asdict(stats), (stats.tokens, loss_units), opd, parallel)
+    total_units = len(samples) if config.loss_reduction == "sample" else batch["tokens"]
+    share = loss_units / total_units if total_units else 0.0
     rewards = [s.reward for s in samples if s.reward is not None]
     batch["reward_mean"] = sum(rewards) / len(rewards) if rewards else float("nan")
     rows = [logprobs_B_T[i, : len(s.response_ids)].detach() for i, s in enumerate(local)]
