@@ -5,7 +5,8 @@ the first response, several samples per prompt; the relevance and style rates; t
 seed and step it gives the mean score with a 95% cluster-bootstrap interval; per method and step, the
 mean over seeds with the lowest and highest seed. results.md shows the score, the relevance and the
 style at every evaluated step, each seed's curve (with several seeds) and the issue-19 targets. The
-same inputs always give byte-identical files. Writes `<out_dir>/results.md`, `results.json`, `learning_curve.png`.
+same inputs always give byte-identical files. Writes `<out_dir>/results.md`, `results.json`, `learning_curve.png`;
+`merge_results` reads several runs' results.json back for one report over all of them.
 """
 
 from __future__ import annotations
@@ -340,10 +341,17 @@ def write_report(
     and learning_curve.png."""
     if not runs or any(not curves or not all(curves.values()) for curves in runs.values()):
         raise DemoDataError("write_report needs evaluation results for every method and seed it is given")
-    out_dir.mkdir(parents=True, exist_ok=True)
     per_seed = {m: {seed: summarize_run(runs[m][seed]) for seed in sorted(runs[m])} for m in runs}
-    summaries = {m: summarize_seeds(per_seed[m]) for m in runs}
-    methods = ordered_methods(list(runs))
+    return write_summaries(out_dir, per_seed, opd_teacher, scenario, extra)
+
+
+def write_summaries(
+    out_dir: Path, per_seed: PerSeed, opd_teacher: str, scenario: str, extra: Mapping[str, Any] | None = None
+) -> ReportFiles:
+    """`write_report` from each seed's summarised curve (what results.json keeps under "per_seed")."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = {m: summarize_seeds(per_seed[m]) for m in per_seed}
+    methods = ordered_methods(list(per_seed))
     files = ReportFiles(out_dir / "results.md", out_dir / "results.json", out_dir / "learning_curve.png")
     files.table.write_text(render_table(summaries, per_seed, opd_teacher, scenario))
     results = {
@@ -361,3 +369,38 @@ def write_report(
     files.results.write_text(json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
     plot_curves(summaries, per_seed, f"orl demo: {scenario} (OPD teacher: {opd_teacher})", files.chart)
     return files
+
+
+# Keys of a seed's step summary that runs written before they existed lack (read as not measured).
+OPTIONAL_STEP_KEYS = ("relevance", "style", "words")
+
+
+def merge_results(paths: Sequence[Path]) -> tuple[str, str, PerSeed, list[dict[str, Any]]]:
+    """(scenario, OPD teacher, per-seed curves, each run's "extra" with its path) of several demo runs'
+    results.json, for one report over all of them: e.g. each method run on its own, as a small machine
+    would. The runs must share the scenario and the OPD teacher, and no (method, seed) may repeat."""
+    if not paths:
+        raise DemoDataError("merging needs at least one results.json")
+    scenarios: set[tuple[str, str]] = set()
+    per_seed: dict[str, dict[int, dict[int, StepSummary]]] = {}
+    extras: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            results = json.loads(Path(path).read_text())
+            scenarios.add((str(results["scenario"]), str(results["opd_teacher"])))
+            runs = results["per_seed"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise DemoDataError(f"{path} is not an `orl demo` results.json: {error!r}") from error
+        for method, curves in runs.items():
+            for seed, curve in curves.items():
+                if int(seed) in per_seed.get(method, {}):
+                    raise DemoDataError(f"{path}: {method} seed {seed} is already in an earlier results.json")
+                per_seed.setdefault(method, {})[int(seed)] = {
+                    int(step): {**dict.fromkeys(OPTIONAL_STEP_KEYS), **summary}
+                    for step, summary in curve.items()
+                }
+        extras.append({"results": str(path), **results.get("extra", {})})
+    if len(scenarios) > 1:
+        raise DemoDataError(f"the runs differ in scenario or OPD teacher: {sorted(scenarios)}")
+    scenario, opd_teacher = scenarios.pop()
+    return scenario, opd_teacher, per_seed, extras

@@ -27,7 +27,7 @@ from pathlib import Path
 from connectors.event_log.factory import open_event_log
 from connectors.event_log.reading import read_to_end
 from connectors.settings import ConnectionSettings, setting
-from orl.demo.report import StepResult, write_report
+from orl.demo.report import StepResult, merge_results, write_report, write_summaries
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
 from orl.samples import read_samples
@@ -114,6 +114,12 @@ class DemoSettings(ConnectionSettings):
         "the scenario's held-out prompts, with its simulated user and the demo's judge, before the server may "
         "serve it; a held version is never served and the trainer goes back to the promoted weights.",
     )
+    merge: tuple[str, ...] = setting(
+        (),
+        "ORL_DEMO_MERGE",
+        "Run nothing: write one report (to --out-dir) from these earlier runs' results.json files, "
+        "comma-separated (e.g. each method run on its own); same scenario and OPD teacher, no seed twice.",
+    )
     quick: bool = setting(
         False,
         "ORL_DEMO_QUICK",
@@ -138,6 +144,8 @@ class DemoSettings(ConnectionSettings):
 def run_demo(settings: DemoSettings) -> int:
     """Entry point of `orl demo`."""
     settings = settings.effective()
+    if settings.merge:
+        return merge_reports(settings)
     if settings.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, not {settings.seeds}")
     scenario = get_scenario(settings.scenario)
@@ -188,6 +196,17 @@ def run_demo(settings: DemoSettings) -> int:
     print(
         f"learning curve: {files.chart}\nresults: {files.results}\ntook {time.perf_counter() - started:.0f} s"
     )
+    return 0
+
+
+def merge_reports(settings: DemoSettings) -> int:
+    """`orl demo --merge a/results.json,b/results.json`: one report over earlier runs, nothing run."""
+    if str(settings.out_dir) in ("", "."):
+        raise ConfigError("--merge needs --out-dir: where the merged report goes")
+    scenario, opd_teacher, per_seed, runs = merge_results([Path(p) for p in settings.merge])
+    files = write_summaries(settings.out_dir, per_seed, opd_teacher, scenario, {"merged_runs": runs})
+    print(files.table.read_text())
+    print(f"learning curve: {files.chart}\nresults: {files.results}")
     return 0
 
 

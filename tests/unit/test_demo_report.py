@@ -8,7 +8,15 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from orl.demo.report import StepResult, check_targets, summarize_run, summarize_seeds, write_report
+from orl.demo.report import (
+    StepResult,
+    check_targets,
+    merge_results,
+    summarize_run,
+    summarize_seeds,
+    write_report,
+    write_summaries,
+)
 from orl.demo.scoring import DemoDataError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -203,3 +211,54 @@ def test_bad_inputs_are_demo_data_errors(tmp_path: Path) -> None:
         report(tmp_path, {"opd": {0: {}}})
     with pytest.raises(DemoDataError):
         report(tmp_path, {"opd": {0: {0: StepResult([[1.5]])}}})
+
+
+def test_runs_of_one_method_each_merge_into_the_report_of_all(tmp_path: Path) -> None:
+    # Each method run on its own (as a small machine would) merges into the report one run of all gives.
+    parts = [report(tmp_path / method, {method: RUNS[method]}).results for method in RUNS]
+    scenario, opd_teacher, per_seed, runs = merge_results(parts)
+    merged = write_summaries(tmp_path / "merged", per_seed, opd_teacher, scenario, {"runs": runs})
+    whole = report(tmp_path / "whole")
+    assert merged.table.read_text() == whole.table.read_text()
+    assert merged.chart.read_bytes() == whole.chart.read_bytes()
+    results = json.loads(merged.results.read_text())
+    assert results["targets"] == ALL_MET
+    assert [r["results"] for r in results["extra"]["runs"]] == [str(p) for p in parts]
+
+
+def test_a_run_written_before_the_style_was_reported_merges_without_it(tmp_path: Path) -> None:
+    path = report(tmp_path / "old", {"combined": RUNS["combined"]}).results
+    results = json.loads(path.read_text())
+    for curve_by_step in results["per_seed"]["combined"].values():
+        for summary in curve_by_step.values():
+            del summary["style"]
+    path.write_text(json.dumps(results))
+    _, _, per_seed, _ = merge_results([path])
+    table = write_summaries(tmp_path / "merged", per_seed, "frozen", "student").table.read_text()
+    assert "Style:" not in table and "| Combined |" in table
+
+
+def test_merging_refuses_a_seed_twice_other_scenarios_and_foreign_files(tmp_path: Path) -> None:
+    combined = report(tmp_path / "a", {"combined": RUNS["combined"]}).results
+    again = report(tmp_path / "b", {"combined": {3: RUNS["combined"][3]}}).results
+    with pytest.raises(DemoDataError, match="combined seed 3 is already in an earlier results.json"):
+        merge_results([combined, again])
+    teacher = write_report(tmp_path / "c", {"binary": RUNS["binary"]}, "frozen reference + hint", "teacher")
+    with pytest.raises(DemoDataError, match="differ in scenario or OPD teacher"):
+        merge_results([combined, teacher.results])
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    with pytest.raises(DemoDataError, match="is not an `orl demo` results.json"):
+        merge_results([tmp_path / "other.json"])
+    with pytest.raises(DemoDataError, match="at least one"):
+        merge_results([])
+
+
+def test_orl_demo_merge_writes_the_report_where_asked_and_needs_a_place(tmp_path: Path) -> None:
+    from orl.demo.run import DemoSettings, run_demo
+    from schemas.errors import ConfigError
+
+    part = report(tmp_path / "binary", {"binary": RUNS["binary"]}).results
+    with pytest.raises(ConfigError, match="--merge needs --out-dir"):
+        run_demo(DemoSettings(merge=(str(part),)))
+    assert run_demo(DemoSettings(merge=(str(part),), out_dir=tmp_path / "merged")) == 0
+    assert "| Binary RL |" in (tmp_path / "merged" / "results.md").read_text()
