@@ -30,6 +30,10 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
         "loss averaged per response, then over the batch (OpenClaw-RL's reduction)",
         {"ORL_TRAIN_LOSS_REDUCTION": "sample"},
     ),
+    "opd_clip_2": (
+        "each token's OPD advantage clamped to [-2, 2]",
+        {"ORL_TRAIN_OPD_ADVANTAGE_CLIP": "2"},
+    ),
     "live_teacher": ("OPD teacher = the served policy + hint", {"ORL_TEACHER_KIND": "live_policy"}),
     "topk_opd": (
         "top-K distillation (K=20) instead of the token-level OPD advantage",

@@ -62,6 +62,7 @@ class LossConfig:
     train_temperature: float | None = None  # None: each sample's own temperature
     opd_loss: str = "token"  # token | topk (trainer.settings.OPD_LOSSES)
     loss_reduction: str = "token"  # token | sample (trainer.losses.reduce_loss)
+    opd_advantage_clip: float = 0.0  # clamp teacher - old per token to [-c, c] (0: off)
 
 
 @dataclass(frozen=True)
@@ -103,13 +104,13 @@ def advantages(
     mask_B_T: Tensor,
     config: LossConfig,
 ) -> tuple[Tensor, float]:
-    """(A_B_T, mean OPD advantage over the tokens that have one)."""
+    """(A_B_T, mean OPD advantage (after the clip) over the tokens that have one)."""
     opd_w_B, rl_w_B = method_weights(samples, config)
     distilled_B = torch.tensor([distills_top_k(s, config) for s in samples], dtype=torch.bool)
     opd_w_B = torch.where(distilled_B, 0.0, opd_w_B)  # their OPD term is the distillation loss instead
     if config.center_rewards:
         rewards_B = center_rewards(rewards_B, rl_w_B != 0)
-    opd_B_T = opd_advantages(teacher_logprobs_B_T, old_logprobs_B_T)
+    opd_B_T = opd_advantages(teacher_logprobs_B_T, old_logprobs_B_T, config.opd_advantage_clip)
     has_opd_B_T = (opd_w_B != 0)[:, None] & mask_B_T
     opd_term_B_T = torch.where(has_opd_B_T, opd_w_B[:, None] * opd_B_T, 0.0)
     rl_term_B_T = binary_advantages(rl_w_B * rewards_B, mask_B_T)

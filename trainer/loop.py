@@ -109,6 +109,7 @@ def loss_config(settings: TrainSettings, device: str = "cpu") -> LossConfig:
         train_temperature=settings.train_temperature,
         opd_loss=settings.opd_loss,
         loss_reduction=settings.loss_reduction,
+        opd_advantage_clip=settings.opd_advantage_clip,
     )
 
 

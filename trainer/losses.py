@@ -184,10 +184,18 @@ def binary_advantages(rewards_B: Tensor, mask_B_T: Tensor) -> Tensor:
     return torch.where(valid_B_T, broadcast_B_T, 0.0)
 
 
-def opd_advantages(teacher_logprobs_B_T: Tensor, old_logprobs_B_T: Tensor) -> Tensor:
-    """A_t = teacher - old: positive where the hinted teacher is more confident in the sampled token."""
+def opd_advantages(teacher_logprobs_B_T: Tensor, old_logprobs_B_T: Tensor, clip: float = 0.0) -> Tensor:
+    """A_t = teacher - old: positive where the hinted teacher is more confident in the sampled token.
+
+    `clip` > 0 clamps each token's advantage to [-clip, clip] (0: unclipped, as in OpenClaw-RL). The
+    difference is unbounded: where the teacher rules a sampled token out (the stop token after a
+    short off-topic answer, under a hint that asks for the question) it reaches -10 nats or more,
+    against the reward's +-1 per token (docs/demo/ablations.md)."""
     _check_same_shape(teacher=teacher_logprobs_B_T, old=old_logprobs_B_T)
-    return (teacher_logprobs_B_T - old_logprobs_B_T).detach()
+    if clip < 0:
+        raise LossInputError(f"the OPD advantage clip must be >= 0, not {clip}")
+    difference_B_T = (teacher_logprobs_B_T - old_logprobs_B_T).detach()
+    return difference_B_T.clamp(-clip, clip) if clip > 0 else difference_B_T
 
 
 def center_rewards(rewards_B: Tensor, has_reward_B: Tensor | None = None) -> Tensor:

@@ -20,6 +20,8 @@ Defaults and why (DESIGN.md "Methods"; issue 5):
 - `loss_reduction` "token": every trained token weighs the same (`trainer.losses.masked_mean`, the
   prototype's reduction). "sample" is OpenClaw-RL's (slime's `sum_of_sample_mean`): each response's
   token mean, averaged over the batch, so every response weighs the same whatever its length.
+- `opd_advantage_clip` 0: the token-level OPD advantage teacher - old is used as it is, as in
+  OpenClaw-RL; c > 0 clamps it to [-c, c] per token (it is unbounded where the teacher rules a token out).
 - `backend` "torch": one process on the CPU, LoRA or full. "megatron" trains full weights with
   megatron-core across GPUs (tensor x data parallel), one process per GPU started by torchrun
   (`trainer.megatron_backend.launch` has the command); same samples, loss, checkpoints and events.
@@ -176,6 +178,11 @@ class TrainSettings(ConnectionSettings):
         "How per-token losses become one: token (mean over the batch's tokens) | sample (mean over responses "
         "of each response's token mean, OpenClaw-RL's).",
     )
+    opd_advantage_clip: float = setting(
+        0.0,
+        "ORL_TRAIN_OPD_ADVANTAGE_CLIP",
+        "Clamp each token's OPD advantage (teacher - old) to [-c, c]; 0: unclipped, OpenClaw-RL's.",
+    )
     train_temperature: float | None = setting(
         1.0,
         "ORL_TRAIN_TEMPERATURE",
@@ -267,6 +274,10 @@ def check_settings(settings: TrainSettings) -> None:
         (
             settings.loss_reduction not in LOSS_REDUCTIONS,
             f"--loss-reduction must be one of {LOSS_REDUCTIONS}, not {settings.loss_reduction!r}",
+        ),
+        (
+            settings.opd_advantage_clip < 0,
+            f"--opd-advantage-clip must be >= 0, not {settings.opd_advantage_clip}",
         ),
         (
             settings.backend == "megatron" and settings.opd_loss == "topk",

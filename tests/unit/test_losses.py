@@ -101,6 +101,15 @@ def test_opd_advantage_sign() -> None:
     assert float(adv[0, 1]) == pytest.approx(-2.0)
 
 
+def test_opd_advantage_clip_bounds_each_token_and_zero_is_off() -> None:
+    old = torch.tensor([[-0.1, -1.0, -9.0]])
+    teacher = torch.tensor([[-11.0, -0.5, -1.0]])  # rules token 0 out, mildly prefers 1, strongly 2
+    assert opd_advantages(teacher, old, clip=2.0)[0].tolist() == pytest.approx([-2.0, 0.5, 2.0])
+    assert opd_advantages(teacher, old, clip=0.0)[0].tolist() == pytest.approx([-10.9, 0.5, 8.0])
+    with pytest.raises(LossInputError, match="clip must be >= 0"):
+        opd_advantages(teacher, old, clip=-1.0)
+
+
 def test_binary_advantages_broadcast_and_mask() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
     adv = binary_advantages(torch.tensor([1.0, -1.0]), mask)

@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from connectors.event_log.base import TopicPartition
-from trainer.batch_loss import LossConfig, batch_loss, method_weights
+from trainer.batch_loss import LossConfig, advantages, batch_loss, method_weights
 from trainer.batching import TrainingSample
 from trainer.logprobs import response_logprobs
 from trainer.policy_model import PolicyModel
@@ -147,3 +147,20 @@ def test_w_rl_weighs_the_binary_reward_and_minus_one_inverts_it() -> None:
     )
     weights = [method_weights([binary], LossConfig(w_rl=w_rl))[1].tolist() for w_rl in (1.0, -1.0, 0.5)]
     assert weights == [[1.0], [-1.0], [0.5]]
+
+
+def test_the_opd_advantage_clip_reaches_the_batch_advantage() -> None:
+    combined = TrainingSample(
+        "s2", "combined", PROMPT, RESPONSE, (-0.1, -1.0, -9.0), 0.7, -1.0, (-11.0, -0.5, -1.0), 0,
+        TopicPartition("t", 0), 2,
+    )  # fmt: skip
+    old_B_T = torch.tensor([[-0.1, -1.0, -9.0]])
+    teacher_B_T = torch.tensor([[-11.0, -0.5, -1.0]])
+    mask_B_T = torch.ones(1, 3, dtype=torch.bool)
+    rewards_B = torch.tensor([-1.0])
+    clipped, _ = advantages(
+        [combined], old_B_T, teacher_B_T, rewards_B, mask_B_T, LossConfig(opd_advantage_clip=2.0)
+    )
+    unclipped, _ = advantages([combined], old_B_T, teacher_B_T, rewards_B, mask_B_T, LossConfig())
+    assert clipped[0].tolist() == pytest.approx([-3.0, -0.5, 1.0])  # OPD in [-2, 2], plus the reward -1
+    assert unclipped[0].tolist() == pytest.approx([-11.9, -0.5, 7.0])

@@ -45,4 +45,6 @@ def test_the_trainer_refuses_topk_on_megatron_and_unknown_losses() -> None:
         check_settings(TrainSettings(opd_loss="kl"))
     with pytest.raises(ConfigError, match="--loss-reduction must"):
         check_settings(TrainSettings(loss_reduction="sum"))
+    with pytest.raises(ConfigError, match="--opd-advantage-clip must"):
+        check_settings(TrainSettings(opd_advantage_clip=-1.0))
     check_settings(TrainSettings(opd_loss="topk"))

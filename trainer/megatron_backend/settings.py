@@ -40,6 +40,7 @@ class MegatronSettings:
     center_rewards: bool = flag(False, "Subtract the batch-mean reward (a baseline) before training.")
     old_logprobs: str = flag("recompute", "pi_old for the PPO ratio: recompute | rollout.")
     loss_reduction: str = flag("token", "Per-token losses to one: token (batch token mean) | sample.")
+    opd_advantage_clip: float = flag(0.0, "Clamp teacher - old per token to [-c, c] (0: off).")
     autocast: bool = flag(False, "Run forwards under bf16 autocast (fp32 master weights).")
     grad_clip: float = flag(1.0, "Clip the global gradient norm to this (0: off).")
     seed: int = flag(0, "torch and megatron RNG seed.")
@@ -65,6 +66,7 @@ class MegatronSettings:
             old_logprobs=self.old_logprobs,
             autocast=self.autocast,
             loss_reduction=self.loss_reduction,
+            opd_advantage_clip=self.opd_advantage_clip,
         )
 
 
@@ -89,6 +91,10 @@ def check_megatron_settings(settings: MegatronSettings) -> None:
         (
             settings.loss_reduction not in LOSS_REDUCTIONS,
             f"--loss-reduction must be one of {LOSS_REDUCTIONS}, not {settings.loss_reduction!r}",
+        ),
+        (
+            settings.opd_advantage_clip < 0,
+            f"--opd-advantage-clip must be >= 0, not {settings.opd_advantage_clip}",
         ),
         (
             not settings.run_id or "/" in settings.run_id,
