@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # name -> (what changes, environment overrides). The baseline is the demo as shipped.
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
@@ -98,13 +99,32 @@ def run_variant(name: str, args: argparse.Namespace, port: int) -> dict[str, obj
 
 
 def rows(name: str, results: dict[str, object], method: str) -> list[str]:
-    """One row per seed: score (relevance) at every evaluated step, words at the last step."""
+    """One row per seed, and their mean with several: score / style / relevance at every evaluated step,
+    words at the last step."""
     per_seed = results["per_seed"][method]  # type: ignore[index]
-    out = []
-    for seed, curve in sorted(per_seed.items(), key=lambda item: int(item[0])):
-        steps = sorted(curve, key=int)
-        cells = [f"{curve[s]['score']:.2f} ({curve[s]['relevance']:.2f})" for s in steps]
-        out.append(f"| {name} | {seed} | " + " | ".join(cells) + f" | {curve[steps[-1]]['words']:.0f} |")
+    curves = [curve for _, curve in sorted(per_seed.items(), key=lambda item: int(item[0]))]
+    steps = sorted(curves[0], key=int)
+
+    def cell(at_step: list[dict[str, Any]]) -> str:
+        figures = [[s.get(key) for s in at_step] for key in ("score", "style", "relevance")]
+        return " / ".join("n/a" if None in f else f"{sum(f) / len(f):.2f}" for f in figures)
+
+    def words(at_last: list[dict[str, Any]]) -> str:
+        known = [s["words"] for s in at_last if s.get("words") is not None]
+        return f"{sum(known) / len(known):.0f}" if known else "n/a"
+
+    seeds = sorted(per_seed, key=int)
+    out = [
+        f"| {name} | {seed} | "
+        + " | ".join(cell([curve[s]]) for s in steps)
+        + f" | {words([curve[steps[-1]]])} |"
+        for seed, curve in zip(seeds, curves, strict=True)
+    ]
+    if len(curves) > 1:
+        means = [cell([curve[s] for curve in curves if s in curve]) for s in steps]
+        out.append(
+            f"| {name} | mean | " + " | ".join(means) + f" | {words([c[steps[-1]] for c in curves])} |"
+        )
     return out
 
 
@@ -136,6 +156,7 @@ def main() -> int:
         results = run_variant(name, args, args.port)
         table.extend(rows(name, results, args.method))
         steps = sorted(next(iter(results["per_seed"][args.method].values())), key=int)  # type: ignore[index]
+        print("score / style / relevance:", flush=True)
         print("| variant | seed | " + " | ".join(f"step {s}" for s in steps) + " | words |", flush=True)
         print("\n".join(table), flush=True)
     return 0
