@@ -3,8 +3,8 @@
 Each variant is the demo with a few settings overridden through the environment the demo passes on
 to its server, pipeline and trainer (`orl.up.component_env`). The script runs the variants one after
 another (they would only share the same cores), reads each run's results.json and prints one
-markdown row per variant and seed: the held-out score and relevance at every evaluated step and the
-words at the last one. Reads and writes only the demo's own data folders under --out.
+markdown row per variant and seed (and their mean): the held-out score, style and relevance at every
+evaluated step and the words at the last one. Reads and writes only the demo's own data folders under --out.
 
     .venv/bin/python benchmarks/bench_learning.py --variants baseline,center_rewards --steps 8
 
