@@ -91,6 +91,7 @@ _STOP_WORDS_TEXT = """
     explain describe tell show give find work works help homework question questions answer answers simple
     terms please mean means meaning difference example examples know make makes made many much happen happens
     happened thing things think grade student students called name good better best really does like using used
+    nothing something anything everything
 """
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
@@ -143,10 +144,35 @@ def mentions_any(keyword_set: set[str], response: str) -> bool:
     return any(t[:PREFIX_CHARS] in prefixes for t in response_tokens if len(t) >= PREFIX_CHARS)
 
 
+def repeats_question(prompt: str, response: str) -> bool:
+    """Whether the response only says the question back: it has every content word of the prompt and
+    none of its own. Words match as in `mentions_any`, and also with or without a final "s". An echo
+    ("How do vaccines help the immune system?") and a restatement ("Vaccines help the immune system.")
+    repeat the question; an answer picked out of it ("Write 'fewer apples'." to "Should I write 'fewer
+    apples' or 'less apples'?") leaves some of its words out and does not."""
+    prompt_keywords, response_keywords = keywords(prompt), keywords(response)
+    return all(_same_word(k, response_keywords) for k in prompt_keywords) and all(
+        _same_word(w, prompt_keywords) for w in response_keywords
+    )
+
+
+def _same_word(word: str, others: set[str]) -> bool:
+    """`word` is one of `others`: exactly, with or without a final "s", or (6+ characters) by its first 5."""
+    if word in others or word.removesuffix("s") in {o.removesuffix("s") for o in others}:
+        return True
+    prefix_match = len(word) >= LONG_WORD_CHARS and not word[0].isdigit()
+    return prefix_match and any(
+        len(o) >= LONG_WORD_CHARS and o[:PREFIX_CHARS] == word[:PREFIX_CHARS] for o in others
+    )
+
+
 def relevance(prompt: str, response: str) -> float:
     """1.0 if the response still addresses the prompt by a lexical test, else 0.0.
 
-    The test: at least one content word or number of the prompt appears in the response. Content words
+    The test: at least one content word or number of the prompt appears in the response, and the
+    response does not merely say the question back (`repeats_question`): Binary RL learned to echo the
+    question on one of three seeds by step 20 when that check was missing (docs/demo/ablations.md).
+    Content words
     are the prompt's numbers and its words of 4+ letters after removing `STOP_WORDS` (function words and
     question framing such as "explain" or "homework"); a keyword of 6+ characters also matches a
     response word with the same first 5 characters, so inflections count ("photosynthesis" ~
@@ -162,6 +188,8 @@ def relevance(prompt: str, response: str) -> float:
     prompt_keywords = keywords(prompt)
     if not prompt_keywords:
         return 1.0
+    if repeats_question(prompt, response):
+        return 0.0
     return 1.0 if mentions_any(prompt_keywords, response) else 0.0
 
 

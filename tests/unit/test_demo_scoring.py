@@ -20,6 +20,7 @@ from orl.demo.scoring import (
     bootstrap_ci,
     parse_grading_prompt,
     relevance,
+    repeats_question,
     student_score,
     teacher_score,
 )
@@ -89,6 +90,43 @@ def test_relevance_matches_numbers_and_word_prefixes() -> None:
 
 def test_relevance_ignores_stop_words_and_question_framing() -> None:
     assert relevance("What is the difference between weather and climate?", "What is the difference?") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("prompt", "response"),
+    [
+        ("How do vaccines help the immune system?", "How do vaccines help the immune system?"),  # an echo
+        ("How do vaccines help the immune system?", "Vaccines help the immune system."),  # a restatement
+        ("How does a magnet pick up paper clips?", "A magnet picks up paper clips because it has a magnet."),
+        ("What do red blood cells do?", "Red blood cells do nothing."),
+    ],
+)
+def test_saying_the_question_back_is_not_an_answer(prompt: str, response: str) -> None:
+    # Binary RL learned exactly these under a user who let them pass (docs/demo/ablations.md).
+    result = student_score(prompt, response)
+    assert repeats_question(prompt, response)
+    assert (result.score, result.relevance, result.violations) == (0.0, 0.0, (OFF_TOPIC,))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "response"),
+    [
+        (
+            "Should I write 'fewer apples' or 'less apples'?",
+            "Write 'fewer apples', since apples can be counted.",
+        ),
+        (
+            "Should I write 'fewer apples' or 'less apples'?",
+            "Write 'fewer apples'.",
+        ),  # picked out of the question
+        ("What is the subject in the sentence 'The tall dog barked loudly'?", "The subject is the tall dog."),
+        ("How do I work out 25% of 60?", "25% of 60 is 15."),
+        ("What do red blood cells do?", "Red blood cells carry oxygen around the body."),
+    ],
+)
+def test_an_answer_that_uses_the_questions_words_is_still_an_answer(prompt: str, response: str) -> None:
+    assert not repeats_question(prompt, response)
+    assert student_score(prompt, response).score == 1.0
 
 
 def test_grading_prompt_parses_quoted_question_and_answer() -> None:
