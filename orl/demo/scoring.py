@@ -146,23 +146,24 @@ def mentions_any(keyword_set: set[str], response: str) -> bool:
 
 def repeats_question(prompt: str, response: str) -> bool:
     """Whether the response only says the question back: it has every content word of the prompt and
-    none of its own. Words match as in `mentions_any`, and also with or without a final "s". An echo
-    ("How do vaccines help the immune system?") and a restatement ("Vaccines help the immune system.")
-    repeat the question; an answer picked out of it ("Write 'fewer apples'." to "Should I write 'fewer
-    apples' or 'less apples'?") leaves some of its words out and does not."""
+    none of its own. Two words are the same exactly, with or without a final "s", or (both 6+
+    characters) by their first 5. An echo ("How do vaccines help the immune system?") and a
+    restatement ("Vaccines help the immune system.") repeat the question; an answer picked out of it
+    ("Write 'fewer apples'." to "Should I write 'fewer apples' or 'less apples'?") leaves some of its
+    words out and does not."""
     prompt_keywords, response_keywords = keywords(prompt), keywords(response)
-    return all(_same_word(k, response_keywords) for k in prompt_keywords) and all(
-        _same_word(w, prompt_keywords) for w in response_keywords
-    )
+    return _all_among(prompt_keywords, response_keywords) and _all_among(response_keywords, prompt_keywords)
 
 
-def _same_word(word: str, others: set[str]) -> bool:
-    """`word` is one of `others`: exactly, with or without a final "s", or (6+ characters) by its first 5."""
-    if word in others or word.removesuffix("s") in {o.removesuffix("s") for o in others}:
-        return True
-    prefix_match = len(word) >= LONG_WORD_CHARS and not word[0].isdigit()
-    return prefix_match and any(
-        len(o) >= LONG_WORD_CHARS and o[:PREFIX_CHARS] == word[:PREFIX_CHARS] for o in others
+def _all_among(words: set[str], others: set[str]) -> bool:
+    """Every word of `words` is one of `others` (the sameness of `repeats_question`)."""
+    stems = {o.removesuffix("s") for o in others}
+    prefixes = {o[:PREFIX_CHARS] for o in others if len(o) >= LONG_WORD_CHARS}
+    return all(
+        w in others
+        or w.removesuffix("s") in stems
+        or (len(w) >= LONG_WORD_CHARS and not w[0].isdigit() and w[:PREFIX_CHARS] in prefixes)
+        for w in words
     )
 
 
@@ -172,8 +173,7 @@ def relevance(prompt: str, response: str) -> float:
     The test: at least one content word or number of the prompt appears in the response, and the
     response does not merely say the question back (`repeats_question`): Binary RL learned to echo the
     question on one of three seeds by step 20 when that check was missing (docs/demo/ablations.md).
-    Content words
-    are the prompt's numbers and its words of 4+ letters after removing `STOP_WORDS` (function words and
+    Content words are the prompt's numbers and its words of 4+ letters after removing `STOP_WORDS` (function words and
     question framing such as "explain" or "homework"); a keyword of 6+ characters also matches a
     response word with the same first 5 characters, so inflections count ("photosynthesis" ~
     "photosynthetic", "evaporation" ~ "evaporates"). Averaged over responses it is a rate; the demo's
