@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 from connectors.compute import PRECISIONS
 from connectors.settings import ConnectionSettings, setting
@@ -225,6 +226,44 @@ def parse_init_from(spec: str, flag: str = "--init-from") -> tuple[str, int | No
     return match["run"], None if version == "latest" else int(version)
 
 
+class LossFlags(Protocol):
+    """The loss flags `orl train` and the megatron worker share."""
+
+    @property
+    def beta_kl(self) -> float: ...
+    @property
+    def eps_low(self) -> float: ...
+    @property
+    def eps_high(self) -> float: ...
+    @property
+    def grad_clip(self) -> float: ...
+    @property
+    def old_logprobs(self) -> str: ...
+    @property
+    def loss_reduction(self) -> str: ...
+    @property
+    def opd_advantage_clip(self) -> float: ...
+
+
+def loss_flag_problems(flags: LossFlags) -> list[tuple[bool, str]]:
+    """(is unusable, message naming the flag) for each shared loss flag; both backends' checks use it."""
+    return [
+        (flags.beta_kl < 0, f"--beta-kl must be >= 0, not {flags.beta_kl}"),
+        (not 0 <= flags.eps_low < 1, f"--eps-low must be in [0, 1), not {flags.eps_low}"),
+        (flags.eps_high < 0, f"--eps-high must be >= 0, not {flags.eps_high}"),
+        (flags.grad_clip < 0, f"--grad-clip must be >= 0, not {flags.grad_clip}"),
+        (
+            flags.old_logprobs not in OLD_LOGPROBS_MODES,
+            f"--old-logprobs must be one of {OLD_LOGPROBS_MODES}, not {flags.old_logprobs!r}",
+        ),
+        (
+            flags.loss_reduction not in LOSS_REDUCTIONS,
+            f"--loss-reduction must be one of {LOSS_REDUCTIONS}, not {flags.loss_reduction!r}",
+        ),
+        (flags.opd_advantage_clip < 0, f"--opd-advantage-clip must be >= 0, not {flags.opd_advantage_clip}"),
+    ]
+
+
 def check_settings(settings: TrainSettings) -> None:
     """ConfigError naming the flag of the first unusable value."""
     problems = [
@@ -259,25 +298,10 @@ def check_settings(settings: TrainSettings) -> None:
             f"--partial-batch-after-s must be >= 0, not {settings.partial_batch_after_s}",
         ),
         (settings.lr is not None and settings.lr <= 0, f"--lr must be > 0, not {settings.lr}"),
-        (settings.beta_kl < 0, f"--beta-kl must be >= 0, not {settings.beta_kl}"),
-        (not 0 <= settings.eps_low < 1, f"--eps-low must be in [0, 1), not {settings.eps_low}"),
-        (settings.eps_high < 0, f"--eps-high must be >= 0, not {settings.eps_high}"),
-        (settings.grad_clip < 0, f"--grad-clip must be >= 0, not {settings.grad_clip}"),
-        (
-            settings.old_logprobs not in OLD_LOGPROBS_MODES,
-            f"--old-logprobs must be one of {OLD_LOGPROBS_MODES}, not {settings.old_logprobs!r}",
-        ),
+        *loss_flag_problems(settings),
         (
             settings.opd_loss not in OPD_LOSSES,
             f"--opd-loss must be one of {OPD_LOSSES}, not {settings.opd_loss!r}",
-        ),
-        (
-            settings.loss_reduction not in LOSS_REDUCTIONS,
-            f"--loss-reduction must be one of {LOSS_REDUCTIONS}, not {settings.loss_reduction!r}",
-        ),
-        (
-            settings.opd_advantage_clip < 0,
-            f"--opd-advantage-clip must be >= 0, not {settings.opd_advantage_clip}",
         ),
         (
             settings.backend == "megatron" and settings.opd_loss == "topk",

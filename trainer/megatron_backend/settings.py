@@ -17,7 +17,7 @@ from typing import Any
 from schemas.errors import ConfigError
 from trainer.batch_loss import LossConfig
 from trainer.policy_model import default_lr
-from trainer.settings import LOSS_REDUCTIONS, OLD_LOGPROBS_MODES
+from trainer.settings import loss_flag_problems
 
 
 def flag(default: Any, help: str) -> Any:
@@ -81,21 +81,7 @@ def check_megatron_settings(settings: MegatronSettings) -> None:
         (settings.tensor_parallel < 1, f"--tensor-parallel must be >= 1, not {settings.tensor_parallel}"),
         (settings.batch_size < 1, f"--batch-size must be >= 1, not {settings.batch_size}"),
         (settings.lr < 0, f"--lr must be >= 0, not {settings.lr}"),
-        (settings.beta_kl < 0, f"--beta-kl must be >= 0, not {settings.beta_kl}"),
-        (not 0 <= settings.eps_low < 1, f"--eps-low must be in [0, 1), not {settings.eps_low}"),
-        (settings.grad_clip < 0, f"--grad-clip must be >= 0, not {settings.grad_clip}"),
-        (
-            settings.old_logprobs not in OLD_LOGPROBS_MODES,
-            f"--old-logprobs must be one of {OLD_LOGPROBS_MODES}, not {settings.old_logprobs!r}",
-        ),
-        (
-            settings.loss_reduction not in LOSS_REDUCTIONS,
-            f"--loss-reduction must be one of {LOSS_REDUCTIONS}, not {settings.loss_reduction!r}",
-        ),
-        (
-            settings.opd_advantage_clip < 0,
-            f"--opd-advantage-clip must be >= 0, not {settings.opd_advantage_clip}",
-        ),
+        *loss_flag_problems(settings),
         (
             not settings.run_id or "/" in settings.run_id,
             f"--run-id must be one key segment, not {settings.run_id!r}",
