@@ -281,6 +281,25 @@ def render_table(summaries: Summaries, per_seed: PerSeed, opd_teacher: str, scen
     return "\n".join(lines) + "\n"
 
 
+def run_lines(extra: Mapping[str, Any]) -> str:
+    """results.md's closing lines: when, how long, on what machine and under what load each run was
+    made (one line per merged run); empty for runs that did not record their machine."""
+    runs = extra.get("merged_runs", [extra])
+    lines = [
+        f"- {run.get('results', 'this run')}: {run['machine']['started']}, {run.get('seconds', '?')} s, "
+        f"{run['machine']['cpu']}, {run['machine']['numerics']}, load {load_text(run['machine']['load'])}"
+        for run in runs
+        if "machine" in run
+    ]
+    return "\n".join(["", "Runs:", "", *lines, ""]) if lines else ""
+
+
+def load_text(load: Sequence[float]) -> str:
+    """[1-min at start, 1-, 5-, 15-min at the end] as words."""
+    at_start, one, _, fifteen = load
+    return f"{at_start:.1f} at the start, {one:.1f} at the end (15-min average {fifteen:.1f})"
+
+
 def seed_cells(curve: Mapping[int, StepSummary], steps: Sequence[int]) -> list[str]:
     return [f"{number(curve[s], 'score'):.2f}" if s in curve else "n/a" for s in steps]
 
@@ -353,7 +372,7 @@ def write_summaries(
     summaries = {m: summarize_seeds(per_seed[m]) for m in per_seed}
     methods = ordered_methods(list(per_seed))
     files = ReportFiles(out_dir / "results.md", out_dir / "results.json", out_dir / "learning_curve.png")
-    files.table.write_text(render_table(summaries, per_seed, opd_teacher, scenario))
+    files.table.write_text(render_table(summaries, per_seed, opd_teacher, scenario) + run_lines(extra or {}))
     results = {
         "scenario": scenario,
         "opd_teacher": opd_teacher,

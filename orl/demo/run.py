@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import random
 import signal
 import time
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from connectors.compute import choose_numerics, describe_machine
 from connectors.event_log.factory import open_event_log
 from connectors.event_log.reading import read_to_end
 from connectors.settings import ConnectionSettings, setting
@@ -158,6 +160,7 @@ def run_demo(settings: DemoSettings) -> int:
         flush=True,
     )
     started = time.perf_counter()  # "took" counts the model's conversion on a fresh machine
+    started_utc, load_at_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.getloadavg()[0]
     print(compute_budget(up_settings(settings, "combined", "demo")), flush=True)
     print(f"base model: {prepare_model_once(settings)}", flush=True)
     results = asyncio.run(_run_all(settings, scenario, tag))
@@ -179,6 +182,12 @@ def run_demo(settings: DemoSettings) -> int:
             },
             "gate": gate,
             "seconds": round(time.perf_counter() - started),
+            "machine": {
+                "cpu": describe_machine(),
+                "numerics": choose_numerics(settings.precision).precision,
+                "started": started_utc,
+                "load": [round(load_at_start, 1), *(round(v, 1) for v in os.getloadavg())],
+            },
             "settings": {
                 "steps": settings.steps,
                 "batch_size": settings.batch_size,

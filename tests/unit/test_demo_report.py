@@ -262,3 +262,43 @@ def test_orl_demo_merge_writes_the_report_where_asked_and_needs_a_place(tmp_path
         run_demo(DemoSettings(merge=(str(part),)))
     assert run_demo(DemoSettings(merge=(str(part),), out_dir=tmp_path / "merged")) == 0
     assert "| Binary RL |" in (tmp_path / "merged" / "results.md").read_text()
+
+
+def test_the_report_names_each_runs_machine_and_load(tmp_path: Path) -> None:
+    def machine(cpu: str, numerics: str) -> dict:
+        return {
+            "cpu": cpu,
+            "numerics": numerics,
+            "started": "2026-11-27 16:00 UTC",
+            "load": [0.5, 2.1, 2.0, 1.8],
+        }
+
+    avx2 = write_report(
+        tmp_path / "a",
+        {"combined": RUNS["combined"]},
+        "frozen reference + hint",
+        "student",
+        {"machine": machine("EPYC", "fp32")},
+    )
+    table = avx2.table.read_text()
+    assert "- this run: 2026-11-27 16:00 UTC, ? s, EPYC, fp32, load 0.5 at the start, 2.1 at the end" in table
+    bf16 = write_report(
+        tmp_path / "b",
+        {"binary": RUNS["binary"]},
+        "frozen reference + hint",
+        "student",
+        {"machine": machine("Xeon", "bf16"), "seconds": 60},
+    )
+    unrecorded = report(
+        tmp_path / "c", {"opd": RUNS["opd"]}
+    ).results  # written before runs kept their machine
+    _, _, per_seed, runs = merge_results([avx2.results, bf16.results, unrecorded])
+    merged = write_summaries(
+        tmp_path / "m", per_seed, "frozen reference + hint", "student", {"merged_runs": runs}
+    )
+    lines = [
+        line for line in merged.table.read_text().splitlines() if line.startswith("- ") and " UTC, " in line
+    ]
+    assert [line.split(":")[0] for line in lines] == [f"- {avx2.results}", f"- {bf16.results}"]
+    assert "60 s, Xeon, bf16" in lines[1]
+    assert "Runs:" not in report(tmp_path / "d").table.read_text()
