@@ -22,7 +22,7 @@ import random
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from connectors.compute import choose_numerics, describe_machine
@@ -163,7 +163,8 @@ def run_demo(settings: DemoSettings) -> int:
     started_utc, load_at_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.getloadavg()[0]
     print(compute_budget(up_settings(settings, "combined", "demo")), flush=True)
     print(f"base model: {prepare_model_once(settings)}", flush=True)
-    results = asyncio.run(_run_all(settings, scenario, tag))
+    clock = RunClock(len(demo_seeds(settings)) * len(settings.methods) * settings.steps)
+    results = asyncio.run(_run_all(settings, scenario, tag, clock))
     gate = asyncio.run(_gate_summaries(settings, tag, results)) if settings.gate else {}
     files = write_report(
         out_dir,
@@ -242,7 +243,7 @@ def _namespace(tag: str, seed: int, method: str) -> str:
 
 
 async def _run_all(
-    settings: DemoSettings, scenario: Scenario, tag: str
+    settings: DemoSettings, scenario: Scenario, tag: str, clock: RunClock
 ) -> dict[str, dict[int, dict[int, Evaluation]]]:
     """Every (seed, method), each a fresh stack; results[method][seed][step]."""
     results: dict[str, dict[int, dict[int, Evaluation]]] = {m: {} for m in settings.methods}
@@ -250,7 +251,7 @@ async def _run_all(
     for seed in demo_seeds(settings):
         seeded = replace(settings, seed=seed)  # the one seed every function below reads
         for method in settings.methods:
-            curve = await _run_method(seeded, scenario, method, _namespace(tag, seed, method), base)
+            curve = await _run_method(seeded, scenario, method, _namespace(tag, seed, method), base, clock)
             results[method][seed] = curve
             # evaluation uses fixed seeds, so the base model scores the same for every seed and method
             base = curve[0]
@@ -334,7 +335,12 @@ async def start_stack(settings: DemoSettings, method: str, namespace: str) -> De
 
 
 async def _run_method(
-    settings: DemoSettings, scenario: Scenario, method: str, namespace: str, base: Evaluation | None
+    settings: DemoSettings,
+    scenario: Scenario,
+    method: str,
+    namespace: str,
+    base: Evaluation | None,
+    clock: RunClock,
 ) -> dict[int, Evaluation]:
     stack = await start_stack(settings, method, namespace)
     client = stack.client
@@ -342,13 +348,14 @@ async def _run_method(
         held_out = scenario.held_out_prompts[: settings.eval_prompts]
         evaluations = {0: base or await client.evaluate(scenario, held_out, settings.eval_samples)}
         label = f"seed {settings.seed} {method}"
-        _progress(label, 0, settings.steps, evaluations[0], None)
+        _progress(label, 0, settings.steps, evaluations[0], None, clock.text())
         prompts = prompt_stream(scenario, settings.seed)
         for step in range(1, settings.steps + 1):
             satisfied = await train_one_step(settings, scenario, stack, step, prompts)
             if step % settings.eval_every == 0 or step == settings.steps:
                 evaluations[step] = await client.evaluate(scenario, held_out, settings.eval_samples)
-            _progress(label, step, settings.steps, evaluations.get(step), satisfied)
+            clock.step_done()
+            _progress(label, step, settings.steps, evaluations.get(step), satisfied, clock.text())
         return evaluations
     finally:
         await stack.close()
@@ -503,8 +510,33 @@ def prompt_stream(scenario: Scenario, seed: int) -> Iterator[str]:
         yield from order
 
 
+@dataclass
+class RunClock:
+    """The whole run's elapsed time and an estimate of what is left, for the progress lines."""
+
+    total_steps: int  # seeds x methods x steps
+    done_steps: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def step_done(self) -> None:
+        self.done_steps += 1
+
+    def text(self) -> str:
+        return run_time_text(time.monotonic() - self.started, self.done_steps, self.total_steps)
+
+
+def run_time_text(elapsed_s: float, done_steps: int, total_steps: int) -> str:
+    """'12 min so far, about 40 min left': what is left at the mean pace of the steps done (evaluations
+    and stack starts included), once there is one."""
+    so_far = f"{elapsed_s / 60:.0f} min so far"
+    if done_steps == 0:
+        return so_far
+    left_s = elapsed_s / done_steps * (total_steps - done_steps)
+    return f"{so_far}, about {left_s / 60:.0f} min left" if left_s > 0 else so_far
+
+
 def _progress(
-    label: str, step: int, steps: int, evaluation: Evaluation | None, satisfied: str | None
+    label: str, step: int, steps: int, evaluation: Evaluation | None, satisfied: str | None, clock: str
 ) -> None:
     parts = [f"[{label}] step {step}/{steps}"]
     if satisfied:
@@ -515,4 +547,5 @@ def _progress(
             f"held-out score {sum(flat) / len(flat):.2f} (style {evaluation.style:.2f}, "
             f"relevance {evaluation.relevance:.2f}), {evaluation.words:.0f} words"
         )
+    parts.append(clock)
     print("  " + " | ".join(parts), flush=True)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from orl.cli import build_parser
-from orl.demo.run import DemoSettings, _namespace, demo_seeds, prompt_stream, run_demo
+from orl.demo.run import DemoSettings, _namespace, demo_seeds, prompt_stream, run_demo, run_time_text
 from orl.demo.scenarios import STUDENT
 from orl.settings_binding import build_settings
 from schemas.errors import ConfigError
@@ -53,3 +53,9 @@ def test_the_seed_orders_the_training_prompts() -> None:
 
     assert first(0) == first(0)
     assert first(0) != first(1)
+
+
+def test_the_progress_line_estimates_what_is_left_at_the_pace_so_far() -> None:
+    assert run_time_text(90.0, 0, 48) == "2 min so far"  # no step done: no estimate yet
+    assert run_time_text(600.0, 4, 48) == "10 min so far, about 110 min left"
+    assert run_time_text(2880.0, 48, 48) == "48 min so far"
