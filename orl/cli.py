@@ -12,7 +12,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from orl import __version__
@@ -136,7 +136,29 @@ def _load(path: str) -> object:
     return getattr(importlib.import_module(module_name), attr)
 
 
-def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
+def chosen_command(argv: Sequence[str], commands: Sequence[Command] = COMMANDS) -> str | None:
+    """The sub-command named on this command line (the first argument that names one, skipping the
+    value of `--log-level`), or None (`orl --help`, `orl --version`, or none given)."""
+    names = {command.name for command in commands}
+    skip_next = False
+    for arg in argv:
+        if skip_next:
+            skip_next = False
+        elif arg == "--log-level":
+            skip_next = True
+        elif arg in names:
+            return arg
+        elif not arg.startswith("-"):
+            return None  # not a command: argparse says so
+    return None
+
+
+def build_parser(
+    commands: Sequence[Command] = COMMANDS, flags_of: Collection[str] | None = None
+) -> argparse.ArgumentParser:
+    """The whole command line, with the flags of the sub-commands in `flags_of` (None: every one).
+    `main` passes only the chosen one, so that a command imports its own settings module and not
+    every other one's (some import torch and transformers: seconds each)."""
     parser = argparse.ArgumentParser(
         prog="orl", description="Train a self-hosted LLM agent from its own live use."
     )
@@ -149,6 +171,8 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in commands:
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
+        if flags_of is not None and command.name not in flags_of:
+            continue
         settings_cls = _load(command.settings)
         assert isinstance(settings_cls, type)
         add_settings_arguments(sub, settings_cls)
@@ -160,7 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before torch loads (the commands import it lazily): idle OpenMP threads sleep instead of spinning
     # on the cores that another torch process of the stack needs (connectors/compute.py has the numbers).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = chosen_command(argv)
+    parser = build_parser(flags_of=[chosen] if chosen else [])
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

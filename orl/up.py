@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from connectors.compute import available_cores, check_precision, choose_numerics, cpu_model_name
+from connectors.compute import available_cores, check_precision, cpu_model_name, resolved_numerics
 from connectors.settings import ConnectionSettings, setting
 from orl.supervised import SUPERVISOR_PID_ENV
 from pipeline.runtime.main import method_stage_names
@@ -172,7 +172,7 @@ def runs_gate(settings: UpSettings) -> bool:
 def compute_budget(settings: UpSettings) -> str:
     """The line `orl up` / `orl demo` log at start: the cores, the threads and the numerics, and why."""
     cores = stack_cores(settings)
-    numerics = choose_numerics(settings.precision, "cpu")
+    numerics = resolved_numerics(settings.precision, "cpu")
     torch_names = [name for name in settings.components if name in ("serve", "train")] + (
         ["gate"] if runs_gate(settings) else []
     )

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from connectors.compute import choose_numerics, describe_machine
+from connectors.compute import describe_machine, resolved_numerics
 from connectors.event_log.factory import open_event_log
 from connectors.event_log.reading import read_to_end
 from connectors.settings import ConnectionSettings, setting
@@ -185,7 +185,7 @@ def run_demo(settings: DemoSettings) -> int:
             "seconds": round(time.perf_counter() - started),
             "machine": {
                 "cpu": describe_machine(),
-                "numerics": choose_numerics(settings.precision).precision,
+                "numerics": resolved_numerics(settings.precision).precision,
                 "started": started_utc,
                 "load": [round(load_at_start, 1), *(round(v, 1) for v in os.getloadavg())],
             },
@@ -196,6 +196,14 @@ def run_demo(settings: DemoSettings) -> int:
                 "eval_prompts": settings.eval_prompts,
                 "eval_samples": settings.eval_samples,
                 "seeds": demo_seeds(settings),
+                "max_tokens": settings.max_tokens,
+                "teacher_kind": settings.teacher_kind,
+                "opd_topk": settings.opd_topk,
+                "opd_loss": settings.opd_loss,
+                "partial_batches": settings.partial_batches,
+                "user_restates_length": settings.user_restates_length,
+                "gate": settings.gate,
+                "environment": orl_environment(),
             },
         },
     )
@@ -207,6 +215,17 @@ def run_demo(settings: DemoSettings) -> int:
         f"learning curve: {files.chart}\nresults: {files.results}\ntook {time.perf_counter() - started:.0f} s"
     )
     return 0
+
+
+def orl_environment() -> dict[str, str]:
+    """The ORL_* variables this run's components inherit (a trainer flag set as ORL_TRAIN_..., say),
+    without secrets: what a reader needs to repeat the run beyond the demo's own settings."""
+    secret = ("KEY", "SECRET", "PASSWORD", "TOKEN")
+    return {
+        name: value
+        for name, value in sorted(os.environ.items())
+        if name.startswith("ORL_") and not any(word in name for word in secret)
+    }
 
 
 def merge_reports(settings: DemoSettings) -> int:

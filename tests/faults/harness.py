@@ -38,6 +38,7 @@ from tests.e2e.up_stack import UpStack, running_up
 from tests.integration.log_reading import read_events
 
 COMPONENTS = ("serve", "pipeline", "pipeline-downstream", "train")
+MIN_TURNS = 12  # traffic goes on after the last fault until this many chat turns are acknowledged
 NAMESPACE = "live"
 MAX_TOKENS = 8
 STACK_ENV = {"ORL_TRAIN_BATCH_SIZE": "4"}
@@ -394,7 +395,8 @@ def run_fault_suite(
         traffic.start()
         try:
             faults(stack, run)
-            time.sleep(5)  # a few more turns after the last fault
+            time.sleep(5)  # a few more turns after the last fault, and enough turns on a slow machine
+            wait_for(lambda: len(run.turns) >= MIN_TURNS, timeout_s=300, poll_s=0.5)
         finally:
             traffic.stop()
         drain(stack, run, quiet_s, drain_timeout_s)

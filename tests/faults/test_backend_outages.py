@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 
 from tests.faults.checks import Verdict, check_run, results_table
-from tests.faults.harness import FaultRun, Faults, outage_rounds, restart_rounds, run_fault_suite
+from tests.faults.harness import (
+    MIN_TURNS,
+    FaultRun,
+    Faults,
+    outage_rounds,
+    restart_rounds,
+    run_fault_suite,
+)
 from tests.fixtures.kafka_broker import RunningBroker, start_kafka_broker, stop_kafka_broker
 from tests.fixtures.s3_server import S3Server, start_s3_server
 
@@ -60,7 +67,7 @@ def outage_run(
 @pytest.mark.timeout(900)
 def test_outages_lose_and_duplicate_nothing_acknowledged(outage_run: tuple[FaultRun, Verdict]) -> None:
     run, verdict = outage_run
-    assert len(run.turns) > 10 and run.feedback, verdict.figures
+    assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
     assert any(outage.turns_acked_during > 0 for outage in run.outages if outage.target == "log"), run.outages
     assert verdict.problems == [], results_table(verdict)
 
@@ -101,7 +108,7 @@ def test_restarts_of_the_store_in_place_lose_and_duplicate_nothing_acknowledged(
     restart_run: tuple[FaultRun, Verdict],
 ) -> None:
     run, verdict = restart_run
-    assert len(run.turns) > 10 and run.feedback, verdict.figures
+    assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
     assert [o.target for o in run.outages] == ["store"] * 5
     assert verdict.problems == [], results_table(verdict)
     assert verdict.figures["checkpoints verified"] >= 1, results_table(verdict)

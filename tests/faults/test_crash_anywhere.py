@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.checks import check_run, results_table
-from tests.faults.harness import kill_rounds, run_fault_suite
+from tests.faults.harness import MIN_TURNS, kill_rounds, run_fault_suite
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -25,6 +25,6 @@ def test_kill_minus_nine_of_every_component_loses_and_duplicates_nothing(
     run = run_fault_suite(tmp_path, kill_rounds(kills=2, seed=0), gate=True)
     verdict = check_run(run)
     print(results_table(verdict))
-    assert len(run.turns) > 10 and run.feedback, verdict.figures
+    assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
     assert verdict.figures["checkpoints verified"] >= 1, verdict.figures
     assert verdict.problems == [], results_table(verdict)

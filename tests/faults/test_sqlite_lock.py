@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.checks import check_run, results_table
-from tests.faults.harness import lock_rounds, run_fault_suite
+from tests.faults.harness import MIN_TURNS, lock_rounds, run_fault_suite
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ def test_a_locked_log_file_loses_and_duplicates_nothing(tmp_path: Path, base_mod
     run = run_fault_suite(tmp_path, lock_rounds(rounds=3, hold_s=10, seed=2))
     verdict = check_run(run)
     print(results_table(verdict))
-    assert len(run.turns) > 10 and run.feedback, verdict.figures
+    assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
     assert [o.kind for o in run.outages] == ["locked"] * 3
     assert verdict.problems == [], results_table(verdict)
     assert verdict.figures["checkpoints verified"] >= 1, results_table(verdict)

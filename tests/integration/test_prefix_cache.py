@@ -49,9 +49,7 @@ async def run_conversation(
         await b.close()
 
 
-@pytest.mark.parametrize(
-    ("precision", "temperature"), [("fp32", 0.0), ("fp32", 0.7), ("bf16", 0.0), ("bf16", 0.7)]
-)
+@pytest.mark.parametrize(("precision", "temperature"), [("fp32", 0.0), ("fp32", 0.7), ("bf16", 0.7)])
 async def test_cached_and_uncached_conversations_agree(
     base_model_dir: Path, precision: str, temperature: float
 ):

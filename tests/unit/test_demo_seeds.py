@@ -7,7 +7,15 @@ import itertools
 import pytest
 
 from orl.cli import build_parser
-from orl.demo.run import DemoSettings, _namespace, demo_seeds, prompt_stream, run_demo, run_time_text
+from orl.demo.run import (
+    DemoSettings,
+    _namespace,
+    demo_seeds,
+    orl_environment,
+    prompt_stream,
+    run_demo,
+    run_time_text,
+)
 from orl.demo.scenarios import STUDENT
 from orl.settings_binding import build_settings
 from schemas.errors import ConfigError
@@ -59,3 +67,15 @@ def test_the_progress_line_estimates_what_is_left_at_the_pace_so_far() -> None:
     assert run_time_text(90.0, 0, 48) == "2 min so far"  # no step done: no estimate yet
     assert run_time_text(600.0, 4, 48) == "10 min so far, about 110 min left"
     assert run_time_text(2880.0, 48, 48) == "48 min so far"
+
+
+def test_results_record_the_orl_variables_a_run_inherits_but_no_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ORL_TRAIN_OPD_ADVANTAGE_CLIP", "2")
+    monkeypatch.setenv("ORL_S3_SECRET_KEY", "hunter2")
+    monkeypatch.setenv("ORL_S3_ACCESS_KEY", "admin")
+    monkeypatch.setenv("OTHER_TOOL_SETTING", "1")
+    recorded = orl_environment()
+    assert recorded["ORL_TRAIN_OPD_ADVANTAGE_CLIP"] == "2"
+    assert not {"ORL_S3_SECRET_KEY", "ORL_S3_ACCESS_KEY", "OTHER_TOOL_SETTING"} & set(recorded)
