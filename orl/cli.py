@@ -137,20 +137,26 @@ def _load(path: str) -> object:
 
 
 def chosen_command(argv: Sequence[str], commands: Sequence[Command] = COMMANDS) -> str | None:
-    """The sub-command named on this command line (the first argument that names one, skipping the
-    value of `--log-level`), or None (`orl --help`, `orl --version`, or none given)."""
-    names = {command.name for command in commands}
-    skip_next = False
-    for arg in argv:
-        if skip_next:
-            skip_next = False
-        elif arg == "--log-level":
-            skip_next = True
-        elif arg in names:
-            return arg
-        elif not arg.startswith("-"):
-            return None  # not a command: argparse says so
-    return None
+    """The sub-command named on this command line, as argparse reads it (global options, their
+    abbreviations and values included), or None (`orl --help`, none given, or an unknown one)."""
+    probe = argparse.ArgumentParser(prog="orl", add_help=False, exit_on_error=False)
+    add_global_options(probe)
+    probe.add_argument("command", nargs="?")
+    try:
+        known, _ = probe.parse_known_args(argv)
+    except argparse.ArgumentError:
+        return None  # the whole parser reports it
+    return known.command if known.command in {command.name for command in commands} else None
+
+
+def add_global_options(parser: argparse.ArgumentParser) -> None:
+    """`--version` and `--log-level`, the options before the sub-command."""
+    parser.add_argument("--version", action="version", version=f"orl {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("ORL_LOG_LEVEL", "INFO"),
+        help="Logging level [env ORL_LOG_LEVEL; default INFO]",
+    )
 
 
 def build_parser(
@@ -162,12 +168,7 @@ def build_parser(
     parser = argparse.ArgumentParser(
         prog="orl", description="Train a self-hosted LLM agent from its own live use."
     )
-    parser.add_argument("--version", action="version", version=f"orl {__version__}")
-    parser.add_argument(
-        "--log-level",
-        default=os.environ.get("ORL_LOG_LEVEL", "INFO"),
-        help="Logging level [env ORL_LOG_LEVEL; default INFO]",
-    )
+    add_global_options(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in commands:
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help)

@@ -16,6 +16,8 @@ from orl.cli import build_parser, chosen_command
         (["serve", "--port", "8000"], "serve"),
         (["--log-level", "DEBUG", "pipeline"], "pipeline"),
         (["--log-level", "up", "topics"], "topics"),  # "up" is --log-level's value here
+        (["--log", "DEBUG", "train"], "train"),  # argparse's abbreviation of --log-level
+        (["--log-level=DEBUG", "serve"], "serve"),
         (["--help"], None),
         ([], None),
         (["bogus", "serve"], None),  # argparse refuses "bogus"

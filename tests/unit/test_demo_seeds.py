@@ -79,3 +79,22 @@ def test_results_record_the_orl_variables_a_run_inherits_but_no_secret(
     recorded = orl_environment()
     assert recorded["ORL_TRAIN_OPD_ADVANTAGE_CLIP"] == "2"
     assert not {"ORL_S3_SECRET_KEY", "ORL_S3_ACCESS_KEY", "OTHER_TOOL_SETTING"} & set(recorded)
+
+
+def test_no_setting_declared_secret_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded variables leave out every variable a command declares secret (`setting(secret=True)`)."""
+    import dataclasses
+    import importlib
+
+    from orl.cli import COMMANDS
+
+    secrets = set()
+    for command in COMMANDS:
+        module, _, name = command.settings.partition(":")
+        for f in dataclasses.fields(getattr(importlib.import_module(module), name)):
+            if f.metadata.get("secret"):
+                secrets.add(f.metadata["env"])
+    assert "ORL_S3_SECRET_KEY" in secrets and "ORL_METRICS_KEY" in secrets
+    for env in secrets:
+        monkeypatch.setenv(env, "hunter2")
+    assert not secrets & set(orl_environment())
