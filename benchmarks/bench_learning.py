@@ -57,6 +57,18 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
         "the simulated user's redo of a short enough answer also restates the word limit",
         {"ORL_DEMO_USER_RESTATES_LENGTH": "true"},
     ),
+    "prompt_baseline": (
+        "each prompt asked by 2 sessions a round, the trainer's per-prompt reward baseline",
+        {"ORL_DEMO_SESSIONS_PER_PROMPT": "2", "ORL_TRAIN_PROMPT_BASELINE": "true"},
+    ),
+    "prompt_baseline_restates": (
+        "prompt_baseline and user_restates_length together",
+        {
+            "ORL_DEMO_SESSIONS_PER_PROMPT": "2",
+            "ORL_TRAIN_PROMPT_BASELINE": "true",
+            "ORL_DEMO_USER_RESTATES_LENGTH": "true",
+        },
+    ),
 }
 
 

@@ -41,6 +41,7 @@ from trainer.losses import (
     LossStats,
     binary_advantages,
     center_rewards,
+    center_rewards_per_prompt,
     opd_advantages,
     reduce_loss,
     topk_reverse_kl,
@@ -57,6 +58,7 @@ class LossConfig:
     w_opd: float = 1.0
     w_rl: float = 1.0
     center_rewards: bool = False
+    prompt_baseline: bool = False  # subtract the mean reward of the batch's answers to the same prompt
     old_logprobs: str = "recompute"  # recompute | rollout
     autocast: bool = False  # bf16 autocast forwards (trainer.loop.loss_config decides per machine)
     train_temperature: float | None = None  # None: each sample's own temperature
@@ -96,6 +98,20 @@ def distills_top_k(sample: TrainingSample, config: LossConfig) -> bool:
     return config.opd_loss == "topk" and sample.teacher_top_ids is not None and sample.method != "binary"
 
 
+def rewards_after_baselines(
+    samples: Sequence[TrainingSample], rewards_B: Tensor, config: LossConfig
+) -> Tensor:
+    """The batch's rewards after the baselines the config asks for (both off by default, as in
+    OpenClaw-RL): the batch mean (`center_rewards`), then the mean of the answers to the same prompt
+    (`prompt_baseline`). Computed over the whole batch, whichever backend and shard trains it."""
+    has_reward_B = method_weights(samples, config)[1] != 0
+    if config.center_rewards:
+        rewards_B = center_rewards(rewards_B, has_reward_B)
+    if config.prompt_baseline:
+        rewards_B = center_rewards_per_prompt(rewards_B, has_reward_B, [tuple(s.prompt_ids) for s in samples])
+    return rewards_B
+
+
 def advantages(
     samples: Sequence[TrainingSample],
     old_logprobs_B_T: Tensor,
@@ -108,8 +124,7 @@ def advantages(
     opd_w_B, rl_w_B = method_weights(samples, config)
     distilled_B = torch.tensor([distills_top_k(s, config) for s in samples], dtype=torch.bool)
     opd_w_B = torch.where(distilled_B, 0.0, opd_w_B)  # their OPD term is the distillation loss instead
-    if config.center_rewards:
-        rewards_B = center_rewards(rewards_B, rl_w_B != 0)
+    rewards_B = rewards_after_baselines(samples, rewards_B, config)
     opd_B_T = opd_advantages(teacher_logprobs_B_T, old_logprobs_B_T, config.opd_advantage_clip)
     has_opd_B_T = (opd_w_B != 0)[:, None] & mask_B_T
     opd_term_B_T = torch.where(has_opd_B_T, opd_w_B[:, None] * opd_B_T, 0.0)

@@ -13,7 +13,8 @@ no I/O, no clock. Reads and writes no topics or object keys. Conventions:
 Methods (DESIGN.md "Methods"; OpenClaw-RL sections 2.5, 2.6, 3.5, 3.6):
 
 - Binary RL: the decided reward r in {-1, 0, +1} broadcast to every response token (A_t = r), raw,
-  no normalisation, as in OpenClaw-RL. `center_rewards` is the optional batch-mean baseline.
+  no normalisation, as in OpenClaw-RL. `center_rewards` is the optional batch-mean baseline and
+  `center_rewards_per_prompt` the optional mean of the batch's answers to the same prompt.
 - OPD: A_t = log pi_teacher(a_t | s + hint) - log pi_old(a_t | s).
 - Combined: A_t = w_opd * (teacher - old) + w_rl * r, where a sample without teacher logprobs gets
   no OPD term and a sample without a reward gets no RL term (OpenClaw-RL substituted the rollout
@@ -27,6 +28,7 @@ Methods (DESIGN.md "Methods"; OpenClaw-RL sections 2.5, 2.6, 3.5, 3.6):
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -213,6 +215,25 @@ def center_rewards(rewards_B: Tensor, has_reward_B: Tensor | None = None) -> Ten
         return rewards_B.clone()
     mean = torch.where(has_B, rewards_B, 0.0).sum() / count
     return torch.where(has_B, rewards_B - mean, rewards_B)
+
+
+def center_rewards_per_prompt(
+    rewards_B: Tensor, has_reward_B: Tensor, prompt_keys: Sequence[Hashable]
+) -> Tensor:
+    """Subtract, within each group of rewarded samples that answer the same prompt, the group's mean.
+
+    A per-prompt baseline (GRPO's group mean, without its std): two answers to one question that
+    both got -1 get no RL push, one +1 and one -1 get +1 and -1. A sample alone with its prompt keeps
+    its raw reward. Samples without a reward are left untouched."""
+    groups: dict[Hashable, list[int]] = {}
+    for index, key in enumerate(prompt_keys):
+        if bool(has_reward_B[index]):
+            groups.setdefault(key, []).append(index)
+    centred = rewards_B.clone()
+    for members in groups.values():
+        if len(members) >= 2:
+            centred[members] = rewards_B[members] - rewards_B[members].mean()
+    return centred
 
 
 def combined_advantages(

@@ -120,6 +120,11 @@ class TrainSettings(ConnectionSettings):
     center_rewards: bool = setting(
         False, "ORL_TRAIN_CENTER_REWARDS", "Subtract the batch-mean reward (a baseline) before training."
     )
+    prompt_baseline: bool = setting(
+        False,
+        "ORL_TRAIN_PROMPT_BASELINE",
+        "Subtract, among the batch's answers to the same prompt, their mean reward (a per-prompt baseline).",
+    )
     max_staleness: int = setting(
         2,
         "ORL_TRAIN_MAX_STALENESS",

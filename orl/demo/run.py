@@ -22,8 +22,9 @@ import random
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from connectors.compute import describe_machine, resolved_numerics
 from connectors.event_log.factory import open_event_log
@@ -90,6 +91,12 @@ class DemoSettings(ConnectionSettings):
         "The simulated user's redo of an answer that was short enough also restates the word limit, so "
         "the OPD hint for an off-topic answer keeps asking for short answers.",
     )
+    sessions_per_prompt: int = setting(
+        1,
+        "ORL_DEMO_SESSIONS_PER_PROMPT",
+        "Sessions that ask each of a round's prompts (a round asks batch_size / this many prompts); with "
+        "ORL_TRAIN_PROMPT_BASELINE the trainer compares the answers to one prompt with each other.",
+    )
     port: int = setting(8011, "ORL_DEMO_PORT", "Port of the demo's server.")
     out_dir: Path = setting(
         Path(""), "ORL_DEMO_OUT", "Where the report goes (default <data-dir>/demo/<run>)."
@@ -150,6 +157,10 @@ def run_demo(settings: DemoSettings) -> int:
         return merge_reports(settings)
     if settings.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, not {settings.seeds}")
+    if settings.sessions_per_prompt < 1 or settings.batch_size % settings.sessions_per_prompt:
+        raise ConfigError(
+            f"--sessions-per-prompt must divide --batch-size ({settings.batch_size}), not {settings.sessions_per_prompt}"
+        )
     scenario = get_scenario(settings.scenario)
     tag = time.strftime("%Y%m%d-%H%M%S")
     out_dir = settings.out_dir if str(settings.out_dir) not in ("", ".") else settings.data_dir / "demo" / tag
@@ -189,22 +200,7 @@ def run_demo(settings: DemoSettings) -> int:
                 "started": started_utc,
                 "load": [round(load_at_start, 1), *(round(v, 1) for v in os.getloadavg())],
             },
-            "settings": {
-                "steps": settings.steps,
-                "batch_size": settings.batch_size,
-                "lr": settings.lr,
-                "eval_prompts": settings.eval_prompts,
-                "eval_samples": settings.eval_samples,
-                "seeds": demo_seeds(settings),
-                "max_tokens": settings.max_tokens,
-                "teacher_kind": settings.teacher_kind,
-                "opd_topk": settings.opd_topk,
-                "opd_loss": settings.opd_loss,
-                "partial_batches": settings.partial_batches,
-                "user_restates_length": settings.user_restates_length,
-                "gate": settings.gate,
-                "environment": orl_environment(),
-            },
+            "settings": recorded_settings(settings),
         },
     )
     print(files.table.read_text())
@@ -215,6 +211,21 @@ def run_demo(settings: DemoSettings) -> int:
         f"learning curve: {files.chart}\nresults: {files.results}\ntook {time.perf_counter() - started:.0f} s"
     )
     return 0
+
+
+# Demo settings that do not change what a run measures, so its results.json leaves them out.
+UNRECORDED_SETTINGS = frozenset({"port", "out_dir", "merge", "quick", "step_timeout_s", "seed"})
+
+
+def recorded_settings(settings: DemoSettings) -> dict[str, Any]:
+    """Every demo setting that shapes the run (the seeds as a list), and the ORL_* variables it inherited."""
+    own = [f.name for f in fields(DemoSettings) if f.name not in {g.name for g in fields(ConnectionSettings)}]
+    recorded: dict[str, Any] = {
+        name: getattr(settings, name) for name in own if name not in UNRECORDED_SETTINGS
+    }
+    recorded["seeds"] = demo_seeds(settings)
+    recorded["environment"] = orl_environment()
+    return recorded
 
 
 def orl_environment() -> dict[str, str]:
@@ -413,7 +424,7 @@ async def run_round(
 ) -> Round:
     """The round's `batch_size` sessions with the simulated user (the first half of `train_one_step`)."""
     ready_before, decided_before = await sample_counts(stack.up, stack.namespace)
-    batch = [next(prompts) for _ in range(settings.batch_size)]
+    batch = round_prompts(prompts, settings.batch_size, settings.sessions_per_prompt)
     satisfied = await stack.client.sessions(
         scenario, batch, f"{stack.namespace}-s{step}", settings.seed + step, seed_label=f"step{step}"
     )
@@ -518,6 +529,16 @@ async def _wait_for_decisions(
 def _check_deadline(deadline: float, step: int, doing: str) -> None:
     if time.monotonic() > deadline:
         raise OrlError(f"demo step {step} timed out while {doing}; see the logs under <data-dir>/logs/")
+
+
+def round_prompts(prompts: Iterator[str], batch_size: int, sessions_per_prompt: int) -> list[str]:
+    """A round's prompts: `batch_size / sessions_per_prompt` of the stream's next prompts, each asked
+    by `sessions_per_prompt` sessions one after another."""
+    return [
+        prompt
+        for _ in range(batch_size // sessions_per_prompt)
+        for prompt in [next(prompts)] * sessions_per_prompt
+    ]
 
 
 def prompt_stream(scenario: Scenario, seed: int) -> Iterator[str]:

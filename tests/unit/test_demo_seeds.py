@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -13,6 +14,8 @@ from orl.demo.run import (
     demo_seeds,
     orl_environment,
     prompt_stream,
+    recorded_settings,
+    round_prompts,
     run_demo,
     run_time_text,
 )
@@ -98,3 +101,23 @@ def test_no_setting_declared_secret_is_recorded(monkeypatch: pytest.MonkeyPatch)
     for env in secrets:
         monkeypatch.setenv(env, "hunter2")
     assert not secrets & set(orl_environment())
+
+
+def test_a_round_asks_each_prompt_sessions_per_prompt_times() -> None:
+    assert round_prompts(iter("abcdefgh"), 8, 2) == ["a", "a", "b", "b", "c", "c", "d", "d"]
+    assert round_prompts(iter("abcdefgh"), 4, 1) == ["a", "b", "c", "d"]
+    assert parsed(["--sessions-per-prompt", "4"], {}).sessions_per_prompt == 4
+
+
+def test_sessions_per_prompt_must_divide_the_batch() -> None:
+    with pytest.raises(ConfigError, match="--sessions-per-prompt"):
+        run_demo(DemoSettings(batch_size=16, sessions_per_prompt=3))
+
+
+def test_results_record_every_setting_that_shapes_a_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORL_TRAIN_PROMPT_BASELINE", "true")
+    recorded = recorded_settings(DemoSettings(sessions_per_prompt=2, seed=3, seeds=2, port=9999))
+    assert recorded["sessions_per_prompt"] == 2 and recorded["seeds"] == [3, 4]
+    assert recorded["environment"]["ORL_TRAIN_PROMPT_BASELINE"] == "true"
+    assert "port" not in recorded and "data_dir" not in recorded  # plumbing, not what was measured
+    json.dumps(recorded)  # results.json holds it

@@ -164,3 +164,30 @@ def test_the_opd_advantage_clip_reaches_the_batch_advantage() -> None:
     unclipped, _ = advantages([combined], old_B_T, teacher_B_T, rewards_B, mask_B_T, LossConfig())
     assert clipped[0].tolist() == pytest.approx([-3.0, -0.5, 1.0])  # OPD in [-2, 2], plus the reward -1
     assert unclipped[0].tolist() == pytest.approx([-11.9, -0.5, 7.0])
+
+
+def test_the_prompt_baseline_compares_answers_to_the_same_prompt_only() -> None:
+    def binary(prompt: tuple[int, ...], reward: float, offset: int) -> TrainingSample:
+        return TrainingSample(
+            f"s{offset}", "binary", prompt, RESPONSE, (-1.0, -1.0, -1.0), 0.7, reward, None, 0,
+            TopicPartition("t", 0), offset,
+        )  # fmt: skip
+
+    other = (1, 5, 9, 4)
+    # two answers to PROMPT (+1, -1), two to `other` (both -1), one alone with its prompt (-1)
+    samples = [
+        binary(PROMPT, 1.0, 0),
+        binary(other, -1.0, 1),
+        binary(PROMPT, -1.0, 2),
+        binary(other, -1.0, 3),
+    ]
+    samples.append(binary((2, 2), -1.0, 4))
+    rewards_B = torch.tensor([s.reward for s in samples])
+    mask_B_T = torch.ones(len(samples), 3, dtype=torch.bool)
+    zeros_B_T = torch.zeros(len(samples), 3)
+    with_baseline, _ = advantages(
+        samples, zeros_B_T, zeros_B_T, rewards_B, mask_B_T, LossConfig(prompt_baseline=True)
+    )
+    raw, _ = advantages(samples, zeros_B_T, zeros_B_T, rewards_B, mask_B_T, LossConfig())
+    assert with_baseline[:, 0].tolist() == [1.0, 0.0, -1.0, 0.0, -1.0]
+    assert raw[:, 0].tolist() == [1.0, -1.0, -1.0, -1.0, -1.0]

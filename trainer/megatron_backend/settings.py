@@ -38,6 +38,7 @@ class MegatronSettings:
     w_opd: float = flag(1.0, "Weight of teacher - old in the combined advantage.")
     w_rl: float = flag(1.0, "Weight of the reward in the combined advantage.")
     center_rewards: bool = flag(False, "Subtract the batch-mean reward (a baseline) before training.")
+    prompt_baseline: bool = flag(False, "Subtract the mean reward of the batch's answers to the same prompt.")
     old_logprobs: str = flag("recompute", "pi_old for the PPO ratio: recompute | rollout.")
     loss_reduction: str = flag("token", "Per-token losses to one: token (batch token mean) | sample.")
     opd_advantage_clip: float = flag(0.0, "Clamp teacher - old per token to [-c, c] (0: off).")
@@ -63,6 +64,7 @@ class MegatronSettings:
             w_opd=self.w_opd,
             w_rl=self.w_rl,
             center_rewards=self.center_rewards,
+            prompt_baseline=self.prompt_baseline,
             old_logprobs=self.old_logprobs,
             autocast=self.autocast,
             loss_reduction=self.loss_reduction,

@@ -29,11 +29,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainer.batch_loss import LossConfig, advantages, method_weights
+from trainer.batch_loss import LossConfig, advantages, method_weights, rewards_after_baselines
 from trainer.batching import Batch, TrainingSample
 from trainer.logprobs import collate_samples, pad_right
 from trainer.loop import TrainingError, step_metrics
-from trainer.losses import LossStats, center_rewards, total_loss
+from trainer.losses import LossStats, total_loss
 from trainer.megatron_backend.hf_conversion import MegatronBackendError
 from trainer.megatron_backend.logprobs import response_logprobs_tp
 from trainer.megatron_backend.model import MegatronPolicy
@@ -58,12 +58,9 @@ def local_indices(batch_size: int, parallel: ParallelContext) -> list[int]:
 
 
 def _centred_rewards(samples: Sequence[TrainingSample], config: LossConfig) -> Tensor:
-    """The batch's rewards, centred over the whole batch when the setting asks for it."""
+    """The batch's rewards after the baselines the settings ask for, over the whole batch."""
     rewards_B = torch.tensor([0.0 if s.reward is None else float(s.reward) for s in samples])
-    if not config.center_rewards:
-        return rewards_B
-    _, rl_w_B = method_weights(samples, config)
-    return center_rewards(rewards_B, rl_w_B != 0)
+    return rewards_after_baselines(samples, rewards_B, config)
 
 
 def _logprobs(
@@ -131,7 +128,7 @@ def _local_loss(
         collated.teacher_logprobs_B_T,
         rewards_B,
         mask_B_T,
-        replace(config, center_rewards=False),  # already centred over the whole batch
+        replace(config, center_rewards=False, prompt_baseline=False),  # baselines taken over the whole batch
     )
     loss, stats = total_loss(
         logprobs_B_T,
