@@ -57,6 +57,10 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
         "the simulated user's redo of a short enough answer also restates the word limit",
         {"ORL_DEMO_USER_RESTATES_LENGTH": "true"},
     ),
+    "opd_reference_baseline": (
+        "OPD advantage teacher - the frozen base without the hint (what the hint changes) instead of - old",
+        {"ORL_TRAIN_OPD_BASELINE": "reference"},
+    ),
     "prompt_baseline": (
         "each prompt asked by 2 sessions a round, the trainer's per-prompt reward baseline",
         {"ORL_DEMO_SESSIONS_PER_PROMPT": "2", "ORL_TRAIN_PROMPT_BASELINE": "true"},

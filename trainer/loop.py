@@ -105,6 +105,7 @@ def loss_config(settings: TrainSettings, device: str = "cpu") -> LossConfig:
         w_rl=settings.w_rl,
         center_rewards=settings.center_rewards,
         prompt_baseline=settings.prompt_baseline,
+        opd_baseline=settings.opd_baseline,
         old_logprobs=settings.old_logprobs,
         autocast=resolved_numerics(settings.precision, device).autocast,
         train_temperature=settings.train_temperature,

@@ -191,3 +191,29 @@ def test_the_prompt_baseline_compares_answers_to_the_same_prompt_only() -> None:
     raw, _ = advantages(samples, zeros_B_T, zeros_B_T, rewards_B, mask_B_T, LossConfig())
     assert with_baseline[:, 0].tolist() == [1.0, 0.0, -1.0, 0.0, -1.0]
     assert raw[:, 0].tolist() == [1.0, -1.0, -1.0, -1.0, -1.0]
+
+
+def reference_logprobs_at(policy: PolicyModel, temperature: float) -> list[float]:
+    with policy.reference() as reference:
+        row = response_logprobs(reference, [PROMPT], [RESPONSE], [temperature], autocast=False)[0]
+    return [float(x) for x in row]
+
+
+def test_the_reference_opd_baseline_is_what_the_hint_changes(policy: PolicyModel) -> None:
+    with torch.no_grad():  # move the policy away from the base, as training does
+        for parameter in policy.module.parameters():
+            parameter.add_(0.5 * torch.randn_like(parameter))
+    base = reference_logprobs_at(policy, 0.7)
+    hinted = tuple(x + 0.3 for x in base)  # a hint that makes every sampled token 0.3 nats likelier
+    rollout = tuple(logprobs_at(policy, 0.7))
+    for train_temperature in (None, 1.0):
+        config = LossConfig(autocast=False, beta_kl=0.0, train_temperature=train_temperature)
+        contrast = batch_loss(
+            policy, [opd_sample(rollout, hinted)], replace(config, opd_baseline="reference")
+        )
+        assert math.isclose(contrast.opd_advantage_mean, 0.3, rel_tol=1e-4)
+        # teacher - old also holds how far the policy moved from the base
+        moved = batch_loss(policy, [opd_sample(rollout, hinted)], config)
+        expected = sum(h - r for h, r in zip(hinted, rollout, strict=True)) / 3
+        assert math.isclose(moved.opd_advantage_mean, expected, rel_tol=1e-4)
+        assert abs(moved.opd_advantage_mean - 0.3) > 0.01
