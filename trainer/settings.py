@@ -26,7 +26,8 @@ Defaults and why (DESIGN.md "Methods"; issue 5):
   teacher (the base plus the hint), teacher - old also pulls the policy back toward the base wherever
   it has moved, and its optimum is the hinted base model itself; the hint's contrast has neither.
   Meant for the frozen teacher (with the live one, teacher - base is the hint plus the policy's own
-  drift). Torch backend only (megatron refuses it).
+  drift). Torch backend only (megatron refuses it). Measured on the demo it removed the anchor that
+  keeps answers on the question: 7 words and relevance 0.47 by step 8 (docs/demo/ablations.md).
 - `opd_advantage_clip` 0: the token-level OPD advantage teacher - old is used as it is, as in
   OpenClaw-RL; c > 0 clamps it to [-c, c] per token (it is unbounded where the teacher rules a token out).
 - `backend` "torch": one process on the CPU, LoRA or full. "megatron" trains full weights with
