@@ -57,9 +57,13 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
         "the simulated user's redo of a short enough answer also restates the word limit",
         {"ORL_DEMO_USER_RESTATES_LENGTH": "true"},
     ),
-    "opd_reference_baseline": (
+    "opd_anchor_0": (
         "OPD advantage teacher - the frozen base without the hint (what the hint changes) instead of - old",
-        {"ORL_TRAIN_OPD_BASELINE": "reference"},
+        {"ORL_TRAIN_OPD_ANCHOR": "0"},
+    ),
+    "opd_anchor_0.5": (
+        "OPD advantage teacher - (old + the frozen base without the hint) / 2: half the pull back to the base",
+        {"ORL_TRAIN_OPD_ANCHOR": "0.5"},
     ),
     "prompt_baseline": (
         "each prompt asked by 2 sessions a round, the trainer's per-prompt reward baseline",

@@ -17,8 +17,9 @@ Advantages per sample method (DESIGN.md "Methods"):
 - binary: A_t = w_rl * r (no OPD term even if teacher logprobs are present; w_rl is 1 unless set);
 - opd: A_t = teacher_t - old_t (no reward term);
 - combined: A_t = w_opd * (teacher_t - old_t) + w_rl * r, each term only when the sample has it.
-With `opd_baseline` "reference", old_t in the OPD term is the frozen base model's logprob of the token
-without the hint (at the sample's temperature), so the term is only what the hint changes.
+With `opd_anchor` a < 1, old_t in the OPD term becomes a * old_t + (1 - a) * base_t, base_t the frozen
+base model's logprob of the token without the hint (at the sample's temperature): at 0 the term is
+only what the hint changes, without the frozen teacher's pull back toward the base.
 
 Top-K distillation (`opd_loss` "topk"): a sample whose OPD term is on and that carries the teacher's
 top-K drops teacher_t - old_t from its advantage and instead adds its OPD weight times the reverse
@@ -67,7 +68,7 @@ class LossConfig:
     opd_loss: str = "token"  # token | topk (trainer.settings.OPD_LOSSES)
     loss_reduction: str = "token"  # token | sample (trainer.losses.reduce_loss)
     opd_advantage_clip: float = 0.0  # clamp teacher - old per token to [-c, c] (0: off)
-    opd_baseline: str = "policy"  # policy: teacher - rollout | reference: teacher - base without the hint
+    opd_anchor: float = 1.0  # OPD: teacher - (a * old + (1 - a) * base without the hint)
 
 
 @dataclass(frozen=True)
@@ -170,14 +171,15 @@ def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: L
     # because it takes several steps per batch).
     old_B_T = logprobs_B_T.detach() if config.old_logprobs == "recompute" else collated.rollout_logprobs_B_T
     # The OPD baseline must be at the teacher's (the sample's) temperature: serving's rollout logprobs,
-    # or with opd_baseline "reference" the frozen base's logprobs of the same tokens without the hint.
+    # mixed with the frozen base's logprobs of the same tokens without the hint when opd_anchor < 1.
     opd_old_B_T = old_B_T if config.train_temperature is None else collated.rollout_logprobs_B_T
-    if config.opd_baseline == "reference" and any(s.teacher_logprobs is not None for s in samples):
+    if config.opd_anchor != 1.0 and any(s.teacher_logprobs is not None for s in samples):
         with policy.reference() as reference:
             unhinted = response_logprobs(
                 reference, prompts, responses, [s.temperature for s in samples], config.autocast
             )
-        opd_old_B_T, _ = pad_right(unhinted)
+        base_B_T, _ = pad_right(unhinted)
+        opd_old_B_T = config.opd_anchor * opd_old_B_T + (1.0 - config.opd_anchor) * base_B_T
     adv_B_T, opd_mean = advantages(
         samples, opd_old_B_T, collated.teacher_logprobs_B_T, collated.rewards_B, mask_B_T, config
     )

@@ -20,14 +20,15 @@ Defaults and why (DESIGN.md "Methods"; issue 5):
 - `loss_reduction` "token": every trained token weighs the same (`trainer.losses.masked_mean`, the
   prototype's reduction). "sample" is OpenClaw-RL's (slime's `sum_of_sample_mean`): each response's
   token mean, averaged over the batch, so every response weighs the same whatever its length.
-- `opd_baseline` "policy": the token-level OPD advantage is teacher - old, the hinted teacher's
-  logprob minus the policy's own rollout logprob (OpenClaw-RL). "reference" subtracts the frozen base
-  model's logprob of the same token without the hint instead: what the hint changes. With the frozen
-  teacher (the base plus the hint), teacher - old also pulls the policy back toward the base wherever
-  it has moved, and its optimum is the hinted base model itself; the hint's contrast has neither.
-  Meant for the frozen teacher (with the live one, teacher - base is the hint plus the policy's own
-  drift). Torch backend only (megatron refuses it). Measured on the demo it removed the anchor that
-  keeps answers on the question: 7 words and relevance 0.47 by step 8 (docs/demo/ablations.md).
+- `opd_anchor` 1: the token-level OPD advantage is teacher - old, the hinted teacher's logprob minus
+  the policy's own rollout logprob (OpenClaw-RL). With the frozen teacher (the base plus the hint)
+  that is (teacher - base) + (base - old): what the hint changes, plus an anchor that pulls the policy
+  back toward the base wherever it has moved (its optimum is the hinted base model itself).
+  `opd_anchor` a keeps a times the anchor: 0 subtracts the frozen base model's logprob of the same
+  token without the hint, the hint's effect alone. Meant for the frozen teacher (with the live one,
+  teacher - base is the hint plus the policy's own drift). Torch backend only (megatron refuses a != 1).
+  Measured on the demo, 0 removed what keeps the answers on the question: 7 words and relevance 0.47
+  by step 8 (docs/demo/ablations.md).
 - `opd_advantage_clip` 0: the token-level OPD advantage teacher - old is used as it is, as in
   OpenClaw-RL; c > 0 clamps it to [-c, c] per token (it is unbounded where the teacher rules a token out).
 - `backend` "torch": one process on the CPU, LoRA or full. "megatron" trains full weights with
@@ -64,7 +65,6 @@ from schemas.errors import ConfigError
 OLD_LOGPROBS_MODES = ("recompute", "rollout")
 ROLLBACK_ACTIONS = ("restore", "stop")
 OPD_LOSSES = ("token", "topk")
-OPD_BASELINES = ("policy", "reference")  # trainer.batch_loss.batch_loss
 LOSS_REDUCTIONS = ("token", "sample")  # trainer.losses.reduce_loss
 KINDS = ("lora", "full")
 BACKENDS = ("torch", "megatron")
@@ -193,11 +193,11 @@ class TrainSettings(ConnectionSettings):
         "How per-token losses become one: token (mean over the batch's tokens) | sample (mean over responses "
         "of each response's token mean, OpenClaw-RL's).",
     )
-    opd_baseline: str = setting(
-        "policy",
-        "ORL_TRAIN_OPD_BASELINE",
-        "What the OPD advantage subtracts from the teacher's logprob: policy (the rollout's, OpenClaw-RL's) | "
-        "reference (the frozen base model's without the hint: only what the hint changes).",
+    opd_anchor: float = setting(
+        1.0,
+        "ORL_TRAIN_OPD_ANCHOR",
+        "Share of the OPD advantage's pull back to the base model to keep, in [0, 1]: 1 is teacher - old "
+        "(OpenClaw-RL's), 0 is teacher - the frozen base without the hint (only what the hint changes).",
     )
     opd_advantage_clip: float = setting(
         0.0,
@@ -323,13 +323,10 @@ def check_settings(settings: TrainSettings) -> None:
             settings.opd_loss not in OPD_LOSSES,
             f"--opd-loss must be one of {OPD_LOSSES}, not {settings.opd_loss!r}",
         ),
+        (not 0.0 <= settings.opd_anchor <= 1.0, f"--opd-anchor must be in [0, 1], not {settings.opd_anchor}"),
         (
-            settings.opd_baseline not in OPD_BASELINES,
-            f"--opd-baseline must be one of {OPD_BASELINES}, not {settings.opd_baseline!r}",
-        ),
-        (
-            settings.backend == "megatron" and settings.opd_baseline != "policy",
-            "--opd-baseline reference is not supported with --backend megatron: use --backend torch",
+            settings.backend == "megatron" and settings.opd_anchor != 1.0,
+            "--opd-anchor below 1 is not supported with --backend megatron: use --backend torch",
         ),
         (
             settings.backend == "megatron" and settings.opd_loss == "topk",

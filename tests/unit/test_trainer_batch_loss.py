@@ -199,21 +199,21 @@ def reference_logprobs_at(policy: PolicyModel, temperature: float) -> list[float
     return [float(x) for x in row]
 
 
-def test_the_reference_opd_baseline_is_what_the_hint_changes(policy: PolicyModel) -> None:
+def test_the_opd_anchor_keeps_a_share_of_the_pull_back_to_the_base(policy: PolicyModel) -> None:
     with torch.no_grad():  # move the policy away from the base, as training does
         for parameter in policy.module.parameters():
             parameter.add_(0.5 * torch.randn_like(parameter))
     base = reference_logprobs_at(policy, 0.7)
     hinted = tuple(x + 0.3 for x in base)  # a hint that makes every sampled token 0.3 nats likelier
     rollout = tuple(logprobs_at(policy, 0.7))
+    # teacher - old: the hint's 0.3 plus how far the policy moved from the base
+    moved = sum(h - r for h, r in zip(hinted, rollout, strict=True)) / 3
+    assert abs(moved - 0.3) > 0.01
     for train_temperature in (None, 1.0):
         config = LossConfig(autocast=False, beta_kl=0.0, train_temperature=train_temperature)
-        contrast = batch_loss(
-            policy, [opd_sample(rollout, hinted)], replace(config, opd_baseline="reference")
-        )
-        assert math.isclose(contrast.opd_advantage_mean, 0.3, rel_tol=1e-4)
-        # teacher - old also holds how far the policy moved from the base
-        moved = batch_loss(policy, [opd_sample(rollout, hinted)], config)
-        expected = sum(h - r for h, r in zip(hinted, rollout, strict=True)) / 3
-        assert math.isclose(moved.opd_advantage_mean, expected, rel_tol=1e-4)
-        assert abs(moved.opd_advantage_mean - 0.3) > 0.01
+        for anchor, expected in ((1.0, moved), (0.0, 0.3), (0.5, (moved + 0.3) / 2)):
+            result = batch_loss(policy, [opd_sample(rollout, hinted)], replace(config, opd_anchor=anchor))
+            assert math.isclose(result.opd_advantage_mean, expected, rel_tol=1e-4), (
+                anchor,
+                train_temperature,
+            )

@@ -47,11 +47,9 @@ def test_the_trainer_refuses_topk_on_megatron_and_unknown_losses() -> None:
         check_settings(TrainSettings(loss_reduction="sum"))
     with pytest.raises(ConfigError, match="--opd-advantage-clip must"):
         check_settings(TrainSettings(opd_advantage_clip=-1.0))
-    with pytest.raises(ConfigError, match="--opd-baseline must"):
-        check_settings(TrainSettings(opd_baseline="base"))
-    with pytest.raises(
-        ConfigError, match="--opd-baseline reference is not supported with --backend megatron"
-    ):
-        check_settings(TrainSettings(backend="megatron", kind="full", opd_baseline="reference"))
-    check_settings(TrainSettings(opd_baseline="reference"))
+    with pytest.raises(ConfigError, match="--opd-anchor must be in"):
+        check_settings(TrainSettings(opd_anchor=1.5))
+    with pytest.raises(ConfigError, match="--opd-anchor below 1 is not supported with --backend megatron"):
+        check_settings(TrainSettings(backend="megatron", kind="full", opd_anchor=0.5))
+    check_settings(TrainSettings(opd_anchor=0.0))
     check_settings(TrainSettings(opd_loss="topk"))
