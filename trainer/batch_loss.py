@@ -174,11 +174,14 @@ def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: L
     # mixed with the frozen base's logprobs of the same tokens without the hint when opd_anchor < 1.
     opd_old_B_T = old_B_T if config.train_temperature is None else collated.rollout_logprobs_B_T
     if config.opd_anchor != 1.0 and any(s.teacher_logprobs is not None for s in samples):
-        with policy.reference() as reference:
-            unhinted = response_logprobs(
-                reference, prompts, responses, [s.temperature for s in samples], config.autocast
-            )
-        base_B_T, _ = pad_right(unhinted)
+        if ref_logprobs_B_T is not None and config.train_temperature is None:
+            base_B_T = ref_logprobs_B_T  # the KL's reference forward, already at each sample's temperature
+        else:
+            with policy.reference() as reference:
+                unhinted = response_logprobs(
+                    reference, prompts, responses, [s.temperature for s in samples], config.autocast
+                )
+            base_B_T, _ = pad_right(unhinted)
         opd_old_B_T = config.opd_anchor * opd_old_B_T + (1.0 - config.opd_anchor) * base_B_T
     adv_B_T, opd_mean = advantages(
         samples, opd_old_B_T, collated.teacher_logprobs_B_T, collated.rewards_B, mask_B_T, config

@@ -219,7 +219,8 @@ UNRECORDED_SETTINGS = frozenset({"port", "out_dir", "merge", "quick", "step_time
 
 def recorded_settings(settings: DemoSettings) -> dict[str, Any]:
     """Every demo setting that shapes the run (the seeds as a list), and the ORL_* variables it inherited."""
-    own = [f.name for f in fields(DemoSettings) if f.name not in {g.name for g in fields(ConnectionSettings)}]
+    inherited = {f.name for f in fields(ConnectionSettings)}
+    own = [f.name for f in fields(DemoSettings) if f.name not in inherited]
     recorded: dict[str, Any] = {
         name: getattr(settings, name) for name in own if name not in UNRECORDED_SETTINGS
     }

@@ -209,8 +209,9 @@ def test_the_opd_anchor_keeps_a_share_of_the_pull_back_to_the_base(policy: Polic
     # teacher - old: the hint's 0.3 plus how far the policy moved from the base
     moved = sum(h - r for h, r in zip(hinted, rollout, strict=True)) / 3
     assert abs(moved - 0.3) > 0.01
-    for train_temperature in (None, 1.0):
-        config = LossConfig(autocast=False, beta_kl=0.0, train_temperature=train_temperature)
+    # with a KL and no train temperature the base logprobs come from the KL's reference forward
+    for train_temperature, beta_kl in ((None, 0.0), (1.0, 0.0), (None, 0.02)):
+        config = LossConfig(autocast=False, beta_kl=beta_kl, train_temperature=train_temperature)
         for anchor, expected in ((1.0, moved), (0.0, 0.3), (0.5, (moved + 0.3) / 2)):
             result = batch_loss(policy, [opd_sample(rollout, hinted)], replace(config, opd_anchor=anchor))
             assert math.isclose(result.opd_advantage_mean, expected, rel_tol=1e-4), (
