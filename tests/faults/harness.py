@@ -41,7 +41,9 @@ COMPONENTS = ("serve", "pipeline", "pipeline-downstream", "train")
 MIN_TURNS = 12  # traffic goes on after the last fault until this many chat turns are acknowledged
 NAMESPACE = "live"
 MAX_TOKENS = 8
-STACK_ENV = {"ORL_TRAIN_BATCH_SIZE": "4"}
+# ORL_CORES=2: the stack splits its pipeline into two processes (orl.up.pipeline_roles), as on any
+# machine with 2+ cores, even in a test worker pinned to one core: the suite kills each of them.
+STACK_ENV = {"ORL_TRAIN_BATCH_SIZE": "4", "ORL_CORES": "2"}
 # with the promotion gate: small evaluations (the suite tests crashes, not the gate's judgement)
 GATE_ENV = {"ORL_GATE_PROMPTS": "4", "ORL_GATE_SAMPLES": "1", "ORL_GATE_MAX_TOKENS": str(MAX_TOKENS)}
 IDLE_TIMEOUT_S = 5.0
