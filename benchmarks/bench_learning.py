@@ -65,6 +65,14 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
         "OPD advantage teacher - (old + the frozen base without the hint) / 2: half the pull back to the base",
         {"ORL_TRAIN_OPD_ANCHOR": "0.5"},
     ),
+    "w_rl_0.5": (
+        "the reward's term at half weight in the combined advantage (w_opd 1): less push to short",
+        {"ORL_TRAIN_W_RL": "0.5"},
+    ),
+    "w_opd_2": (
+        "the OPD term at twice the weight in the combined advantage (w_rl 1): more pull to the teacher",
+        {"ORL_TRAIN_W_OPD": "2"},
+    ),
     "prompt_baseline": (
         "each prompt asked by 2 sessions a round, the trainer's per-prompt reward baseline",
         {"ORL_DEMO_SESSIONS_PER_PROMPT": "2", "ORL_TRAIN_PROMPT_BASELINE": "true"},
