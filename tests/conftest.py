@@ -4,6 +4,10 @@ Under pytest-xdist (`scripts/check.sh` runs two workers) each worker is pinned t
 the cores before any test runs. The processes a test starts (servers, trainers, brokers) inherit the
 pin, and orl sizes torch's threads from the cores it may run on (`connectors.compute.available_cores`),
 so two workers' torch threads never oversubscribe the machine.
+
+The slow folders' files are handed out first (`SLOW_FIRST`, with `--no-loadscope-reorder` in
+`scripts/check.sh`): xdist would otherwise start with the files that hold the most tests, the fast
+unit files, and leave a lone worker on the minutes-long fault and end-to-end files at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +22,23 @@ pytest_plugins = [
     "tests.fixtures.model",
     "tests.fixtures.fake_sglang",
 ]
+
+
+# Test folders whose files run for minutes (stacks, subprocesses, training), slowest first.
+SLOW_FIRST = ("faults", "e2e", "integration")
+
+
+def slow_first_rank(path: str) -> int:
+    """Where a test file under tests/ goes in the run: the index of its folder in `SLOW_FIRST`,
+    every other folder after them."""
+    parts = path.replace(os.sep, "/").split("/")
+    folder = parts[parts.index("tests") + 1] if "tests" in parts[:-1] else ""
+    return SLOW_FIRST.index(folder) if folder in SLOW_FIRST else len(SLOW_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the tests slow folders first; a stable sort keeps each file's own order."""
+    items.sort(key=lambda item: slow_first_rank(str(item.path)))
 
 
 def worker_cores(cores: list[int], worker: str, workers: int) -> list[int]:

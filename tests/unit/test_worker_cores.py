@@ -1,6 +1,7 @@
-"""tests/conftest.py: each pytest-xdist worker gets its own share of the cores."""
+"""tests/conftest.py: each pytest-xdist worker gets its own share of the cores, and the slow test
+folders are handed out first."""
 
-from tests.conftest import worker_cores
+from tests.conftest import slow_first_rank, worker_cores
 
 
 def test_two_workers_split_the_cores_between_them() -> None:
@@ -14,3 +15,21 @@ def test_a_worker_without_a_core_of_its_own_shares_them_all() -> None:
     assert worker_cores([0], "gw0", 2) == [0]
     assert worker_cores([0], "gw1", 2) == [0]
     assert worker_cores([3, 5], "gw2", 3) == [3, 5]
+
+
+def test_the_slow_folders_go_first_in_their_order_and_the_rest_after() -> None:
+    paths = [
+        "/src/orl/tests/unit/test_a.py",
+        "/src/orl/tests/integration/test_b.py",
+        "/src/orl/tests/faults/test_c.py",
+        "/src/orl/tests/contract/test_d.py",
+        "/src/orl/tests/e2e/test_e.py",
+    ]
+    assert sorted(paths, key=slow_first_rank) == [
+        "/src/orl/tests/faults/test_c.py",
+        "/src/orl/tests/e2e/test_e.py",
+        "/src/orl/tests/integration/test_b.py",
+        "/src/orl/tests/unit/test_a.py",
+        "/src/orl/tests/contract/test_d.py",
+    ]
+    assert slow_first_rank("/elsewhere/test_f.py") == slow_first_rank("/src/orl/tests/unit/test_a.py")
