@@ -95,6 +95,24 @@ _STOP_WORDS_TEXT = """
 """
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
+# Past forms of common irregular verbs, each mapped to its base form ("built" -> "build"), so that a
+# question said back in the past tense ("The Egyptians built pyramids.") still repeats the question.
+_IRREGULAR_FORMS_TEXT = """
+build built | make made | grow grew grown | take took taken | write wrote written | give gave given |
+find found | think thought | bring brought | teach taught | catch caught | fight fought | keep kept |
+sleep slept | feel felt | leave left | mean meant | send sent | spend spent | hold held | tell told |
+sell sold | stand stood | understand understood | become became | begin began begun |
+break broke broken | choose chose chosen | drive drove driven | rise rose risen | speak spoke spoken |
+freeze froze frozen | know knew known | throw threw thrown | blow blew blown | draw drew drawn |
+show shown | fall fell fallen | swim swam swum | sing sang sung | drink drank drunk | sink sank sunk |
+come came | have had | lose lost | feed fed | lead led | meet met | shine shone | dig dug |
+stick stuck | strike struck | hang hung | wear wore worn | tear tore torn | forget forgot forgotten
+"""
+IRREGULAR_FORMS = {
+    form: group.split()[0] for group in _IRREGULAR_FORMS_TEXT.split("|") for form in group.split()[1:]
+}
+REGULAR_ENDINGS = ("ing", "ed", "es", "s", "e")  # at most one comes off, leaving at least 3 letters
+
 
 class DemoDataError(OrlError):
     """Demo scores or evaluation results are malformed (an empty prompt list, a score outside 0..1)."""
@@ -144,13 +162,24 @@ def mentions_any(keyword_set: set[str], response: str) -> bool:
     return any(t[:PREFIX_CHARS] in prefixes for t in response_tokens if len(t) >= PREFIX_CHARS)
 
 
+def word_base(word: str) -> str:
+    """The base a word shares with its other forms: an irregular past form's verb ("built" ->
+    "build"), then with one regular ending off ("solving", "solved", "solve" -> "solv")."""
+    word = IRREGULAR_FORMS.get(word, word)
+    for ending in REGULAR_ENDINGS:
+        if word.endswith(ending) and len(word) - len(ending) >= 3:
+            return word[: -len(ending)]
+    return word
+
+
 def repeats_question(prompt: str, response: str) -> bool:
     """Whether the response only says the question back: it has every content word of the prompt and
-    none of its own. Two words are the same exactly, with or without a final "s", or (both 6+
-    characters) by their first 5. An echo ("How do vaccines help the immune system?") and a
-    restatement ("Vaccines help the immune system.") repeat the question; an answer picked out of it
-    ("Write 'fewer apples'." to "Should I write 'fewer apples' or 'less apples'?") leaves some of its
-    words out and does not."""
+    none of its own. Two words are the same exactly, with or without a final "s", by their
+    `word_base` ("build" ~ "built" ~ "building"), or (both 6+ characters) by their first 5. An echo
+    ("How do vaccines help the immune system?") and a restatement ("Vaccines help the immune
+    system.", "The Titanic sank.") repeat the question; an answer picked out of it ("Write 'fewer
+    apples'." to "Should I write 'fewer apples' or 'less apples'?") leaves some of its words out and
+    does not."""
     prompt_keywords, response_keywords = keywords(prompt), keywords(response)
     return _all_among(prompt_keywords, response_keywords) and _all_among(response_keywords, prompt_keywords)
 
@@ -158,10 +187,12 @@ def repeats_question(prompt: str, response: str) -> bool:
 def _all_among(words: set[str], others: set[str]) -> bool:
     """Every word of `words` is one of `others` (the sameness of `repeats_question`)."""
     stems = {o.removesuffix("s") for o in others}
+    bases = {word_base(o) for o in others}
     prefixes = {o[:PREFIX_CHARS] for o in others if len(o) >= LONG_WORD_CHARS}
     return all(
         w in others
         or w.removesuffix("s") in stems
+        or word_base(w) in bases
         or (len(w) >= LONG_WORD_CHARS and not w[0].isdigit() and w[:PREFIX_CHARS] in prefixes)
         for w in words
     )

@@ -23,6 +23,7 @@ from orl.demo.scoring import (
     repeats_question,
     student_score,
     teacher_score,
+    word_base,
 )
 
 PROMPT = "Why does the Moon have phases?"
@@ -99,6 +100,14 @@ def test_relevance_ignores_stop_words_and_question_framing() -> None:
         ("How do vaccines help the immune system?", "Vaccines help the immune system."),  # a restatement
         ("How does a magnet pick up paper clips?", "A magnet picks up paper clips because it has a magnet."),
         ("What do red blood cells do?", "Red blood cells do nothing."),
+        # in other word forms: Binary RL's restatements at step 32 (docs/demo/ablations.md)
+        (
+            "Why did the ancient Egyptians build pyramids?",
+            "The ancient Egyptians built pyramids with pyramids.",
+        ),
+        ("Why did people in the Middle Ages build castles?", "People in the Middle Ages built castles."),
+        ("Why did the Titanic sink?", "The Titanic sank."),
+        ("How do I solve 4x - 7 = 9?", "You solved 4x - 7 = 9 by solving it."),
     ],
 )
 def test_saying_the_question_back_is_not_an_answer(prompt: str, response: str) -> None:
@@ -122,11 +131,27 @@ def test_saying_the_question_back_is_not_an_answer(prompt: str, response: str) -
         ("What is the subject in the sentence 'The tall dog barked loudly'?", "The subject is the tall dog."),
         ("How do I work out 25% of 60?", "25% of 60 is 15."),
         ("What do red blood cells do?", "Red blood cells carry oxygen around the body."),
+        ("Why did the Titanic sink?", "The Titanic sank after it hit an iceberg."),
+        ("Why did the Romans build so many roads?", "Roads built by Romans moved armies fast."),
     ],
 )
 def test_an_answer_that_uses_the_questions_words_is_still_an_answer(prompt: str, response: str) -> None:
     assert not repeats_question(prompt, response)
     assert student_score(prompt, response).score == 1.0
+
+
+@pytest.mark.parametrize(
+    ("forms", "base"),
+    [
+        (("build", "built", "building", "builds"), "build"),
+        (("solve", "solved", "solving", "solves"), "solv"),
+        (("sink", "sank", "sunk", "sinking"), "sink"),
+        (("change", "changed", "changes", "changing"), "chang"),
+        (("seed", "seeds"), "seed"),  # "seed" keeps its "ed": no ending leaves fewer than 3 letters
+    ],
+)
+def test_word_forms_share_a_base(forms: tuple[str, ...], base: str) -> None:
+    assert {word_base(form) for form in forms} == {base}
 
 
 def test_grading_prompt_parses_quoted_question_and_answer() -> None:
