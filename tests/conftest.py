@@ -13,6 +13,7 @@ unit files, and leave a lone worker on the minutes-long fault and end-to-end fil
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -28,17 +29,17 @@ pytest_plugins = [
 SLOW_FIRST = ("faults", "e2e", "integration")
 
 
-def slow_first_rank(path: str) -> int:
-    """Where a test file under tests/ goes in the run: the index of its folder in `SLOW_FIRST`,
-    every other folder after them."""
-    parts = path.replace(os.sep, "/").split("/")
-    folder = parts[parts.index("tests") + 1] if "tests" in parts[:-1] else ""
+def slow_first_rank(relative_path: Path) -> int:
+    """Where a test file goes in the run, from its path under the project root: the index of its
+    folder (tests/<folder>/...) in `SLOW_FIRST`, every other folder after them."""
+    parts = relative_path.parts
+    folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
     return SLOW_FIRST.index(folder) if folder in SLOW_FIRST else len(SLOW_FIRST)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the tests slow folders first; a stable sort keeps each file's own order."""
-    items.sort(key=lambda item: slow_first_rank(str(item.path)))
+    items.sort(key=lambda item: slow_first_rank(item.path.relative_to(config.rootpath)))
 
 
 def worker_cores(cores: list[int], worker: str, workers: int) -> list[int]:

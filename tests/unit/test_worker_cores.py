@@ -1,6 +1,8 @@
 """tests/conftest.py: each pytest-xdist worker gets its own share of the cores, and the slow test
 folders are handed out first."""
 
+from pathlib import Path
+
 from tests.conftest import slow_first_rank, worker_cores
 
 
@@ -19,17 +21,17 @@ def test_a_worker_without_a_core_of_its_own_shares_them_all() -> None:
 
 def test_the_slow_folders_go_first_in_their_order_and_the_rest_after() -> None:
     paths = [
-        "/src/orl/tests/unit/test_a.py",
-        "/src/orl/tests/integration/test_b.py",
-        "/src/orl/tests/faults/test_c.py",
-        "/src/orl/tests/contract/test_d.py",
-        "/src/orl/tests/e2e/test_e.py",
+        Path("tests/unit/test_a.py"),
+        Path("tests/integration/test_b.py"),
+        Path("tests/faults/test_c.py"),
+        Path("tests/contract/test_d.py"),
+        Path("tests/e2e/test_e.py"),
     ]
     assert sorted(paths, key=slow_first_rank) == [
-        "/src/orl/tests/faults/test_c.py",
-        "/src/orl/tests/e2e/test_e.py",
-        "/src/orl/tests/integration/test_b.py",
-        "/src/orl/tests/unit/test_a.py",
-        "/src/orl/tests/contract/test_d.py",
+        Path("tests/faults/test_c.py"),
+        Path("tests/e2e/test_e.py"),
+        Path("tests/integration/test_b.py"),
+        Path("tests/unit/test_a.py"),
+        Path("tests/contract/test_d.py"),
     ]
-    assert slow_first_rank("/elsewhere/test_f.py") == slow_first_rank("/src/orl/tests/unit/test_a.py")
+    assert slow_first_rank(Path("elsewhere/test_f.py")) == slow_first_rank(Path("tests/unit/test_a.py"))
