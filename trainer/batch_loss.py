@@ -45,6 +45,7 @@ from trainer.losses import (
     binary_advantages,
     center_rewards,
     center_rewards_per_prompt,
+    exact_kl,
     opd_advantages,
     reduce_loss,
     topk_reverse_kl,
@@ -56,6 +57,7 @@ from trainer.policy_model import PolicyModel
 @dataclass(frozen=True)
 class LossConfig:
     beta_kl: float = 0.02
+    kl_estimator: str = "k3"  # k3 | exact (trainer.settings.KL_ESTIMATORS)
     eps_low: float = 0.2
     eps_high: float = 0.28
     w_opd: float = 1.0
@@ -151,7 +153,8 @@ def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: L
         [s.reward for s in samples],
     )
     distilled = [distills_top_k(s, config) for s in samples]
-    current, student_top = response_and_top_k_logprobs(
+    exact = config.beta_kl != 0.0 and config.kl_estimator == "exact"
+    scored = response_and_top_k_logprobs(
         policy.module,
         prompts,
         responses,
@@ -159,13 +162,21 @@ def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: L
         [s.teacher_top_ids if d else None for s, d in zip(samples, distilled, strict=True)],
         [s.temperature for s in samples],  # the teacher's temperature
         config.autocast,
+        keep_distributions=exact,
     )
-    logprobs_B_T, mask_B_T = pad_right(current)
-    ref_logprobs_B_T = None
+    logprobs_B_T, mask_B_T = pad_right(scored.sampled)
+    ref_logprobs_B_T = exact_kl_B_T = None
     if config.beta_kl != 0.0:
+        no_top_k: list[None] = [None] * len(samples)
         with policy.reference() as reference:
-            ref = response_logprobs(reference, prompts, responses, temperatures, config.autocast)
-        ref_logprobs_B_T, _ = pad_right(ref)
+            ref = response_and_top_k_logprobs(
+                reference, prompts, responses, temperatures, no_top_k, temperatures, config.autocast, exact
+            )
+        ref_logprobs_B_T, _ = pad_right(ref.sampled)
+        if scored.distributions is not None and ref.distributions is not None:
+            exact_kl_B_T, _ = pad_right(
+                [exact_kl(p, r) for p, r in zip(scored.distributions, ref.distributions, strict=True)]
+            )
     # recompute: pi_old under the current weights before the update. One optimizer step per batch,
     # so that is exactly this forward's values, detached (slime recomputes in a separate pass only
     # because it takes several steps per batch).
@@ -192,12 +203,13 @@ def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: L
         adv_B_T,
         mask_B_T,
         ref_logprobs_B_T,
+        exact_kl_B_T=exact_kl_B_T,
         beta_kl=config.beta_kl,
         eps_low=config.eps_low,
         eps_high=config.eps_high,
         reduction=config.loss_reduction,
     )
-    distill_loss, distill_kl = distillation_term(samples, student_top, mask_B_T, config)
+    distill_loss, distill_kl = distillation_term(samples, scored.top_k, mask_B_T, config)
     loss = loss + distill_loss
     stats = replace(stats, loss=float(loss.detach()))
     rewards = [s.reward for s in samples if s.reward is not None]

@@ -6,7 +6,8 @@ scored at the temperature it was sampled with (logits / T; OpenClaw-RL used one 
 and T == 0 (greedy) is scored at T = 1, since a greedy sample has no finite tempered distribution.
 The forward may run under bf16 autocast; the log-softmax is always taken in fp32. For top-K
 distillation, `response_and_top_k_logprobs` also gathers the student's logprobs at the teacher's
-top-K ids from the same forward (the model runs once).
+top-K ids from the same forward (the model runs once), and for the exact KL it can keep each
+position's whole log-distribution over the vocabulary.
 Reads and writes no topics or object keys.
 """
 
@@ -84,10 +85,19 @@ def response_logprobs(
     hardware runs bf16 natively (`connectors.compute.choose_numerics`).
     """
     no_top_k: list[None] = [None] * len(prompt_ids)
-    sampled, _ = response_and_top_k_logprobs(
+    scored = response_and_top_k_logprobs(
         model, prompt_ids, response_ids, temperatures, no_top_k, temperatures, autocast
     )
-    return sampled
+    return scored.sampled
+
+
+@dataclass(frozen=True)
+class ScoredResponses:
+    """What one forward over a batch of responses gives (one entry per sample)."""
+
+    sampled: list[Tensor]  # [len(response)] logprobs of the sampled ids, at the sample's temperature
+    top_k: list[Tensor | None]  # [len(response), K] logprobs at the given top-K ids, or None
+    distributions: list[Tensor] | None  # [len(response), V] log-softmax over the vocabulary, if kept
 
 
 def response_and_top_k_logprobs(
@@ -98,22 +108,29 @@ def response_and_top_k_logprobs(
     top_k_ids: Sequence[Sequence[Sequence[int]] | None],
     top_k_temperatures: Sequence[float],
     autocast: bool = False,
-) -> tuple[list[Tensor], list[Tensor | None]]:
+    keep_distributions: bool = False,
+) -> ScoredResponses:
     """`response_logprobs` and, from the same forward, each sample's logprobs at its given top-K ids.
 
     `top_k_ids[b]` is `[len(response_b)][K_b]` (the teacher's most likely ids per position) or None;
     the gathered logprobs are `[len(response_b), K_b]` fp32 under softmax(logits / top_k_temperatures[b])
     (the teacher's temperature: the sample's own, even when the sampled tokens are scored at another).
+    `keep_distributions` also returns each position's whole log-distribution at the sample's
+    temperature (`[len(response), V]` fp32: about 50 MB per 256-token response of a 49k vocabulary),
+    for the exact KL to the reference (`trainer.losses.exact_kl`).
     """
     _check_inputs(prompt_ids, response_ids, temperatures)
     if not len(top_k_ids) == len(top_k_temperatures) == len(prompt_ids):
         raise LogprobInputError("top-K ids and temperatures: one of each per sample")
     sampled: list[Tensor] = []
     gathered: list[Tensor | None] = []
+    distributions: list[Tensor] = []
     rows = _response_logits(model, prompt_ids, response_ids, temperatures, autocast)
     for row, (logits_T_V, targets_T) in enumerate(rows):
         logp_T_V = torch.log_softmax(logits_T_V / effective_temperature(temperatures[row]), dim=-1)
         sampled.append(logp_T_V.gather(-1, targets_T[:, None]).squeeze(-1))
+        if keep_distributions:
+            distributions.append(logp_T_V)
         ids = top_k_ids[row]
         if ids is None:
             gathered.append(None)
@@ -122,7 +139,7 @@ def response_and_top_k_logprobs(
         if top_k_temperatures[row] != temperatures[row]:
             logp_T_V = torch.log_softmax(logits_T_V / effective_temperature(top_k_temperatures[row]), dim=-1)
         gathered.append(logp_T_V.gather(-1, ids_T_K))
-    return sampled, gathered
+    return ScoredResponses(sampled, gathered, distributions if keep_distributions else None)
 
 
 def _top_k_index(ids: Sequence[Sequence[int]], length: int, vocab_size: int, row: int) -> Tensor:

@@ -99,6 +99,7 @@ def loss_config(settings: TrainSettings, device: str = "cpu") -> LossConfig:
     """The loss settings; `precision` auto becomes the machine's choice for `device` (logged once)."""
     return LossConfig(
         beta_kl=settings.beta_kl,
+        kl_estimator=settings.kl_estimator,
         eps_low=settings.eps_low,
         eps_high=settings.eps_high,
         w_opd=settings.w_opd,

@@ -1,4 +1,4 @@
-"""The training objective: advantages, the PPO clipped surrogate, the k3 KL and their reduction.
+"""The training objective: advantages, the PPO clipped surrogate, the KL to the reference and their reduction.
 
 Pure torch functions of `[B, T]` tensors (B samples, T response positions, right-padded): no model,
 no I/O, no clock. Reads and writes no topics or object keys. Conventions:
@@ -67,7 +67,7 @@ class LossStats:
 
     loss: float
     pg_loss: float
-    kl: float  # mean k3 KL(pi || ref) per valid token; 0.0 when the KL term is disabled
+    kl: float  # mean KL(pi || ref) per valid token (k3 estimate or exact); 0.0 when the KL term is disabled
     clip_fraction: float
     advantage_mean: float
     tokens: int
@@ -175,6 +175,22 @@ def k3_kl(logprobs_B_T: Tensor, ref_logprobs_B_T: Tensor) -> Tensor:
     """
     log_ratio_B_T = (ref_logprobs_B_T.detach() - logprobs_B_T).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
     return torch.exp(log_ratio_B_T) - log_ratio_B_T - 1.0
+
+
+def exact_kl(logprobs_T_V: Tensor, ref_logprobs_T_V: Tensor) -> Tensor:
+    """Per-position KL(pi || ref) over the whole vocabulary: sum_v pi_v * (log pi_v - log ref_v), `[T]`.
+
+    Both are log-distributions `[T, V]` (log-softmax rows, `trainer.logprobs.ScoredResponses`). Unlike
+    k3, which sees only the sampled token, it also charges probability the policy moved onto tokens it
+    did not sample, the way Binary RL's pushes on -1 answers spread mass into token salad
+    (docs/demo/ablations.md). Gradient flows through `logprobs_T_V` only.
+    """
+    if logprobs_T_V.shape != ref_logprobs_T_V.shape or logprobs_T_V.dim() != 2:
+        raise LossInputError(
+            f"expected two [T, V] log-distributions of one shape, got {tuple(logprobs_T_V.shape)} "
+            f"and {tuple(ref_logprobs_T_V.shape)}"
+        )
+    return (logprobs_T_V.exp() * (logprobs_T_V - ref_logprobs_T_V.detach())).sum(dim=-1)
 
 
 def binary_advantages(rewards_B: Tensor, mask_B_T: Tensor) -> Tensor:
@@ -316,15 +332,18 @@ def total_loss(
     mask_B_T: Tensor,
     ref_logprobs_B_T: Tensor | None = None,
     *,
+    exact_kl_B_T: Tensor | None = None,
     beta_kl: float = DEFAULT_BETA_KL,
     eps_low: float = DEFAULT_EPS_LOW,
     eps_high: float = DEFAULT_EPS_HIGH,
     reduction: str = "token",
 ) -> tuple[Tensor, LossStats]:
-    """loss = clipped surrogate + beta_kl * k3 KL to the reference, each reduced by `reduce_loss`.
+    """loss = clipped surrogate + beta_kl * KL to the reference, each reduced by `reduce_loss`.
 
-    The default reduction is the token mean (`masked_mean`, see there for why); "sample" is slime's.
-    `beta_kl == 0` disables the KL term and `ref_logprobs_B_T` may then be None.
+    The KL per token is the k3 estimate from `ref_logprobs_B_T`, or, when `exact_kl_B_T` is given (per
+    position, from `exact_kl`, right-padded), that exact value instead. The default reduction is the
+    token mean (`masked_mean`, see there for why); "sample" is slime's. `beta_kl == 0` disables the KL
+    term and neither is needed then.
     """
     pg_loss, pg_stats = ppo_clipped_surrogate(
         logprobs_B_T,
@@ -336,7 +355,10 @@ def total_loss(
         reduction=reduction,
     )
     kl = torch.zeros((), dtype=pg_loss.dtype)
-    if beta_kl != 0.0:
+    if beta_kl != 0.0 and exact_kl_B_T is not None:
+        _check_same_shape(logprobs=logprobs_B_T, exact_kl=exact_kl_B_T)
+        kl = reduce_loss(exact_kl_B_T, mask_B_T.to(torch.bool), reduction)
+    elif beta_kl != 0.0:
         if ref_logprobs_B_T is None:
             raise LossInputError(f"beta_kl={beta_kl} needs reference logprobs (pass them, or beta_kl=0)")
         _check_same_shape(logprobs=logprobs_B_T, ref=ref_logprobs_B_T)

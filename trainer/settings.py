@@ -29,6 +29,11 @@ Defaults and why (DESIGN.md "Methods"; issue 5):
   teacher - base is the hint plus the policy's own drift). Torch backend only (megatron refuses a != 1).
   Measured on the demo, the anchor is what keeps the answers on the question: relevance 0.47 at
   step 8 with 0 (7 words), 0.84 with 0.5, 0.96 with 1 (docs/demo/ablations.md).
+- `kl_estimator` "k3": the KL term is Schulman's k3 estimate on the sampled token (OpenClaw-RL's
+  and slime's). "exact" sums KL(pi || ref) over the whole vocabulary at each position, so it also
+  charges the probability a push-down moves onto tokens that were not sampled (`trainer.losses.exact_kl`);
+  it keeps two `[T, V]` fp32 distributions per sample (about 100 MB per 256-token response of
+  SmolLM2's vocabulary). Torch backend only.
 - `opd_advantage_clip` 0: the token-level OPD advantage teacher - old is used as it is, as in
   OpenClaw-RL; c > 0 clamps it to [-c, c] per token (it is unbounded where the teacher rules a token out).
 - `backend` "torch": one process on the CPU, LoRA or full. "megatron" trains full weights with
@@ -65,6 +70,7 @@ from schemas.errors import ConfigError
 OLD_LOGPROBS_MODES = ("recompute", "rollout")
 ROLLBACK_ACTIONS = ("restore", "stop")
 OPD_LOSSES = ("token", "topk")
+KL_ESTIMATORS = ("k3", "exact")  # trainer.losses.k3_kl | trainer.losses.exact_kl
 LOSS_REDUCTIONS = ("token", "sample")  # trainer.losses.reduce_loss
 KINDS = ("lora", "full")
 BACKENDS = ("torch", "megatron")
@@ -116,7 +122,13 @@ class TrainSettings(ConnectionSettings):
         "ORL_TRAIN_PARTIAL_BATCH_AFTER_S",
         "Train on fewer than N pending samples once no new sample arrived for this long (0: always wait for N).",
     )
-    beta_kl: float = setting(0.02, "ORL_TRAIN_BETA_KL", "Weight of the k3 KL to the base model (0: off).")
+    beta_kl: float = setting(0.02, "ORL_TRAIN_BETA_KL", "Weight of the KL to the base model (0: off).")
+    kl_estimator: str = setting(
+        "k3",
+        "ORL_TRAIN_KL_ESTIMATOR",
+        "KL to the base per token: k3 (estimated from the sampled token) | exact (over the whole vocabulary; "
+        "torch backend only).",
+    )
     eps_low: float = setting(0.2, "ORL_TRAIN_EPS_LOW", "PPO clip below: ratio >= 1 - eps-low.")
     eps_high: float = setting(0.28, "ORL_TRAIN_EPS_HIGH", "PPO clip above: ratio <= 1 + eps-high.")
     w_opd: float = setting(1.0, "ORL_TRAIN_W_OPD", "Weight of teacher - old in the combined advantage.")
@@ -327,6 +339,14 @@ def check_settings(settings: TrainSettings) -> None:
         (
             settings.backend == "megatron" and settings.opd_anchor != 1.0,
             "--opd-anchor below 1 is not supported with --backend megatron: use --backend torch",
+        ),
+        (
+            settings.kl_estimator not in KL_ESTIMATORS,
+            f"--kl-estimator must be one of {KL_ESTIMATORS}, not {settings.kl_estimator!r}",
+        ),
+        (
+            settings.backend == "megatron" and settings.kl_estimator != "k3",
+            "--kl-estimator exact is not supported with --backend megatron: use --kl-estimator k3, or --backend torch",
         ),
         (
             settings.backend == "megatron" and settings.opd_loss == "topk",

@@ -14,6 +14,7 @@ from trainer.losses import (
     binary_advantages,
     center_rewards,
     combined_advantages,
+    exact_kl,
     k3_kl,
     masked_mean,
     opd_advantages,
@@ -91,6 +92,32 @@ def test_k3_kl_values() -> None:
 def test_k3_kl_clamps_the_log_ratio() -> None:
     kl = k3_kl(torch.tensor([[0.0]]), torch.tensor([[50.0]]))
     assert float(kl) == pytest.approx(math.exp(10) - 10 - 1, rel=1e-5)
+
+
+def test_exact_kl_charges_mass_moved_between_unsampled_tokens() -> None:
+    ref = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.5, 0.25, 0.25]]))
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.5, 0.45, 0.05]])).requires_grad_()
+    lp = torch.log_softmax(logits, dim=-1)
+    kl = exact_kl(lp, ref)
+    assert float(kl[0]) == 0.0
+    want = 0.45 * math.log(0.45 / 0.25) + 0.05 * math.log(0.05 / 0.25)
+    assert float(kl[1]) == pytest.approx(want, abs=1e-6)
+    # token 0 was sampled and kept its probability: k3 sees nothing, the exact KL does
+    assert float(k3_kl(lp[:, :1], ref[:, :1])[1, 0]) == 0.0
+    kl.sum().backward()
+    grad = logits.grad
+    assert grad is not None and float(grad[1, 1]) > 0 > float(grad[1, 2])  # back toward the reference
+    assert float(grad[0].abs().sum()) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_exact_kl_replaces_k3_in_the_total_loss() -> None:
+    lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    mask = torch.tensor([[True, False]])
+    exact_B_T = torch.tensor([[0.3, float("nan")]])  # padding holds garbage: never reaches the loss
+    loss, stats = total_loss(lp, lp.detach(), torch.zeros(1, 2), mask, exact_kl_B_T=exact_B_T, beta_kl=0.5)
+    assert stats.kl == pytest.approx(0.3) and float(loss) == pytest.approx(0.15)
+    with pytest.raises(LossInputError):
+        exact_kl(torch.zeros(2, 3), torch.zeros(2, 4))
 
 
 def test_opd_advantage_sign() -> None:

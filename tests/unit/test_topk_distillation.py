@@ -115,10 +115,9 @@ def test_one_forward_gives_the_sampled_and_the_gathered_top_k_logprobs() -> None
     model = TinyLM()
     prompts, responses = [[1, 2, 3], [4, 5]], [[6, 7], [8, 9, 10]]
     top_ids = [[[6, 0, 1], [7, 2, 3]], None]
-    sampled, gathered = response_and_top_k_logprobs(
-        model, prompts, responses, [1.0, 0.7], top_ids, [0.5, 0.7]
-    )
-    assert model.forwards == 1
+    scored = response_and_top_k_logprobs(model, prompts, responses, [1.0, 0.7], top_ids, [0.5, 0.7])
+    sampled, gathered = scored.sampled, scored.top_k
+    assert model.forwards == 1 and scored.distributions is None
     expected = response_logprobs(model, prompts, responses, [1.0, 0.7])
     assert all(torch.equal(a, b) for a, b in zip(sampled, expected, strict=True))
     assert gathered[1] is None and gathered[0] is not None and gathered[0].shape == (2, 3)

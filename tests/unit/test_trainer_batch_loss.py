@@ -218,3 +218,26 @@ def test_the_opd_anchor_keeps_a_share_of_the_pull_back_to_the_base(policy: Polic
                 anchor,
                 train_temperature,
             )
+
+
+def binary_sample(reward: float) -> TrainingSample:
+    return TrainingSample(
+        "s2", "binary", PROMPT, RESPONSE, (0.0, 0.0, 0.0), 0.7, reward, None, 0, TopicPartition("t", 0), 2
+    )
+
+
+def test_the_exact_kl_is_summed_over_the_vocabulary_against_the_reference(policy: PolicyModel) -> None:
+    with torch.no_grad():
+        for parameter in policy.trainable_parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))  # move the policy off its frozen reference
+    config = LossConfig(autocast=False, kl_estimator="exact", train_temperature=1.0)
+    result = batch_loss(policy, [binary_sample(1.0)], config)
+    with torch.no_grad(), policy.reference() as reference:
+        ids = torch.tensor([PROMPT + RESPONSE])
+        start = len(PROMPT) - 1
+        lp = torch.log_softmax(policy.module(input_ids=ids).logits[0, start : start + len(RESPONSE)], -1)
+        ref = torch.log_softmax(reference(input_ids=ids).logits[0, start : start + len(RESPONSE)], -1)
+    manual = float((lp.exp() * (lp - ref)).sum(-1).mean())
+    assert manual > 1e-4 and math.isclose(result.stats.kl, manual, rel_tol=1e-4)
+    k3 = batch_loss(policy, [binary_sample(1.0)], replace(config, kl_estimator="k3")).stats.kl
+    assert not math.isclose(k3, manual, rel_tol=1e-3)  # the estimate from three sampled tokens differs
