@@ -44,6 +44,10 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "lr_2.5e-4": ("LoRA lr 2.5e-4 (half)", {"ORL_DEMO_LR": "2.5e-4"}),
     "kl_0.1": ("KL weight 0.1 (5x)", {"ORL_TRAIN_BETA_KL": "0.1"}),
     "kl_0": ("no KL to the base", {"ORL_TRAIN_BETA_KL": "0"}),
+    "exact_kl": (
+        "the KL to the base summed over the vocabulary instead of k3 on the sampled token",
+        {"ORL_TRAIN_KL_ESTIMATOR": "exact"},
+    ),
     "train_T_sample": (
         "trainer logprobs at the sampling temperature (0.7)",
         {"ORL_TRAIN_TEMPERATURE": "0.7"},

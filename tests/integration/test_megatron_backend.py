@@ -135,7 +135,7 @@ def loss_flags(settings: TrainSettings) -> list[str]:
         "--lr", str(settings.effective_lr()), "--beta-kl", str(settings.beta_kl),
         "--old-logprobs", settings.old_logprobs, "--grad-clip", str(settings.grad_clip),
         "--center-rewards" if settings.center_rewards else "--no-center-rewards",
-        "--loss-reduction", settings.loss_reduction,
+        "--loss-reduction", settings.loss_reduction, "--kl-estimator", settings.kl_estimator,
     ]  # fmt: skip
 
 
@@ -189,9 +189,11 @@ def tiny_samples(count: int) -> list[TrainingSample]:
     return samples
 
 
-@pytest.mark.parametrize("reduction", ["token", "sample"])
+@pytest.mark.parametrize(
+    ("reduction", "kl_estimator"), [("token", "k3"), ("sample", "k3"), ("token", "exact")]
+)
 def test_tiny_llama_tp2_dp2_matches_the_torch_backend(
-    tiny_model_dir: Path, tmp_path: Path, reduction: str
+    tiny_model_dir: Path, tmp_path: Path, reduction: str, kl_estimator: str
 ) -> None:
     samples = tiny_samples(8)
     write_samples(tmp_path / "samples.jsonl", samples)
@@ -204,6 +206,7 @@ def test_tiny_llama_tp2_dp2_matches_the_torch_backend(
         precision="fp32",
         train_temperature=None,
         loss_reduction=reduction,
+        kl_estimator=kl_estimator,
     )
     report = run_worker(
         4,

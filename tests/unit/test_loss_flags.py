@@ -21,6 +21,7 @@ from trainer.settings import TrainSettings, check_settings
         ({"old_logprobs": "serving"}, "--old-logprobs must be one of"),
         ({"loss_reduction": "sum"}, "--loss-reduction must be one of"),
         ({"opd_advantage_clip": -2.0}, "--opd-advantage-clip must be >= 0"),
+        ({"kl_estimator": "k2"}, "--kl-estimator must be one of"),
     ],
 )
 def test_both_backends_refuse_the_flag(tmp_path: Path, fields: dict, message: str) -> None:

@@ -53,11 +53,3 @@ def test_the_trainer_refuses_topk_on_megatron_and_unknown_losses() -> None:
         check_settings(TrainSettings(backend="megatron", kind="full", opd_anchor=0.5))
     check_settings(TrainSettings(opd_anchor=0.0))
     check_settings(TrainSettings(opd_loss="topk"))
-
-
-def test_the_trainer_refuses_the_exact_kl_on_megatron_and_unknown_estimators() -> None:
-    with pytest.raises(ConfigError, match="--kl-estimator exact is not supported with --backend megatron"):
-        check_settings(TrainSettings(backend="megatron", kind="full", kl_estimator="exact"))
-    with pytest.raises(ConfigError, match="--kl-estimator must be one of"):
-        check_settings(TrainSettings(kl_estimator="k2"))
-    check_settings(TrainSettings(kl_estimator="exact"))

@@ -5,7 +5,9 @@ scored as they are, each sample at its own temperature (T == 0 scored at 1), one
 over right-padded rows, fp32 log-softmax, gradients following the caller's context. The difference:
 each tensor-parallel rank holds only its slice of the vocabulary, so the log-softmax and the pick of
 the target's logit are reduced across ranks by megatron's vocab-parallel cross entropy (logprob =
--cross entropy); the full `[tokens, vocab]` logits are never gathered on one rank.
+-cross entropy); the full `[tokens, vocab]` logits are never gathered on one rank. The exact KL to
+the reference (`--kl-estimator exact`) is summed the same way: each rank over its slice, then
+across the tensor-parallel group (`exact_kl_tp`).
 Reads and writes no topics or object keys.
 """
 
@@ -82,22 +84,54 @@ def vocab_parallel_logprobs(logits_N_Vp: Tensor, targets_N: Tensor) -> Tensor:
     return -vocab_parallel_cross_entropy(logits_N_Vp.float().clone(), targets_N)
 
 
-def response_logprobs_tp(
+def vocab_parallel_log_softmax(logits_N_Vp: Tensor) -> Tensor:
+    """log softmax over the whole vocabulary, of this rank's slice `[N, V/tp]` (differentiable).
+
+    The normaliser is summed across the tensor-parallel group by an all-reduce whose backward is an
+    all-reduce too: every rank's log-probabilities use it, so its gradient is the sum of what each
+    rank's slice sends back (megatron's `reduce_from_tensor_model_parallel_region`, identity backward,
+    would keep only this rank's part)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from torch.distributed.nn.functional import all_reduce
+
+    logits_N_Vp = logits_N_Vp.float()
+    max_N_1 = logits_N_Vp.detach().max(dim=-1, keepdim=True).values
+    sum_exp_N_1 = (logits_N_Vp - max_N_1).exp().sum(dim=-1, keepdim=True)
+    if parallel_state.get_tensor_model_parallel_world_size() > 1:
+        group = parallel_state.get_tensor_model_parallel_group()
+        dist.all_reduce(max_N_1, op=dist.ReduceOp.MAX, group=group)
+        sum_exp_N_1 = all_reduce((logits_N_Vp - max_N_1).exp().sum(dim=-1, keepdim=True), group=group)
+    return logits_N_Vp - max_N_1 - sum_exp_N_1.log()
+
+
+def exact_kl_tp(logits_N_Vp: Tensor, ref_logits_N_Vp: Tensor) -> Tensor:
+    """KL(pi || ref) over the whole vocabulary at each of the N positions `[N]`, from both models'
+    vocabulary slices (`trainer.losses.exact_kl`'s twin); gradient through `logits_N_Vp` only. The
+    slices' sums are added with megatron's reduce (identity backward): the KL is the same on every
+    rank and used the same way after it."""
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    logp_N_Vp = vocab_parallel_log_softmax(logits_N_Vp)
+    ref_logp_N_Vp = vocab_parallel_log_softmax(ref_logits_N_Vp.detach())
+    local_N = (logp_N_Vp.exp() * (logp_N_Vp - ref_logp_N_Vp)).sum(dim=-1)
+    return reduce_from_tensor_model_parallel_region(local_N)
+
+
+def scaled_response_logits_tp(
     model: nn.Module,
     prompt_ids: Sequence[Sequence[int]],
     response_ids: Sequence[Sequence[int]],
     temperatures: Sequence[float],
     device: torch.device,
     autocast: bool = False,
-) -> list[Tensor]:
-    """log p(response_t | prompt, response_<t) / T per sample: one fp32 `[len(response)]` tensor each.
+) -> tuple[Tensor, Tensor]:
+    """(fp32 logits / T `[N, V/tp]` at the N response positions of the batch, in order; their target ids `[N]`).
 
-    Every rank of a tensor-parallel group must call it with the same samples (the forward and the
-    vocab reduction are collectives). `autocast` runs the forward in bf16 with fp32 master weights.
+    Every rank of a tensor-parallel group must call it with the same samples (the forward is a
+    collective). `autocast` runs the forward in bf16 with fp32 master weights.
     """
     _check_inputs(prompt_ids, response_ids, temperatures)
-    if not prompt_ids:
-        return []
     ids_B_L = _padded_ids(prompt_ids, response_ids, device)
     positions_B_L = torch.arange(ids_B_L.shape[1], device=device)[None].expand_as(ids_B_L)
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if autocast else nullcontext()
@@ -106,6 +140,4 @@ def response_logprobs_tp(
     rows_N, pos_N, targets_N, temps_N = (
         t.to(device) for t in _response_positions(prompt_ids, response_ids, temperatures)
     )
-    scaled_N_Vp = logits_B_L_Vp[rows_N, pos_N].float() / temps_N[:, None]
-    logprobs_N = vocab_parallel_logprobs(scaled_N_Vp, targets_N)
-    return list(logprobs_N.split([len(r) for r in response_ids]))
+    return logits_B_L_Vp[rows_N, pos_N].float() / temps_N[:, None], targets_N

@@ -35,7 +35,7 @@ from trainer.logprobs import collate_samples, pad_right
 from trainer.loop import TrainingError, step_metrics
 from trainer.losses import LossStats, total_loss
 from trainer.megatron_backend.hf_conversion import MegatronBackendError
-from trainer.megatron_backend.logprobs import response_logprobs_tp
+from trainer.megatron_backend.logprobs import exact_kl_tp, scaled_response_logits_tp, vocab_parallel_logprobs
 from trainer.megatron_backend.model import MegatronPolicy
 from trainer.megatron_backend.parallel import ParallelContext, clip_gradients, dp_sum, sync_gradients
 
@@ -63,21 +63,27 @@ def _centred_rewards(samples: Sequence[TrainingSample], config: LossConfig) -> T
     return rewards_after_baselines(samples, rewards_B, config)
 
 
-def _logprobs(
+def _scored(
     policy: MegatronPolicy, samples: Sequence[TrainingSample], reference: bool, config: LossConfig
-) -> Tensor:
-    """Each sample at its own temperature, or all at `train_temperature` (as `trainer.batch_loss`)."""
+) -> tuple[Tensor, Tensor]:
+    """(logprobs `[B, T]` on the CPU, this rank's logits slice `[N, V/tp]` / T at the batch's N response
+    positions). Each sample at its own temperature, or all at `train_temperature` (as `trainer.batch_loss`)."""
     prompts = [list(s.prompt_ids) for s in samples]
     responses = [list(s.response_ids) for s in samples]
     temps = [s.temperature if config.train_temperature is None else config.train_temperature for s in samples]
     device, autocast = policy.parallel.device, config.autocast
     if reference:
         with policy.reference() as module:
-            rows = response_logprobs_tp(module, prompts, responses, temps, device, autocast)
+            logits_N_Vp, targets_N = scaled_response_logits_tp(
+                module, prompts, responses, temps, device, autocast
+            )
     else:
-        rows = response_logprobs_tp(policy.module, prompts, responses, temps, device, autocast)
-    values_B_T, _ = pad_right(rows)
-    return values_B_T
+        logits_N_Vp, targets_N = scaled_response_logits_tp(
+            policy.module, prompts, responses, temps, device, autocast
+        )
+    logprobs_N = vocab_parallel_logprobs(logits_N_Vp, targets_N)
+    values_B_T, _ = pad_right(list(logprobs_N.cpu().split([len(r) for r in responses])))
+    return values_B_T, logits_N_Vp
 
 
 def _batch_stats(
@@ -115,10 +121,13 @@ def _local_loss(
         [s.reward for s in local],
     )
     mask_B_T = collated.mask_B_T
-    logprobs_B_T = _logprobs(policy, local, reference=False, config=config).cpu()
-    ref_B_T = None
+    logprobs_B_T, logits_N_Vp = _scored(policy, local, reference=False, config=config)
+    ref_B_T = exact_kl_B_T = None
     if config.beta_kl != 0.0:
-        ref_B_T = _logprobs(policy, local, reference=True, config=config).cpu()
+        ref_B_T, ref_logits_N_Vp = _scored(policy, local, reference=True, config=config)
+        if config.kl_estimator == "exact":
+            kl_N = exact_kl_tp(logits_N_Vp, ref_logits_N_Vp).cpu()
+            exact_kl_B_T, _ = pad_right(list(kl_N.split([len(s.response_ids) for s in local])))
     old_B_T = logprobs_B_T.detach() if config.old_logprobs == "recompute" else collated.rollout_logprobs_B_T
     # The OPD baseline stays at the teacher's (the sample's) temperature, as in trainer.batch_loss.
     opd_old_B_T = old_B_T if config.train_temperature is None else collated.rollout_logprobs_B_T
@@ -136,6 +145,7 @@ def _local_loss(
         adv_B_T,
         mask_B_T,
         ref_B_T,
+        exact_kl_B_T=exact_kl_B_T,
         beta_kl=config.beta_kl,
         eps_low=config.eps_low,
         eps_high=config.eps_high,
