@@ -6,7 +6,7 @@ Usage: python -m benchmarks.bench_trainer [--kinds lora,full] [--steps 3] [--sam
 
 Both sides train SmolLM2-135M on the same batches (binary samples, rewards +-1, fixed token ids,
 temperature 0.7) with the same loss: token-mean PPO clipped surrogate with ratio 1 (one step per
-batch) + 0.02 * k3 KL to the base, forwards in the machine's numerics (`--precision auto`: bf16
+batch) + 0.02 * k3 KL to the base (the trainer set to k3; its default is the exact KL), forwards in the machine's numerics (`--precision auto`: bf16
 autocast only where the CPU runs bf16 natively, as `orl train` chooses) with fp32 log-softmax, grad clip 1.0,
 AdamW. "trainer" is `trainer.loop.train_step` (what `orl train` runs per step); "bare" is the
 learnability prototype's loop written out with plain torch/transformers/peft. Each (kind, side)
@@ -161,7 +161,11 @@ def trainer_setup(model_dir: Path, kind: str, precision: str) -> tuple[Any, torc
     policy = load_policy(model_dir, "full" if kind == "full" else "lora")
     params = policy.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=LR[kind], betas=(0.9, 0.999), weight_decay=0.0)
-    return policy, opt, TrainSettings(kind=kind, run_id="bench", model=str(model_dir), precision=precision)
+    # k3, as the bare loop computes it: like for like (the trainer's default is the exact KL)
+    settings = TrainSettings(
+        kind=kind, run_id="bench", model=str(model_dir), precision=precision, kl_estimator="k3"
+    )
+    return policy, opt, settings
 
 
 def time_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from trainer.policy_model import PolicyModel
 @dataclass(frozen=True)
 class LossConfig:
     beta_kl: float = 0.02
-    kl_estimator: str = "k3"  # k3 | exact (trainer.settings.KL_ESTIMATORS)
+    kl_estimator: str = "exact"  # exact | k3 (trainer.settings.KL_ESTIMATORS)
     eps_low: float = 0.2
     eps_high: float = 0.28
     w_opd: float = 1.0

@@ -29,11 +29,15 @@ Defaults and why (DESIGN.md "Methods"; issue 5):
   teacher - base is the hint plus the policy's own drift). Torch backend only (megatron refuses a != 1).
   Measured on the demo, the anchor is what keeps the answers on the question: relevance 0.47 at
   step 8 with 0 (7 words), 0.84 with 0.5, 0.96 with 1 (docs/demo/ablations.md).
-- `kl_estimator` "k3": the KL term is Schulman's k3 estimate on the sampled token (OpenClaw-RL's
-  and slime's). "exact" sums KL(pi || ref) over the whole vocabulary at each position, so it also
-  charges the probability a push-down moves onto tokens that were not sampled (`trainer.losses.exact_kl`);
-  it keeps two `[T, V]` fp32 distributions per sample (about 100 MB per 256-token response of
-  SmolLM2's vocabulary); the megatron backend sums it over each rank's vocabulary slice.
+- `kl_estimator` "exact": the KL term sums KL(pi || ref) over the whole vocabulary at each position
+  (`trainer.losses.exact_kl`), so it also charges the probability a push-down on a -1 answer moves
+  onto tokens nobody sampled. "k3" is OpenClaw-RL's and slime's estimate from the sampled token
+  alone: under it Binary RL on the demo collapsed into token salad on one seed of three (KL 2.08 at
+  step 21), with exact it held all three through step 32, and Combined did not change
+  (docs/demo/ablations.md). Cost: two `[T, V]` fp32 distributions per sample (about 100 MB per
+  256-token response of SmolLM2's vocabulary; measured +1 GB peak on a batch of 16 x 96 tokens, no
+  slower); the megatron backend sums it over each rank's vocabulary slice, and k3 is the lighter
+  choice where the memory for long responses of a large vocabulary is short.
 - `opd_advantage_clip` 0: the token-level OPD advantage teacher - old is used as it is, as in
   OpenClaw-RL; c > 0 clamps it to [-c, c] per token (it is unbounded where the teacher rules a token out).
 - `backend` "torch": one process on the CPU, LoRA or full. "megatron" trains full weights with
@@ -124,7 +128,7 @@ class TrainSettings(ConnectionSettings):
     )
     beta_kl: float = setting(0.02, "ORL_TRAIN_BETA_KL", "Weight of the KL to the base model (0: off).")
     kl_estimator: str = setting(
-        "k3",
+        "exact",
         "ORL_TRAIN_KL_ESTIMATOR",
         "KL to the base per token: k3 (estimated from the sampled token) | exact (over the whole vocabulary).",
     )
