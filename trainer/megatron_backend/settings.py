@@ -33,7 +33,9 @@ class MegatronSettings:
     batch_size: int = flag(16, "Samples per optimizer step (the file is cut into batches in order).")
     lr: float = flag(default_lr("full"), "AdamW learning rate (all weights).")
     beta_kl: float = flag(0.02, "Weight of the KL to the base model (0: off, no reference model).")
-    kl_estimator: str = flag("exact", "KL per token: exact (over the vocabulary) | k3 (from the sampled token).")
+    kl_estimator: str = flag(
+        "exact", "KL per token: exact (over the vocabulary) | k3 (from the sampled token)."
+    )
     eps_low: float = flag(0.2, "PPO clip below: ratio >= 1 - eps-low.")
     eps_high: float = flag(0.28, "PPO clip above: ratio <= 1 + eps-high.")
     w_opd: float = flag(1.0, "Weight of teacher - old in the combined advantage.")
