@@ -33,6 +33,11 @@ from serving.session_tracker import SessionTracker
 from serving.settings import ServeSettings
 from serving.spool import SPOOL_SYNC_MODES, EventSpool, SpoolDrainer
 
+# How long an idle keep-alive connection stays open. uvicorn's default, 5 s, equals the expiry of
+# httpx's pool (the openai SDK's and the demo's client): a request sent on a pooled connection just as
+# the server closes it fails with a read error (it cost a 32-step demo run). Well above the clients'.
+KEEP_ALIVE_S = 75
+
 logger = logging.getLogger(__name__)
 
 
@@ -185,6 +190,7 @@ def serve(settings: ServeSettings) -> int:
                 port=settings.port,
                 log_level="warning",
                 access_log=False,
+                timeout_keep_alive=KEEP_ALIVE_S,
             )
             logger.info(
                 "serving %s on http://%s:%d/v1", settings.served_model_name, settings.host, settings.port

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import time
 from collections.abc import Iterator
@@ -55,6 +56,21 @@ def wait_until_spooled_events_are_logged(server: ServeProcess, timeout_s: float 
             return
         assert time.monotonic() < deadline, f"the spool still holds events after {timeout_s} s: {depth}"
         time.sleep(0.1)
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_pool_expiry(server: ServeProcess) -> None:
+    # httpx (the openai SDK's client) drops an idle pooled connection after 5 s; the server must not
+    # close it first, or a request sent on it as it closes fails with a read error
+    port = int(server.base_url.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("GET", "/healthz")
+        assert connection.getresponse().read() and connection.sock is not None
+        time.sleep(7)
+        connection.request("GET", "/healthz")  # the same socket: http.client reconnects only when told
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
 
 
 def test_non_streaming_completion_is_recorded_with_exact_tokens(server: ServeProcess) -> None:
