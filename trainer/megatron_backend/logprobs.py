@@ -97,12 +97,14 @@ def vocab_parallel_log_softmax(logits_N_Vp: Tensor) -> Tensor:
 
     logits_N_Vp = logits_N_Vp.float()
     max_N_1 = logits_N_Vp.detach().max(dim=-1, keepdim=True).values
-    sum_exp_N_1 = (logits_N_Vp - max_N_1).exp().sum(dim=-1, keepdim=True)
-    if parallel_state.get_tensor_model_parallel_world_size() > 1:
-        group = parallel_state.get_tensor_model_parallel_group()
-        dist.all_reduce(max_N_1, op=dist.ReduceOp.MAX, group=group)
-        sum_exp_N_1 = all_reduce((logits_N_Vp - max_N_1).exp().sum(dim=-1, keepdim=True), group=group)
-    return logits_N_Vp - max_N_1 - sum_exp_N_1.log()
+    parallel = parallel_state.get_tensor_model_parallel_world_size() > 1
+    if parallel:
+        dist.all_reduce(max_N_1, op=dist.ReduceOp.MAX, group=parallel_state.get_tensor_model_parallel_group())
+    shifted_N_Vp = logits_N_Vp - max_N_1
+    sum_exp_N_1 = shifted_N_Vp.exp().sum(dim=-1, keepdim=True)
+    if parallel:
+        sum_exp_N_1 = all_reduce(sum_exp_N_1, group=parallel_state.get_tensor_model_parallel_group())
+    return shifted_N_Vp - sum_exp_N_1.log()
 
 
 def exact_kl_tp(logits_N_Vp: Tensor, ref_logits_N_Vp: Tensor) -> Tensor:

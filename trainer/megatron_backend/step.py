@@ -65,9 +65,10 @@ def _centred_rewards(samples: Sequence[TrainingSample], config: LossConfig) -> T
 
 def _scored(
     policy: MegatronPolicy, samples: Sequence[TrainingSample], reference: bool, config: LossConfig
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor | None]:
     """(logprobs `[B, T]` on the CPU, this rank's logits slice `[N, V/tp]` / T at the batch's N response
-    positions). Each sample at its own temperature, or all at `train_temperature` (as `trainer.batch_loss`)."""
+    positions when the exact KL needs it, else None). Each sample at its own temperature, or all at
+    `train_temperature` (as `trainer.batch_loss`)."""
     prompts = [list(s.prompt_ids) for s in samples]
     responses = [list(s.response_ids) for s in samples]
     temps = [s.temperature if config.train_temperature is None else config.train_temperature for s in samples]
@@ -83,7 +84,8 @@ def _scored(
         )
     logprobs_N = vocab_parallel_logprobs(logits_N_Vp, targets_N)
     values_B_T, _ = pad_right(list(logprobs_N.cpu().split([len(r) for r in responses])))
-    return values_B_T, logits_N_Vp
+    exact = config.beta_kl != 0.0 and config.kl_estimator == "exact"
+    return values_B_T, logits_N_Vp if exact else None
 
 
 def _batch_stats(
@@ -125,7 +127,7 @@ def _local_loss(
     ref_B_T = exact_kl_B_T = None
     if config.beta_kl != 0.0:
         ref_B_T, ref_logits_N_Vp = _scored(policy, local, reference=True, config=config)
-        if config.kl_estimator == "exact":
+        if logits_N_Vp is not None and ref_logits_N_Vp is not None:
             kl_N = exact_kl_tp(logits_N_Vp, ref_logits_N_Vp).cpu()
             exact_kl_B_T, _ = pad_right(list(kl_N.split([len(s.response_ids) for s in local])))
     old_B_T = logprobs_B_T.detach() if config.old_logprobs == "recompute" else collated.rollout_logprobs_B_T
