@@ -282,16 +282,23 @@ def render_table(summaries: Summaries, per_seed: PerSeed, opd_teacher: str, scen
 
 
 def run_lines(extra: Mapping[str, Any]) -> str:
-    """results.md's closing lines: when, how long, on what machine and under what load each run was
-    made (one line per merged run); empty for runs that did not record their machine."""
+    """results.md's closing lines: when, how long, on what machine, under what load and with which
+    ORL_* variables each run was made (one line per merged run); empty for runs that did not record
+    their machine."""
     runs = extra.get("merged_runs", [extra])
     lines = [
         f"- {run.get('results', 'this run')}: {run['machine']['started']}, {run.get('seconds', '?')} s, "
         f"{run['machine']['cpu']}, {run['machine']['numerics']}, load {load_text(run['machine']['load'])}"
+        f"{environment_text(run.get('settings', {}).get('environment', {}))}"
         for run in runs
         if "machine" in run
     ]
     return "\n".join(["", "Runs:", "", *lines, ""]) if lines else ""
+
+
+def environment_text(environment: Mapping[str, str]) -> str:
+    """The ORL_* variables a run inherited (a trainer setting changed for it, say), as a clause."""
+    return "; with " + " ".join(f"{name}={value}" for name, value in environment.items()) if environment else ""
 
 
 def load_text(load: Sequence[float]) -> str:

@@ -287,7 +287,11 @@ def test_the_report_names_each_runs_machine_and_load(tmp_path: Path) -> None:
         {"binary": RUNS["binary"]},
         "frozen reference + hint",
         "student",
-        {"machine": machine("Xeon", "bf16"), "seconds": 60},
+        {
+            "machine": machine("Xeon", "bf16"),
+            "seconds": 60,
+            "settings": {"environment": {"ORL_TRAIN_CENTER_REWARDS": "true"}},
+        },
     )
     unrecorded = report(
         tmp_path / "c", {"opd": RUNS["opd"]}
@@ -301,4 +305,5 @@ def test_the_report_names_each_runs_machine_and_load(tmp_path: Path) -> None:
     ]
     assert [line.split(":")[0] for line in lines] == [f"- {avx2.results}", f"- {bf16.results}"]
     assert "60 s, Xeon, bf16" in lines[1]
+    assert lines[1].endswith("; with ORL_TRAIN_CENTER_REWARDS=true") and "; with" not in lines[0]
     assert "Runs:" not in report(tmp_path / "d").table.read_text()
