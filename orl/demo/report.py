@@ -298,7 +298,9 @@ def run_lines(extra: Mapping[str, Any]) -> str:
 
 def environment_text(environment: Mapping[str, str]) -> str:
     """The ORL_* variables a run inherited (a trainer setting changed for it, say), as a clause."""
-    return "; with " + " ".join(f"{name}={value}" for name, value in environment.items()) if environment else ""
+    return (
+        "; with " + " ".join(f"{name}={value}" for name, value in environment.items()) if environment else ""
+    )
 
 
 def load_text(load: Sequence[float]) -> str:
