@@ -144,8 +144,8 @@ class DemoSettings(ConnectionSettings):
             steps=2,
             batch_size=8,
             eval_every=1,
-            eval_prompts=8,
-            eval_samples=1,
+            eval_prompts=16,
+            eval_samples=2,
             max_tokens=64,
         )
 
