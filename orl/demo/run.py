@@ -14,6 +14,7 @@ stay in the data folder, so `orl samples` (and the audit tools) work on the demo
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import logging
@@ -34,6 +35,7 @@ from orl.demo.report import StepResult, merge_results, write_report, write_summa
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
 from orl.samples import read_samples
+from orl.settings_binding import build_settings
 from orl.up import (
     Supervisor,
     UpSettings,
@@ -47,6 +49,7 @@ from schemas.codec import decode
 from schemas.errors import ConfigError, OrlError
 from schemas.gate_decisions import HELD, PROMOTED, GateDecisions
 from schemas.topics import topic_name
+from serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +135,7 @@ class DemoSettings(ConnectionSettings):
     quick: bool = setting(
         False,
         "ORL_DEMO_QUICK",
-        "A short run: Combined only, 2 steps of 8 samples, small evaluations (a few minutes).",
+        "A short run: Combined only, 2 steps of 8 samples, each version scored on 16 held-out prompts, one answer each.",
     )
 
     def effective(self) -> DemoSettings:
@@ -145,7 +148,7 @@ class DemoSettings(ConnectionSettings):
             batch_size=8,
             eval_every=1,
             eval_prompts=16,
-            eval_samples=2,
+            eval_samples=1,
             max_tokens=64,
         )
 
@@ -354,6 +357,8 @@ async def start_stack(settings: DemoSettings, method: str, namespace: str) -> De
         Sampling(max_tokens=settings.max_tokens),
         concurrency=settings.batch_size,  # one wave per round: its samples reach the trainer together
         restate_length=settings.user_restates_length,
+        # held-out answers as many at a time as the server decodes together
+        eval_concurrency=build_settings(ServeSettings, argparse.Namespace(), os.environ).max_batch_size,
     )
     stack = DemoStack(up, supervisor, client, namespace, settings.partial_batches)
     supervisor.start_all()

@@ -48,13 +48,15 @@ class DemoClient:
         sampling: Sampling,
         concurrency: int = 8,
         restate_length: bool = False,
+        eval_concurrency: int = 16,
     ):
         self.base_url = base_url.rstrip("/")
         self.sampling = sampling
         self.restate_length = restate_length  # the simulated user's redo repeats the word limit
         self._auth = {"Authorization": f"Bearer {api_key}"}
         self._admin = {"Authorization": f"Bearer {admin_key}"}
-        self._limit = asyncio.Semaphore(concurrency)
+        self._limit = asyncio.Semaphore(concurrency)  # a round's sessions
+        self._eval_limit = asyncio.Semaphore(eval_concurrency)  # held-out answers: the server's batch
         self._http = httpx.AsyncClient(timeout=600)
 
     async def close(self) -> None:
@@ -69,7 +71,7 @@ class DemoClient:
         max_tokens: int | None = None,
     ) -> str:
         """The answer's text."""
-        completion = await self._complete(messages, headers, seed, max_tokens)
+        completion = await self._complete(messages, headers, seed, max_tokens, self._limit)
         return str(completion["choices"][0]["message"]["content"] or "")
 
     async def chat_usage(
@@ -81,11 +83,16 @@ class DemoClient:
         max_tokens: int | None = None,
     ) -> int:
         """The number of tokens the server generated for the answer (for benchmarks)."""
-        completion = await self._complete(messages, headers, seed, max_tokens)
+        completion = await self._complete(messages, headers, seed, max_tokens, self._limit)
         return int(completion["usage"]["completion_tokens"])
 
     async def _complete(
-        self, messages: list[dict[str, str]], headers: dict[str, str], seed: int, max_tokens: int | None
+        self,
+        messages: list[dict[str, str]],
+        headers: dict[str, str],
+        seed: int,
+        max_tokens: int | None,
+        limit: asyncio.Semaphore,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": "orl-policy",
@@ -94,7 +101,7 @@ class DemoClient:
             "temperature": self.sampling.temperature,
             "max_tokens": max_tokens or self.sampling.max_tokens,
         }
-        async with self._limit:
+        async with limit:
             response = await self._http.post(
                 f"{self.base_url}/v1/chat/completions", json=body, headers={**self._auth, **headers}
             )
@@ -142,10 +149,14 @@ class DemoClient:
         """Score the first response to each held-out prompt, with the same seeds at every evaluation."""
 
         async def one(prompt: str, j: int) -> tuple[str, str]:
-            answer = await self.chat(
-                [{"role": "user", "content": prompt}], {"X-Turn-Type": "side"}, seed=_seed(0, prompt, j)
+            completion = await self._complete(
+                [{"role": "user", "content": prompt}],
+                {"X-Turn-Type": "side"},
+                _seed(0, prompt, j),
+                None,
+                self._eval_limit,
             )
-            return prompt, answer
+            return prompt, str(completion["choices"][0]["message"]["content"] or "")
 
         pairs = await asyncio.gather(*(one(p, j) for p in prompts for j in range(samples_per_prompt)))
         breakdowns = [scenario.scorer(p, a) for p, a in pairs]
