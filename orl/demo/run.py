@@ -144,7 +144,7 @@ class DemoSettings(ConnectionSettings):
         return replace(
             self,
             methods=("combined",),
-            steps=2,
+            steps=3,
             batch_size=8,
             eval_every=1,
             eval_prompts=16,

@@ -1,11 +1,13 @@
 """`orl demo --quick` end to end: the README's main command, on the real model, as a user runs it.
 
 Checks that it completed, that the server activated the new checkpoints, and only those the
-promotion gate promoted, that the table and the PNG were written, and that it learned: with its fixed seed, the held-out score after two steps is
-at least 0.15 above the base model's (3 more of its 16 answers satisfy the user). CI-like runs on
-the 2-core Intel Xeon VM with AMX (bf16, two demos at once, one core each) went 0.12 -> 0.19 ->
-0.44..0.56; when the evaluation had 8 answers, the same command's step-2 score ranged from 0.25 to
-0.75 between identical runs and the +0.3 threshold this test had failed CI. The time it takes is
+promotion gate promoted, that the table and the PNG were written, and that it learned: with its
+fixed seed, the held-out score after three steps is at least 0.25 above the base model's (4 more of
+its 16 answers satisfy the user). Four CI-like runs on the 2-core Intel Xeon VM with AMX (bf16, two
+demos at once, one core each) went 0.12 -> 0.19 -> 0.44 -> 0.56..0.69; if the gate held v3, the
+served v2 scored 0.44..0.56 in the six such runs that stopped at step 2. The demo had 2 steps and 8
+held-out answers before: the same command's step-2 score ranged from 0.25 to 0.75 between identical
+runs, and this test's +0.3 failed CI. The time it takes is
 the loop benchmark's business, not this test's.
 `orl report` then rebuilds the demo's held-out scores from the log alone, one version per step.
 """
@@ -58,8 +60,8 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     summary = results["extra"]["gate"]["combined"][str(results["seeds"][0])]
     assert summary.startswith(f"{sum(d == 'promoted' for d in decided.values())} versions promoted"), summary
     scores = {step: row["score"] for step, row in results["methods"]["combined"].items()}
-    assert set(scores) == {"0", "1", "2"}
-    assert scores["2"] >= scores["0"] + 0.15, scores
+    assert set(scores) == {"0", "1", "2", "3"}
+    assert scores["3"] >= scores["0"] + 0.25, scores
 
     from orl.cli import main
 
@@ -69,13 +71,16 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     rows = json.loads((report_dir / "report.json").read_text())
     held_out = {r["version"]: r["held_out_score"]["mean"] for r in rows if r["held_out_score"]}
     # the demo waits for each step's version (or, if the gate held it, the promoted one) before it evaluates
-    assert len(held_out) == 3, rows
-    assert [held_out[v] for v in sorted(held_out)] == [scores[step] for step in ("0", "1", "2")]
-    # style (every check but relevance) agrees between the demo's report and the log's
-    styles = {r["version"]: r["held_out_style"] for r in rows if r["held_out_score"]}
-    demo_styles = [results["methods"]["combined"][step]["style"] for step in ("0", "1", "2")]
-    assert [styles[v] for v in sorted(styles)] == pytest.approx(demo_styles)
-    assert all(style >= scores[step] for style, step in zip(demo_styles, ("0", "1", "2"), strict=True))
+    served = sorted({0, *versions})
+    assert sorted(held_out) == served, rows
+    steps = ("0", "1", "2", "3")
+    demo_styles = [results["methods"]["combined"][step]["style"] for step in steps]
+    assert all(style >= scores[step] for style, step in zip(demo_styles, steps, strict=True))
+    if served == [0, 1, 2, 3]:  # every version promoted: step k evaluated version k alone
+        assert [held_out[v] for v in served] == [scores[step] for step in steps]
+        # style (every check but relevance) agrees between the demo's report and the log's
+        styles = {r["version"]: r["held_out_style"] for r in rows if r["held_out_score"]}
+        assert [styles[v] for v in served] == pytest.approx(demo_styles)
     assert all(
         r["approval"] is not None for r in rows if r["version"] < 2
     )  # versions 0 and 1 served sessions
