@@ -135,7 +135,7 @@ class DemoSettings(ConnectionSettings):
     quick: bool = setting(
         False,
         "ORL_DEMO_QUICK",
-        "A short run: Combined only, 2 steps of 8 samples, each version scored on 16 held-out prompts, one answer each.",
+        "A short run: Combined only, 3 steps of 8 samples, each version scored on 16 held-out prompts, one answer each.",
     )
 
     def effective(self) -> DemoSettings:
