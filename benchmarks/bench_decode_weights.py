@@ -22,6 +22,8 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from connectors.compute import describe_machine
 from connectors.model_files import DEFAULT_MODEL, resolve_model
+from connectors.settings import ConnectionSettings
+from serving.policy.batch_engine import hidden_states, lm_logits
 
 
 def with_bf16_linear_weights(model: torch.nn.Module) -> torch.nn.Module:
@@ -34,20 +36,20 @@ def with_bf16_linear_weights(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def decode(model: torch.nn.Module, rows: int, steps: int) -> tuple[float, torch.Tensor]:
-    """ms per decode step, and the fp32 logits of every step [steps + 1, rows, vocab]."""
+    """ms per decode step, and the fp32 logits of every step [steps + 1, rows, vocab], computed as the
+    server's batch engine computes them (`hidden_states` under bf16 autocast, then `lm_logits`)."""
     prompt = torch.randint(0, 5000, (rows, 50), generator=torch.Generator().manual_seed(0))
-    body, head = model.model, model.lm_head  # type: ignore[union-attr]
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)  # type: ignore[union-attr]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            hidden = body(input_ids=prompt, past_key_values=cache, use_cache=True).last_hidden_state
-        logits = [head(hidden[:, -1].float())]
+        hidden = hidden_states(model, torch.bfloat16, input_ids=prompt, past_key_values=cache, use_cache=True)
+        logits = [lm_logits(model, hidden[:, -1, :])]
         started = time.perf_counter()
         for _ in range(steps):
             next_ids = logits[-1].argmax(-1, keepdim=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                hidden = body(input_ids=next_ids, past_key_values=cache, use_cache=True).last_hidden_state
-            logits.append(head(hidden[:, -1].float()))
+            hidden = hidden_states(
+                model, torch.bfloat16, input_ids=next_ids, past_key_values=cache, use_cache=True
+            )
+            logits.append(lm_logits(model, hidden[:, -1, :]))
         return (time.perf_counter() - started) / steps * 1000, torch.stack(logits)
 
 
@@ -57,7 +59,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--rows", default="1,16", help="batch sizes, comma-separated")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "orl" / "models")
+    parser.add_argument("--cache-dir", type=Path, default=ConnectionSettings().model_cache_dir)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(

@@ -71,8 +71,7 @@ class DemoClient:
         max_tokens: int | None = None,
     ) -> str:
         """The answer's text."""
-        completion = await self._complete(messages, headers, seed, max_tokens, self._limit)
-        return str(completion["choices"][0]["message"]["content"] or "")
+        return await self._answer(messages, headers, seed, max_tokens, self._limit)
 
     async def chat_usage(
         self,
@@ -85,6 +84,17 @@ class DemoClient:
         """The number of tokens the server generated for the answer (for benchmarks)."""
         completion = await self._complete(messages, headers, seed, max_tokens, self._limit)
         return int(completion["usage"]["completion_tokens"])
+
+    async def _answer(
+        self,
+        messages: list[dict[str, str]],
+        headers: dict[str, str],
+        seed: int,
+        max_tokens: int | None,
+        limit: asyncio.Semaphore,
+    ) -> str:
+        completion = await self._complete(messages, headers, seed, max_tokens, limit)
+        return str(completion["choices"][0]["message"]["content"] or "")
 
     async def _complete(
         self,
@@ -149,14 +159,14 @@ class DemoClient:
         """Score the first response to each held-out prompt, with the same seeds at every evaluation."""
 
         async def one(prompt: str, j: int) -> tuple[str, str]:
-            completion = await self._complete(
+            answer = await self._answer(
                 [{"role": "user", "content": prompt}],
                 {"X-Turn-Type": "side"},
                 _seed(0, prompt, j),
                 None,
                 self._eval_limit,
             )
-            return prompt, str(completion["choices"][0]["message"]["content"] or "")
+            return prompt, answer
 
         pairs = await asyncio.gather(*(one(p, j) for p in prompts for j in range(samples_per_prompt)))
         breakdowns = [scenario.scorer(p, a) for p, a in pairs]

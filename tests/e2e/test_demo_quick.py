@@ -7,8 +7,8 @@ its 16 answers satisfy the user). Four CI-like runs on the 2-core Intel Xeon VM 
 demos at once, one core each) went 0.12 -> 0.19 -> 0.44 -> 0.56..0.69; if the gate held v3, the
 served v2 scored 0.44..0.56 in the six such runs that stopped at step 2. The demo had 2 steps and 8
 held-out answers before: the same command's step-2 score ranged from 0.25 to 0.75 between identical
-runs, and this test's +0.3 failed CI. The time it takes is
-the loop benchmark's business, not this test's.
+runs, and this test's +0.3 failed CI. The time it takes is the loop benchmark's business, not
+this test's.
 `orl report` then rebuilds the demo's held-out scores from the log alone, one version per step.
 """
 
