@@ -1,6 +1,6 @@
 """Event-log throughput: appends of 1 KB values one by one and in batches, then reads by a consumer group.
 
-Writes a temporary SQLite file (and, for Kafka, starts the noida-db test broker the same way as the
+Writes a temporary SQLite file (and, for Kafka, starts an Apache Kafka broker the same way as the
 test fixture); prints a markdown table. Run from the repository root:
 
     .venv/bin/python -m benchmarks.bench_event_log [--backends sqlite,sqlite-inline,kafka]
@@ -25,7 +25,7 @@ from typing import TypeVar
 from connectors.event_log.base import EventLog, OutgoingRecord, TopicSpec
 from connectors.event_log.kafka_log import KafkaEventLog
 from connectors.event_log.sqlite_log import SqliteEventLog
-from tests.fixtures.kafka_broker import start_kafka_broker, stop_kafka_broker
+from tests.fixtures.kafka_broker import start_kafka_cluster
 
 _T = TypeVar("_T")
 VALUE = b"x" * 1024
@@ -44,12 +44,12 @@ class InlineSqliteEventLog(SqliteEventLog):
 @asynccontextmanager
 async def open_backend(name: str, workdir: Path) -> AsyncIterator[EventLog]:
     if name == "kafka":
-        broker = start_kafka_broker(workdir / "kafka")
+        broker = start_kafka_cluster(workdir / "kafka")
         try:
             async with KafkaEventLog(broker.bootstrap) as log:
                 yield log
         finally:
-            stop_kafka_broker(broker)
+            broker.stop()
         return
     log_class = InlineSqliteEventLog if name == "sqlite-inline" else SqliteEventLog
     async with log_class(workdir / f"{name}.db") as log:

@@ -395,6 +395,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--judge-max-tokens", type=int, default=32, help="llm: judge max_tokens")
     parser.add_argument("--commit-interval-s", type=float, default=0.1, help="faust: commit interval")
     parser.add_argument("--guarantee", default="exactly_once", help="faust: processing guarantee")
+    parser.add_argument(
+        "--faust-workers", default="1", help="faust: workers in the group, or a list measured in turn (1,2)"
+    )
     parser.add_argument("--faust-worker", default=None, help=argparse.SUPPRESS)  # child worker mode
     parser.add_argument("--work-dir", type=Path, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)

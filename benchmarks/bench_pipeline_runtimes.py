@@ -1,7 +1,8 @@
 """The faust and LLM-judge measurements of `python -m benchmarks.bench_pipeline` (see its docstring).
 
-`faust`: the pure stages in a faust worker child process (`--faust-worker` mode of bench_pipeline),
-the judge as a StreamRunner on the Kafka log here, on a noida-db test broker. `llm`: votes/s of the
+`faust`: the pure stages in `--faust-workers` faust worker child processes (`--faust-worker` mode of
+bench_pipeline; "1,2" measures one, then two workers in one group), the judge as a StreamRunner on the
+Kafka log here, on an Apache Kafka broker started as the test fixture starts it. `llm`: votes/s of the
 LLM judge against a real `orl serve` (SmolLM2-135M on CPU). Writes only under a temporary directory.
 """
 
@@ -36,39 +37,43 @@ from schemas.topics import topic_name
 
 
 async def faust(args: argparse.Namespace) -> None:
-    """Pure stages in a faust worker child process, the judge stage here, all on a noida-db broker."""
+    """Pure stages in faust worker child processes, the judge stage here, all on a fresh Kafka broker."""
     from connectors.event_log.kafka_log import KafkaEventLog
-    from tests.fixtures.kafka_broker import start_kafka_broker, stop_kafka_broker
+    from tests.fixtures.kafka_broker import start_kafka_cluster
 
     results = []
-    for mode in ("backlog", "rate"):
-        for _ in range(args.repeat):
-            with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
-                broker = start_kafka_broker(Path(tmp) / "kafka")
-                log = KafkaEventLog(broker.bootstrap)
-                worker, stop, judge = None, asyncio.Event(), []
-                try:
-                    await log.start()
-                    await create_catalog_topics(log, NAMESPACE, args.partitions)
-                    worker = start_faust_worker(args, broker.bootstrap, Path(tmp))
-                    # One judge runner for warm-up and run: a restarted member of a Kafka group waits
-                    # out the old member's session before it gets partitions back.
-                    judge = await run_stages(log, args, Path(tmp), stop, ["judge"])
-                    await warm_up(log)
-                    result = await measure(log, args, Path(tmp), "burst" if mode == "backlog" else mode, [])
-                finally:
-                    stop.set()
-                    await asyncio.gather(*judge)
-                    if worker is not None:
-                        stop_process(worker)
-                    await log.close()
-                    stop_kafka_broker(broker)
-                    stop_broker_children(Path(tmp) / "kafka")
-            result["runtime"] = (
-                f"faust ({args.guarantee}, commit {args.commit_interval_s} s) + judge on Kafka"
-            )
-            print(json.dumps(result), flush=True)
-            results.append(result)
+    for workers in [int(n) for n in str(args.faust_workers).split(",")]:
+        for mode in ("backlog", "rate"):
+            for _ in range(args.repeat):
+                with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+                    broker = start_kafka_cluster(Path(tmp) / "kafka")
+                    log = KafkaEventLog(broker.bootstrap)
+                    processes: list[Any] = []
+                    stop, judge = asyncio.Event(), []
+                    try:
+                        await log.start()
+                        await create_catalog_topics(log, NAMESPACE, args.partitions)
+                        for index in range(workers):
+                            processes.append(start_faust_worker(args, broker.bootstrap, Path(tmp), index))
+                        # One judge runner for warm-up and run: a restarted member of a Kafka group waits
+                        # out the old member's session before it gets partitions back.
+                        judge = await run_stages(log, args, Path(tmp), stop, ["judge"])
+                        await warm_up(log)
+                        result = await measure(
+                            log, args, Path(tmp), "burst" if mode == "backlog" else mode, []
+                        )
+                    finally:
+                        stop.set()
+                        await asyncio.gather(*judge)
+                        for process in processes:
+                            stop_process(process)
+                        await log.close()
+                        broker.stop()
+                result["runtime"] = (
+                    f"faust x{workers} ({args.guarantee}, commit {args.commit_interval_s} s) + judge on Kafka"
+                )
+                print(json.dumps(result), flush=True)
+                results.append(result)
     print_table(args, results)
 
 
@@ -84,33 +89,15 @@ def stop_process(process: Any, grace_s: float = 20.0) -> None:
         process.wait()
 
 
-def stop_broker_children(kafka_dir: Path) -> None:
-    """Stop the noida-db server the launcher started: terminating the launcher leaves it running."""
-    import os
-    import signal
-
-    marker = str(kafka_dir / "data")
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"noida-db" in cmdline[0] and marker.encode() in cmdline:
-            os.kill(int(proc.name), signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while proc.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-
-
-def start_faust_worker(args: argparse.Namespace, bootstrap: str, data_dir: Path) -> Any:
+def start_faust_worker(args: argparse.Namespace, bootstrap: str, data_dir: Path, index: int) -> Any:
     import subprocess
 
+    work_dir = data_dir / f"worker-{index}"
+    work_dir.mkdir()
     command = [sys.executable, "-m", "benchmarks.bench_pipeline", "faust", "--faust-worker", bootstrap,
-               "--work-dir", str(data_dir), "--partitions", str(args.partitions),
+               "--work-dir", str(work_dir), "--partitions", str(args.partitions),
                "--commit-interval-s", str(args.commit_interval_s), "--guarantee", args.guarantee]  # fmt: skip
-    log_file = (data_dir / "faust-worker.log").open("wb")
+    log_file = (work_dir / "faust-worker.log").open("wb")
     return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from connectors.event_log.topic_policy import DEFAULT_MAX_RECORD_BYTES, TopicPolicy
 from schemas.errors import ConfigError
 
 
@@ -47,6 +48,22 @@ class ConnectionSettings:
         "ORL_TOPIC_PARTITIONS",
         "Partitions of every topic this process creates (use the same value everywhere).",
     )
+    log_replication_factor: int = setting(
+        0,
+        "ORL_LOG_REPLICATION_FACTOR",
+        "Kafka: replicas of every topic this process creates (0: min(3, the cluster's brokers)).",
+    )
+    log_min_insync_replicas: int = setting(
+        0,
+        "ORL_LOG_MIN_INSYNC_REPLICAS",
+        "Kafka: min.insync.replicas of the topics it creates (0: 2 with 3 or more replicas, else 1).",
+    )
+    max_record_bytes: int = setting(
+        DEFAULT_MAX_RECORD_BYTES,
+        "ORL_MAX_RECORD_BYTES",
+        "Largest encoded event recorded on the log: the server answers 413 to a turn over it; the Kafka "
+        "producer's max_request_size and the topics' max.message.bytes follow from it.",
+    )
     model: str = setting(
         "smollm2-135m", "ORL_MODEL", "Base model: 'smollm2-135m' (shipped) or a Hugging Face folder path."
     )
@@ -56,6 +73,9 @@ class ConnectionSettings:
 
     def effective_log_url(self) -> str:
         return self.log_url or f"sqlite:///{(self.data_dir / 'log.db').resolve()}"
+
+    def topic_policy(self) -> TopicPolicy:
+        return TopicPolicy(self.log_replication_factor, self.log_min_insync_replicas, self.max_record_bytes)
 
     def effective_store_url(self) -> str:
         return self.store_url or f"file://{(self.data_dir / 'objects').resolve()}"

@@ -1,4 +1,5 @@
-"""Small administrative commands: create topics, prepare the base model, show settings."""
+"""Small administrative commands: create topics, prepare the base model, show settings, list the events
+the servers' spools set aside (reads the `spool-*.db` files in --data-dir)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,31 @@ def create_topics(settings: AdminSettings) -> int:
     from connectors.event_log.factory import open_event_log
 
     async def run() -> None:
-        async with open_event_log(settings.effective_log_url()) as log:
+        async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log:
             for name in await create_catalog_topics(log, settings.namespace, settings.topic_partitions):
                 print(f"topic ready: {name} ({settings.topic_partitions} partitions)")
 
     asyncio.run(run())
+    return 0
+
+
+def list_set_aside(settings: AdminSettings) -> int:
+    """`orl spool`: every event a server's spool set aside because the log refused it for good."""
+    from datetime import UTC, datetime
+
+    from serving.spool import EventSpool
+
+    paths = sorted(settings.data_dir.glob("spool-*.db"))
+    if not paths:
+        print(f"no server spool in {settings.data_dir}")
+    for path in paths:
+        spool = EventSpool(path)
+        try:
+            events, depth = spool.set_aside_events(), spool.depth()
+        finally:
+            spool.close()
+        print(f"{path}: {depth} event(s) waiting for the log, {len(events)} set aside")
+        for event in events:
+            when = datetime.fromtimestamp(event.set_aside_at_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            print(f"  #{event.seq} {event.topic} {len(event.value)} bytes, set aside {when}: {event.reason}")
     return 0

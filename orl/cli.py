@@ -117,6 +117,12 @@ COMMANDS: tuple[Command, ...] = (
         "orl.admin:create_topics",
     ),
     Command(
+        "spool",
+        "List the recorded events each server's spool set aside because the log refused them for good.",
+        "orl.admin:AdminSettings",
+        "orl.admin:list_set_aside",
+    ),
+    Command(
         "model",
         "Prepare the base model (convert the shipped SmolLM2 GGUF to safetensors once).",
         "orl.admin:AdminSettings",

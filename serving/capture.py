@@ -18,11 +18,12 @@ from typing import Any, cast
 
 from connectors.environment.api import Observation
 from connectors.environment.outcome_events import outcome_event
+from connectors.event_log.topic_policy import DEFAULT_MAX_RECORD_BYTES
 from schemas.codec import encode
 from schemas.event_types import Envelope, NextStateObserved
 from schemas.events import make_event
 from schemas.topics import topic_name
-from serving.openai_api import ChatRequest, RolloutGroup
+from serving.openai_api import ApiError, ChatRequest, RolloutGroup
 from serving.policy.base import Generation, SamplingParams
 from serving.session_tracker import TurnAssignment
 from serving.spool import EventSpool
@@ -52,12 +53,14 @@ def sampling_record(params: SamplingParams) -> dict[str, Any]:
 
 @dataclass
 class EventRecorder:
-    """Builds and spools the server's events. `enabled=False` records nothing (benchmarks only)."""
+    """Builds and spools the server's events. `enabled=False` records nothing (benchmarks only).
+    An event over `max_record_bytes` is never spooled: the call raises a 413 ApiError instead."""
 
     spool: EventSpool
     namespace: str
     clock_ms: Callable[[], int]
     enabled: bool = True
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     spooled: int = 0
     _topics: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
@@ -201,7 +204,7 @@ class EventRecorder:
         event = self._event(event_type, id_parts, None, fields)
         if not self.enabled:
             return _NOTHING_TO_WAIT_FOR
-        committed = self.spool.stage(self._topic(topic), _key(event), encode(event))
+        committed = self.spool.stage(self._topic(topic), _key(event), self._encoded(event))
         self.spooled += 1
         return committed
 
@@ -221,8 +224,22 @@ class EventRecorder:
     def _put(self, topic: str, event: Mapping[str, Any]) -> None:
         if not self.enabled:
             return
-        self.spool.put(self._topic(topic), _key(event), encode(event))
+        self.spool.put(self._topic(topic), _key(event), self._encoded(event))
         self.spooled += 1
+
+    def _encoded(self, event: Mapping[str, Any]) -> bytes:
+        """The event's bytes; 413 when they exceed the record limit (the log would refuse them)."""
+        value = encode(event)
+        if len(value) > self.max_record_bytes:
+            event_type = event["envelope"]["event_type"]
+            raise ApiError(
+                413,
+                f"the {event_type} event of this request would take {len(value)} bytes, over the server's "
+                f"record limit of {self.max_record_bytes} (--max-record-bytes): send less content"
+                + (" or ask for fewer tokens (max_tokens)" if event_type == "ResponseGenerated" else ""),
+                code="record_too_large",
+            )
+        return value
 
     def _topic(self, topic: str) -> str:
         """The full topic name, validated once per topic rather than once per event."""

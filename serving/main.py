@@ -23,6 +23,7 @@ from connectors.metrics import Metrics
 from connectors.model_files import resolve_model
 from connectors.object_store.factory import open_object_store
 from schemas.errors import ConfigError
+from schemas.topics import topic_name
 from serving.admin import admin_routes
 from serving.app import ServerState, build_app
 from serving.capture import EventRecorder
@@ -107,13 +108,17 @@ async def running_server(
     check_settings(settings)
     if backend is None or template is None:
         backend, template = build_backend(settings)
-    log = open_event_log(settings.effective_log_url())
+    log = open_event_log(settings.effective_log_url(), settings.topic_policy())
     spool = EventSpool(settings.data_dir / f"spool-{settings.server_id}.db", sync=settings.spool_sync)
     metrics = Metrics()
-    drainer = SpoolDrainer(spool, log)
+    drainer = SpoolDrainer(spool, log, metrics=metrics)
     spool.on_committed = drainer.wake
     recorder = EventRecorder(
-        spool, settings.namespace, clock_ms=lambda: int(time.time() * 1000), enabled=settings.capture
+        spool,
+        settings.namespace,
+        clock_ms=lambda: int(time.time() * 1000),
+        enabled=settings.capture,
+        max_record_bytes=settings.max_record_bytes,
     )
     store = open_object_store(
         settings.effective_store_url(),
@@ -165,6 +170,7 @@ async def _background(
         try:
             await log.start()
             await create_catalog_topics(log, settings.namespace, settings.topic_partitions)
+            warning = await log.power_cut_warning(topic_name(settings.namespace, "requests"))
             break
         except ConfigError:
             raise
@@ -172,6 +178,8 @@ async def _background(
             logger.warning("event log not reachable yet (%s); retrying in %.1f s", error, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
+    if warning is not None:
+        logger.warning("durability: %s", warning)
     tasks = [drainer.run()]
     if settings.follow_checkpoints:
         tasks.append(follower.follow(log, settings.namespace))

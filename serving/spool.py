@@ -17,6 +17,10 @@ has the cost of each).
   future that the handler awaits before it sends its response. One transaction per tick instead of
   one per event is most of the spool's cost under load.
 
+A record the log refuses for good (over `--max-record-bytes`, or invalid to the broker) never blocks
+the spool: it moves to the spool file's `set_aside` table with the reason, is counted in the metrics
+(`orl_spool_set_aside_total`) and is listed by `orl spool`; the records behind it drain on.
+
 Reads and writes: the spool file; appends to whichever topics the events are for.
 """
 
@@ -26,11 +30,13 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from connectors.event_log.base import EventLog, OutgoingRecord
+from connectors.event_log.base import EventLog, OutgoingRecord, RecordRefused
+from connectors.metrics import Metrics
 from schemas.errors import OrlError
 
 logger = logging.getLogger(__name__)
@@ -56,6 +62,18 @@ class SpooledEvent:
     value: bytes
 
 
+@dataclass(frozen=True)
+class SetAsideEvent:
+    """A spooled event the log refused for good, kept with why and when (ms since the epoch)."""
+
+    seq: int
+    topic: str
+    key: bytes | None
+    value: bytes
+    reason: str
+    set_aside_at_ms: int
+
+
 class EventSpool:
     """A FIFO of (topic, key, value) on disk. Single process; all calls from one event loop.
 
@@ -76,6 +94,10 @@ class EventSpool:
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,"
             " key BLOB, value BLOB NOT NULL)"
+        )
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS set_aside (seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, key BLOB,"
+            " value BLOB NOT NULL, reason TEXT NOT NULL, set_aside_at_ms INTEGER NOT NULL)"
         )
         # per session: the next turn index to give, so a restarted server never gives a turn id twice
         self._db.execute(
@@ -168,6 +190,20 @@ class EventSpool:
     def remove_through(self, seq: int) -> None:
         self._db.execute("DELETE FROM spool WHERE seq <= ?", (seq,))
 
+    def set_aside(self, event: SpooledEvent, reason: str) -> None:
+        """Keep an event the log refused for good in `set_aside` (once, however often it is refused);
+        the next `remove_through` past it takes it off the spool."""
+        self._db.execute(
+            "INSERT OR IGNORE INTO set_aside (seq, topic, key, value, reason, set_aside_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+            (event.seq, event.topic, event.key, event.value, reason, int(time.time() * 1000)),
+        )
+
+    def set_aside_events(self) -> list[SetAsideEvent]:
+        rows = self._db.execute(
+            "SELECT seq, topic, key, value, reason, set_aside_at_ms FROM set_aside ORDER BY seq"
+        )
+        return [SetAsideEvent(*row) for row in rows]
+
     def depth(self) -> int:
         """Events spooled and not yet drained, including those staged for the next group commit."""
         return int(self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]) + len(self._staged)
@@ -180,22 +216,44 @@ class EventSpool:
             self._db.close()
 
 
-async def drain_once(spool: EventSpool, log: EventLog, batch: int = 500) -> int:
+async def drain_once(
+    spool: EventSpool, log: EventLog, batch: int = 500, metrics: Metrics | None = None
+) -> int:
     """Append the oldest spooled events to the log, one batch per topic; returns how many were moved.
 
     Each topic keeps the spool's order (so a session's events stay in order); the order across
     topics does not matter to consumers. The spool rows go once every topic has them: a crash in
-    between re-appends a few events, which their deterministic ids make harmless.
+    between re-appends a few events, which their deterministic ids make harmless. Events the log
+    refuses for good are set aside (and count as moved); the others of their batch were appended.
     """
     events = spool.oldest(batch)
-    by_topic: dict[str, list[OutgoingRecord]] = {}
+    by_topic: dict[str, list[SpooledEvent]] = {}
     for event in events:
-        by_topic.setdefault(event.topic, []).append(OutgoingRecord(value=event.value, key=event.key))
-    for topic, records in by_topic.items():
-        await log.append_batch(topic, records)
+        by_topic.setdefault(event.topic, []).append(event)
+    for topic, pending in by_topic.items():
+        while pending:  # each pass sets at least one event aside, so this ends
+            try:
+                await log.append_batch(topic, [OutgoingRecord(value=e.value, key=e.key) for e in pending])
+                break
+            except RecordRefused as refused:
+                for index, reason in sorted(refused.refused.items()):
+                    _set_aside(spool, pending[index], reason, metrics)
+                # the others of the batch that the log did not append (it may stop at a refusal)
+                pending = [
+                    e
+                    for i, e in enumerate(pending)
+                    if refused.positions[i] is None and i not in refused.refused
+                ]
     if events:
         spool.remove_through(events[-1].seq)
     return len(events)
+
+
+def _set_aside(spool: EventSpool, event: SpooledEvent, reason: str, metrics: Metrics | None) -> None:
+    spool.set_aside(event, reason)
+    logger.error("set aside spooled event %d of %s: %s", event.seq, event.topic, reason)
+    if metrics is not None:
+        metrics.count("spool_set_aside", topic=event.topic)
 
 
 class SpoolDrainer:
@@ -215,9 +273,11 @@ class SpoolDrainer:
         max_backoff_s: float = 5.0,
         linger_s: float = 0.005,
         batch: int = 500,
+        metrics: Metrics | None = None,
     ) -> None:
         self.spool = spool
         self.log = log
+        self.metrics = metrics
         self.idle_s = idle_s
         self.max_backoff_s = max_backoff_s
         self.linger_s = linger_s
@@ -234,7 +294,7 @@ class SpoolDrainer:
         while True:
             self._wake.clear()  # before the drain: a commit during it wakes the next round
             try:
-                moved = await drain_once(self.spool, self.log, self.batch)
+                moved = await drain_once(self.spool, self.log, self.batch, self.metrics)
                 backoff = self.idle_s
             except OrlError as error:  # the log is down: keep spooling, try again later
                 self.failures += 1

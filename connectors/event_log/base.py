@@ -22,6 +22,21 @@ class EventLogError(OrlError):
     """The log refused an operation (unknown topic, closed log, bad argument)."""
 
 
+class RecordRefused(EventLogError):
+    """The log refused some records of an append for good (too large, invalid): sending them again
+    cannot succeed. `refused` maps each such record's index in the batch to the reason; `positions`
+    holds where the others were appended (None for the refused ones)."""
+
+    def __init__(
+        self, topic: str, refused: Mapping[int, str], positions: Sequence[RecordPosition | None]
+    ) -> None:
+        first = min(refused)
+        super().__init__(f"{topic!r} refused {len(refused)} record(s), the first: {refused[first]}")
+        self.topic = topic
+        self.refused = dict(refused)
+        self.positions = list(positions)
+
+
 @dataclass(frozen=True, order=True)
 class TopicPartition:
     topic: str
@@ -30,8 +45,12 @@ class TopicPartition:
 
 @dataclass(frozen=True)
 class TopicSpec:
+    """A topic to create; `configs` are Kafka topic configs of its own (cleanup.policy, retention.ms),
+    merged over the log's `TopicPolicy` (the SQLite log keeps every record and ignores them)."""
+
     name: str
     partitions: int = 1
+    configs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,7 +162,10 @@ class EventLog(abc.ABC):
 
     @abc.abstractmethod
     async def append_batch(self, topic: str, records: Sequence[OutgoingRecord]) -> list[RecordPosition]:
-        """Append many records; when this returns all are durable. A crash mid-batch never exposes a partial record."""
+        """Append many records; when this returns all are durable. A crash mid-batch never exposes a partial record.
+
+        A record over the policy's `max_record_bytes` (or one the broker refuses for good) raises
+        RecordRefused, which says which records were appended and which were not."""
 
     @abc.abstractmethod
     async def append_and_commit(
@@ -157,6 +179,11 @@ class EventLog(abc.ABC):
         This is what makes a processor exactly-once: its outputs and its input position move together
         (one SQLite transaction; a Kafka transaction with send_offsets_to_transaction).
         """
+
+    async def power_cut_warning(self, topic: str) -> str | None:
+        """Why a power cut could lose records of `topic` that an append acknowledged; None when it cannot
+        (the SQLite log syncs every commit to disk; Kafka with 2 or more replicas)."""
+        return None
 
     @abc.abstractmethod
     async def end_offsets(self, topic: str) -> dict[int, int]:

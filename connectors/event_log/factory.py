@@ -12,6 +12,7 @@ from typing import Any
 from connectors.event_log.base import EventLog
 from connectors.event_log.kafka_log import KafkaEventLog
 from connectors.event_log.sqlite_log import SqliteEventLog
+from connectors.event_log.topic_policy import DEFAULT_POLICY, TopicPolicy
 from schemas.errors import ConfigError
 
 ACCEPTED_FORMS = "sqlite:///abs/path.db, sqlite:relative/path.db or kafka://host:port[,host:port...]"
@@ -41,10 +42,11 @@ def _kafka_bootstrap(url: str) -> str:
     return ",".join(servers)
 
 
-def open_event_log(url: str, **options: Any) -> EventLog:
-    """A new, not yet started event log for `url`; `options` go to the implementation's constructor."""
+def open_event_log(url: str, policy: TopicPolicy = DEFAULT_POLICY, **options: Any) -> EventLog:
+    """A new, not yet started event log for `url` under `policy` (topics it creates, largest record it
+    appends: `ConnectionSettings.topic_policy()`); `options` go to the implementation's constructor."""
     if url.startswith("sqlite:"):
-        return SqliteEventLog(_sqlite_path(url), **options)
+        return SqliteEventLog(_sqlite_path(url), policy=policy, **options)
     if url.startswith("kafka://"):
-        return KafkaEventLog(_kafka_bootstrap(url), **options)
+        return KafkaEventLog(_kafka_bootstrap(url), policy=policy, **options)
     raise _bad_url(url, "has an unknown scheme")

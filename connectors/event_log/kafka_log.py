@@ -19,7 +19,20 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, KafkaError, ProducerFenced, TopicAlreadyExistsError
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidMessageError,
+    InvalidTimestampError,
+    KafkaConnectionError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    ProducerFenced,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    TopicAlreadyExistsError,
+)
+from aiokafka.structs import RecordMetadata
 
 from connectors.event_log.base import (
     ConsumedRecord,
@@ -28,13 +41,29 @@ from connectors.event_log.base import (
     EventLogError,
     OutgoingRecord,
     RecordPosition,
+    RecordRefused,
     TopicPartition,
     TopicSpec,
 )
 from connectors.event_log.partitioner import Partitioner
+from connectors.event_log.topic_policy import (
+    DEFAULT_POLICY,
+    RECORD_OVERHEAD_BYTES,
+    TopicPolicy,
+    power_cut_warning,
+)
 from schemas.errors import ServiceUnavailable
 
 _TOPIC_ALREADY_EXISTS = TopicAlreadyExistsError.errno
+# Errors for one record that no retry can mend: the record is set aside, not sent again.
+REFUSED_FOR_GOOD = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    CorruptRecordException,
+    InvalidMessageError,
+    InvalidTimestampError,
+)
 _Client = TypeVar("_Client")
 _Kafka = TypeVar("_Kafka", AIOKafkaProducer, AIOKafkaConsumer)
 
@@ -98,7 +127,8 @@ def from_kafka(tp: KafkaTopicPartition) -> TopicPartition:
 
 class KafkaEventLog(EventLog):
     """`EventLog` over Kafka. `transactional_member` names this process in its transactional ids: give a
-    restarted worker the same one, so that its new producer fences the old one and aborts its open transaction."""
+    restarted worker the same one, so that its new producer fences the old one and aborts its open transaction.
+    `policy` sets the replicas and configs of the topics it creates and the largest record it appends."""
 
     def __init__(
         self,
@@ -109,8 +139,10 @@ class KafkaEventLog(EventLog):
         session_timeout_s: float = 10.0,
         heartbeat_interval_s: float = 1.0,
         transactional_member: str | None = None,
+        policy: TopicPolicy = DEFAULT_POLICY,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        self.policy = policy
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
         self.session_timeout_s = session_timeout_s
@@ -121,14 +153,18 @@ class KafkaEventLog(EventLog):
         self._offsets_reader: AIOKafkaConsumer | None = None
         self._txn_producers: dict[str, AIOKafkaProducer] = {}
         self._partition_counts: dict[str, int] = {}
+        self._record_limits: dict[str, int] = {}
         self._partitioner = Partitioner()
 
     def client_options(self) -> dict[str, Any]:
         return {"bootstrap_servers": self.bootstrap_servers, "client_id": self.client_id}
 
+    def producer_options(self) -> dict[str, Any]:
+        return {**self.client_options(), "max_request_size": self.policy.max_message_bytes}
+
     async def start(self) -> None:
         self._producer = await self.connect(
-            lambda: AIOKafkaProducer(**self.client_options(), enable_idempotence=True, acks="all")
+            lambda: AIOKafkaProducer(**self.producer_options(), enable_idempotence=True, acks="all")
         )
         self._admin = await start_with_retry(
             lambda: AIOKafkaAdminClient(**self.client_options()),
@@ -149,9 +185,22 @@ class KafkaEventLog(EventLog):
             raise EventLogError(f"the Kafka event log at {self.bootstrap_servers} is not started (or closed)")
         return self._producer, self._admin
 
+    async def brokers(self) -> int:
+        """How many brokers the cluster has now."""
+        _, admin = self._started()
+        with kafka_errors(self.bootstrap_servers, "describe the cluster"):
+            cluster = await admin.describe_cluster()
+        return len(cluster["brokers"])
+
     async def create_topics(self, specs: Sequence[TopicSpec]) -> None:
         _, admin = self._started()
-        new_topics = [NewTopic(spec.name, spec.partitions, 1) for spec in specs]
+        replicas = self.policy.replicas(await self.brokers())
+        configs = self.policy.topic_configs(replicas)
+        unique = {spec.name: spec for spec in reversed(specs)}  # a request naming a topic twice is refused
+        new_topics = [
+            NewTopic(spec.name, spec.partitions, replicas, topic_configs={**configs, **dict(spec.configs)})
+            for spec in unique.values()
+        ]
         with kafka_errors(self.bootstrap_servers, "create topics"):
             response = await admin.create_topics(new_topics)
         failed = [
@@ -161,6 +210,29 @@ class KafkaEventLog(EventLog):
         ]
         if failed:
             raise EventLogError(f"Kafka at {self.bootstrap_servers} did not create topics: {failed}")
+        await self._wait_until_listed(set(unique))
+
+    async def _wait_until_listed(self, topics: set[str]) -> None:
+        """Until the brokers' metadata lists `topics`: a new topic reaches it a moment after the
+        controller created it, and a reader asking before then would be told it does not exist."""
+        _, admin = self._started()
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            with kafka_errors(self.bootstrap_servers, "list topics"):
+                missing = topics - set(await admin.list_topics())
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise EventLogError(
+                    f"Kafka at {self.bootstrap_servers} created but does not list {sorted(missing)}"
+                )
+            await asyncio.sleep(0.05)
+
+    async def power_cut_warning(self, topic: str) -> str | None:
+        _, admin = self._started()
+        with kafka_errors(self.bootstrap_servers, f"describe topic {topic!r}"):
+            (description,) = await admin.describe_topics([topic])
+        return power_cut_warning(topic, min(len(p["replicas"]) for p in description["partitions"]))
 
     async def partitions_for(self, topic: str) -> int:
         if topic in self._partition_counts:
@@ -174,17 +246,85 @@ class KafkaEventLog(EventLog):
         self._partition_counts[topic] = len(description["partitions"])
         return self._partition_counts[topic]
 
+    async def record_limit(self, topic: str) -> int:
+        """The largest value `topic` takes: the policy's limit, or less when the topic was created with
+        a smaller max.message.bytes (by another deployment, or before the limit was raised)."""
+        if topic not in self._record_limits:
+            _, admin = self._started()
+            resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})
+            with kafka_errors(self.bootstrap_servers, f"describe the configs of {topic!r}"):
+                (response,) = await admin.describe_configs([resource])
+            configs = {name: value for name, value, *_ in response.resources[0][4]}
+            topic_limit = int(configs.get("max.message.bytes") or self.policy.max_message_bytes)
+            self._record_limits[topic] = min(
+                self.policy.max_record_bytes, topic_limit - RECORD_OVERHEAD_BYTES
+            )
+        return self._record_limits[topic]
+
     async def _send_all(
         self, producer: AIOKafkaProducer, outputs: Sequence[tuple[str, OutgoingRecord]]
     ) -> list[RecordPosition]:
-        futures = []
-        for topic, record in outputs:
+        """Send every output and wait for all. RecordRefused if any was refused for good, saying where
+        the others went: each one sent is waited for, and None marks those that were not appended."""
+        sent: list[asyncio.Future[Any] | None] = []
+        refused: dict[int, str] = {}
+        for index, (topic, record) in enumerate(outputs):
+            limit = await self.record_limit(topic)
+            why = self.policy.oversized(record.value)
+            if why is None and len(record.value) > limit:
+                why = (
+                    f"record of {len(record.value)} bytes exceeds the {limit}-byte limit of {topic!r} "
+                    "(its max.message.bytes is below this log's --max-record-bytes)"
+                )
+            if why is not None:
+                refused[index] = why
+                sent.append(None)
+                continue
             partition = self._partitioner.partition(topic, record.key, await self.partitions_for(topic))
             headers = list(record.headers) or None
-            futures.append(
-                await producer.send(topic, record.value, key=record.key, partition=partition, headers=headers)
+            try:
+                future = await producer.send(
+                    topic, record.value, key=record.key, partition=partition, headers=headers
+                )
+            except REFUSED_FOR_GOOD as exc:  # the producer's own check (max_request_size)
+                refused[index] = f"the producer refused it: {exc!r}"
+                future = None
+            sent.append(future)
+        results = await asyncio.gather(*(f for f in sent if f is not None), return_exceptions=True)
+        outcomes = iter(results)
+        positions: list[RecordPosition | None] = []
+        failed: list[BaseException] = []
+        for index, future in enumerate(sent):
+            result = None if future is None else next(outcomes)
+            if isinstance(result, REFUSED_FOR_GOOD):
+                refused[index] = f"the broker refused it: {result!r}"
+            elif isinstance(result, BaseException):
+                failed.append(result)
+            positions.append(
+                RecordPosition(result.partition, result.offset)
+                if isinstance(result, RecordMetadata)
+                else None
             )
-        return [RecordPosition(md.partition, md.offset) for md in await asyncio.gather(*futures)]
+        if any(isinstance(result, REFUSED_FOR_GOOD) for result in results):
+            # The refused batch took sequence numbers the broker never saw: every later batch of this
+            # idempotent producer would fail with OutOfOrderSequenceNumber. A new producer starts afresh.
+            await self._replace_producer(producer)
+        if refused:
+            raise RecordRefused(outputs[min(refused)][0], refused, positions)
+        if failed:
+            raise failed[0]  # a transient failure: the caller sends the batch again
+        return [position for position in positions if position is not None]
+
+    async def _replace_producer(self, producer: AIOKafkaProducer) -> None:
+        """Stop the idempotent producer and start a new one (a transactional one is left alone: its
+        transaction aborts, and the next one starts with fresh sequence numbers)."""
+        if producer is not self._producer:
+            return
+        self._producer = None
+        await _stop_client(producer)
+        self._producer = await self.connect(
+            lambda: AIOKafkaProducer(**self.producer_options(), enable_idempotence=True, acks="all")
+        )
 
     async def append(self, topic: str, record: OutgoingRecord) -> RecordPosition:
         return (await self.append_batch(topic, [record]))[0]
@@ -220,7 +360,7 @@ class KafkaEventLog(EventLog):
             self._started()
             transactional_id = f"orl-{group_id}-{self._transactional_member}"
             self._txn_producers[group_id] = await self.connect(
-                lambda: AIOKafkaProducer(**self.client_options(), transactional_id=transactional_id)
+                lambda: AIOKafkaProducer(**self.producer_options(), transactional_id=transactional_id)
             )
         return self._txn_producers[group_id]
 

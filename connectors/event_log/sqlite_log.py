@@ -32,10 +32,12 @@ from connectors.event_log.base import (
     Headers,
     OutgoingRecord,
     RecordPosition,
+    RecordRefused,
     TopicPartition,
     TopicSpec,
 )
 from connectors.event_log.partitioner import Partitioner, deal_partitions
+from connectors.event_log.topic_policy import DEFAULT_POLICY, TopicPolicy
 
 _T = TypeVar("_T")
 
@@ -261,8 +263,10 @@ class SqliteEventLog(EventLog):
         busy_timeout_s: float = 30.0,
         session_timeout_s: float = 10.0,
         heartbeat_interval_s: float = 1.0,
+        policy: TopicPolicy = DEFAULT_POLICY,
     ) -> None:
         self.path = Path(path)
+        self.policy = policy
         self.session_timeout_s = session_timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self._busy_timeout_s = busy_timeout_s
@@ -309,8 +313,15 @@ class SqliteEventLog(EventLog):
         return (await self.append_batch(topic, [record]))[0]
 
     async def append_batch(self, topic: str, records: Sequence[OutgoingRecord]) -> list[RecordPosition]:
-        placed = await self._place([(topic, record) for record in records])
-        return await self.call(SqliteStore.append, placed, [])
+        refused = {
+            i: why for i, r in enumerate(records) if (why := self.policy.oversized(r.value)) is not None
+        }
+        placed = await self._place([(topic, r) for i, r in enumerate(records) if i not in refused])
+        appended = iter(await self.call(SqliteStore.append, placed, []))
+        if refused:
+            positions = [None if i in refused else next(appended) for i in range(len(records))]
+            raise RecordRefused(topic, refused, positions)
+        return list(appended)
 
     async def append_and_commit(
         self,

@@ -486,7 +486,7 @@ async def _wait_for_gate(stack: DemoStack, version: int, deadline: float, step: 
 
 async def read_gate(up: UpSettings, namespace: str) -> tuple[set[int], GateDecisions]:
     """The versions the trainer published, and the gate's decisions on them (from `checkpoints`)."""
-    async with open_event_log(up.effective_log_url()) as log:
+    async with open_event_log(up.effective_log_url(), up.topic_policy()) as log:
         events = [decode(r.value) for r in await read_to_end(log, topic_name(namespace, "checkpoints"))]
     decisions = GateDecisions(up.run_id)
     published: set[int] = set()
@@ -514,7 +514,7 @@ async def sample_counts(up: UpSettings, namespace: str) -> tuple[int, int]:
 
 async def trained_counts(up: UpSettings, namespace: str) -> tuple[int, int, float]:
     """(samples the trainer has consumed (trained or dropped as stale), its newest version, that step's KL)."""
-    async with open_event_log(up.effective_log_url()) as log:
+    async with open_event_log(up.effective_log_url(), up.topic_policy()) as log:
         records = await read_to_end(log, topic_name(namespace, "train_steps"))
     steps = [decode(record.value) for record in records]
     consumed = sum(len(s["sample_ids"]) + int(s["dropped_stale"]) for s in steps)

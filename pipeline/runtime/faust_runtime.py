@@ -40,13 +40,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
 from faust.types import EventT, StreamT, TopicT
 from mode import CrashingSupervisor
 
-from connectors.event_log.base import ConsumedRecord
+from connectors.event_log.base import ConsumedRecord, TopicSpec
+from connectors.event_log.kafka_log import KafkaEventLog
 from connectors.event_log.partitioner import partition_for_key
+from connectors.event_log.topic_policy import DEFAULT_POLICY, TopicPolicy
 from connectors.metrics import Metrics
 from pipeline.processors.config import PipelineConfig
 from pipeline.processors.contract import Processor
@@ -283,6 +283,8 @@ def build_faust_app(
     processing_guarantee: str = "exactly_once",
     *,
     partitions: int = 8,
+    replicas: int = 1,
+    max_message_bytes: int = DEFAULT_POLICY.max_message_bytes,
     tick_interval_s: float = 1.0,
     session_timeout_s: float = 10.0,
     rebalance_timeout_s: float = 60.0,
@@ -292,9 +294,11 @@ def build_faust_app(
 ) -> faust.App:
     """A faust app with one agent, Table and tick timer per processor; all workers share `app_id` (the group).
 
-    `session_timeout_s` is how long a killed worker keeps its partitions (noida-db refuses < 6 s);
-    `rebalance_timeout_s` how long a rebalance waits for members to rejoin (noida-db waits that
-    long for a killed member, even past its session timeout);
+    `replicas` is the replication factor of any topic faust creates itself (create the app's topics
+    first with `create_pipeline_topics`, which returns it); `max_message_bytes` its producer's
+    max_request_size (`TopicPolicy.max_message_bytes`);
+    `session_timeout_s` is how long a killed worker keeps its partitions;
+    `rebalance_timeout_s` how long a rebalance waits for members to rejoin;
     `commit_interval_s` bounds how long outputs wait in an open transaction under exactly_once.
     """
     if processing_guarantee not in GUARANTEES:
@@ -307,6 +311,8 @@ def build_faust_app(
         store="memory://",
         processing_guarantee=processing_guarantee,
         topic_partitions=partitions,
+        topic_replication_factor=replicas,
+        producer_max_request_size=max_message_bytes,
         topic_disable_leader=True,
         # exactly_once: faust-streaming 0.15.3 keeps the transactional producer of a partition that
         # moved to another worker if this one holds the partition's standby; the new owner fences it,
@@ -341,9 +347,9 @@ def build_faust_app(
 
 def pipeline_topics(
     processors: Sequence[Processor], namespace: str, app_id: str, partitions: int
-) -> list[NewTopic]:
+) -> list[TopicSpec]:
     """Every topic the app touches, with the app's partition count (changelogs compacted, ticks short-lived)."""
-    names: dict[str, dict[str, str]] = {}
+    names: dict[str, tuple[tuple[str, str], ...]] = {}
     for processor in processors:
         inputs = [topic_name(namespace, t) for t in processor.inputs]
         for name in [
@@ -351,27 +357,25 @@ def pipeline_topics(
             *(topic_name(namespace, t) for t in processor.outputs),
             *map(dlq_topic, inputs),
         ]:
-            names.setdefault(name, {})
-        names[changelog_topic(app_id, processor)] = {"cleanup.policy": "compact"}
-        names[tick_topic(app_id, processor)] = {"retention.ms": str(TICK_RETENTION_MS)}
-    return [NewTopic(name, partitions, 1, topic_configs=configs) for name, configs in names.items()]
+            names.setdefault(name, ())
+        names[changelog_topic(app_id, processor)] = (("cleanup.policy", "compact"),)
+        names[tick_topic(app_id, processor)] = (("retention.ms", str(TICK_RETENTION_MS)),)
+    return [TopicSpec(name, partitions, configs) for name, configs in names.items()]
 
 
 async def create_pipeline_topics(
-    processors: Sequence[Processor], namespace: str, app_id: str, broker_url: str, partitions: int = 8
-) -> None:
-    """Create the app's topics before any worker starts; existing topics are kept as they are."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker_url.replace(";", ","), client_id=f"{app_id}-admin")
-    await admin.start()
-    try:
-        response = await admin.create_topics(pipeline_topics(processors, namespace, app_id, partitions))
-    finally:
-        await admin.close()
-    failed = [
-        (t, code) for t, code, *_ in response.topic_errors if code not in (0, TopicAlreadyExistsError.errno)
-    ]
-    if failed:
-        raise ConfigError(f"the broker at {broker_url} did not create topics: {failed}")
+    processors: Sequence[Processor],
+    namespace: str,
+    app_id: str,
+    broker_url: str,
+    partitions: int = 8,
+    policy: TopicPolicy = DEFAULT_POLICY,
+) -> int:
+    """Create the app's topics before any worker starts, as the Kafka log creates every topic (replicas
+    and configs from `policy`); existing topics are kept as they are. Returns the replication factor."""
+    async with KafkaEventLog(broker_url.replace(";", ","), client_id=f"{app_id}-admin", policy=policy) as log:
+        await log.create_topics(pipeline_topics(processors, namespace, app_id, partitions))
+        return policy.replicas(await log.brokers())
 
 
 def run_worker(
@@ -384,6 +388,7 @@ def run_worker(
     processing_guarantee: str = "exactly_once",
     *,
     partitions: int = 8,
+    policy: TopicPolicy = DEFAULT_POLICY,
     loglevel: str = "info",
     **options: Any,
 ) -> None:
@@ -394,7 +399,7 @@ def run_worker(
     """
     check_faust_version()
     chosen = [processors] if not isinstance(processors, Sequence) else list(processors)
-    asyncio.run(create_pipeline_topics(chosen, namespace, app_id, broker_url, partitions))
+    replicas = asyncio.run(create_pipeline_topics(chosen, namespace, app_id, broker_url, partitions, policy))
     loop = asyncio.new_event_loop()  # asyncio.run closed the previous one; faust's Worker owns this one
     asyncio.set_event_loop(loop)
     app = build_faust_app(
@@ -406,6 +411,8 @@ def run_worker(
         data_dir,
         processing_guarantee,
         partitions=partitions,
+        replicas=replicas,
+        max_message_bytes=policy.max_message_bytes,
         **options,
     )
     worker = faust.Worker(app, loglevel=loglevel, loop=loop, redirect_stdouts=False)

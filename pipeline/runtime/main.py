@@ -190,7 +190,7 @@ async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
         start_http_server(settings.metrics_port, addr="127.0.0.1", registry=metrics.registry)
         logger.info("metrics at http://127.0.0.1:%d/metrics", settings.metrics_port)
     with tuned_for_streams():
-        async with open_event_log(settings.effective_log_url()) as log:
+        async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log:
             runners = build_runners(log, settings, stages, metrics)
             logger.info(
                 "pipeline (%s) running stages: %s", settings.method, ", ".join(s.name for s in stages)
@@ -252,5 +252,6 @@ def _run_faust(settings: PipelineSettings) -> int:
         app_id=f"orl-{settings.namespace}-pipeline",
         data_dir=settings.data_dir / "faust",
         partitions=settings.topic_partitions,
+        policy=settings.topic_policy(),
     )
     return 0

@@ -193,3 +193,16 @@ async def test_metrics_answer_anyone_by_default_and_only_the_metrics_key_once_on
         for server in (open_server, keyed):
             await server.client.aclose()
             server.spool.close()
+
+
+async def test_a_turn_over_the_record_limit_gets_a_413_before_anything_is_spooled(server: Server) -> None:
+    server.state.recorder.max_record_bytes = 4096
+    long_question = [{"role": "user", "content": "Why? " * 2000}]  # 10 KB: inside the 4 MB body limit
+    reply = await server.chat(messages=long_question)
+    assert reply.status_code == 413, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "record_too_large"
+    assert "RequestReceived" in error["message"] and "--max-record-bytes" in error["message"]
+    assert server.spooled() == []  # refused before acknowledging: the log never sees it
+    assert (await server.chat()).status_code == 200  # the next turn goes through
+    assert event_types(server.spooled()) == ["RequestReceived", "ResponseGenerated"]

@@ -1,4 +1,4 @@
-"""The event-log contract: every implementation (SQLite, Kafka via the noida-db test broker) must pass it.
+"""The event-log contract: every implementation (SQLite, Kafka on the Apache Kafka test broker) must pass it.
 
 Each test uses fresh topic and group names, so tests share one broker without seeing each other.
 """
@@ -19,6 +19,7 @@ from connectors.event_log.base import (
     EventLog,
     EventLogError,
     OutgoingRecord,
+    RecordRefused,
     TopicPartition,
     TopicSpec,
 )
@@ -26,19 +27,20 @@ from connectors.event_log.kafka_log import KafkaEventLog
 from connectors.event_log.partitioner import partition_for_key
 from connectors.event_log.reading import read_to_end
 from connectors.event_log.sqlite_log import SqliteEventLog
+from connectors.event_log.topic_policy import TopicPolicy
 
 pytestmark = pytest.mark.timeout(60)
 
-LogFactory = Callable[[], EventLog]
+LogFactory = Callable[..., EventLog]  # keyword options go to the log's constructor
 
 
 @pytest.fixture(params=["sqlite", pytest.param("kafka", marks=pytest.mark.kafka)])
 def make_log(request: pytest.FixtureRequest, tmp_path: Path) -> LogFactory:
     """Makes unstarted logs that all talk to the same store (one SQLite file or one broker)."""
     if request.param == "sqlite":
-        return lambda: SqliteEventLog(tmp_path / "log.db")
+        return lambda **options: SqliteEventLog(tmp_path / "log.db", **options)
     bootstrap = request.getfixturevalue("kafka_bootstrap")
-    return lambda: KafkaEventLog(bootstrap)
+    return lambda **options: KafkaEventLog(bootstrap, **options)
 
 
 @pytest.fixture
@@ -261,3 +263,18 @@ async def test_a_reader_reaches_the_end_of_a_topic_written_in_transactions(event
         while await consumer.position(tp) < end:  # past the last marker once it is fetched
             assert time.monotonic() < deadline, f"position {await consumer.position(tp)}, end {end}"
             assert await consumer.poll(timeout_s=0.3) == []
+
+
+async def test_a_record_over_the_limit_is_refused_and_the_others_of_its_batch_are_appended(
+    make_log: LogFactory,
+) -> None:
+    async with make_log(policy=TopicPolicy(max_record_bytes=2048)) as log:
+        topic = await new_topic(log)
+        batch = [OutgoingRecord(b"a", b"k"), OutgoingRecord(b"x" * 2049, b"k"), OutgoingRecord(b"b", b"k")]
+        with pytest.raises(RecordRefused, match="2049 bytes exceeds --max-record-bytes 2048") as refused:
+            await log.append_batch(topic, batch)
+        assert refused.value.topic == topic
+        assert list(refused.value.refused) == [1]
+        assert [position is None for position in refused.value.positions] == [False, True, False]
+        assert [r.value for r in await read_to_end(log, topic)] == [b"a", b"b"]
+        assert (await log.append(topic, OutgoingRecord(b"x" * 2048, b"k"))).offset >= 2  # at the limit: fine

@@ -1,17 +1,24 @@
-"""Log and object-store outages under a live `orl up` (issue 22): the Kafka-protocol broker and the
-S3 server stop answering (SIGSTOP of their process groups) for 10 s, in turn, twice each, under chat
-and feedback traffic; in a second run the S3 server is restarted in place three times (stopped,
-then started again on the same ports with the same data). Nothing acknowledged may be lost
-or duplicated, the server must keep answering while the log is down (its spool), and the trainer
-must still publish checkpoints that verify.
+"""Log and object-store outages under a live `orl up` (issues 22 and 42), under chat and feedback traffic:
 
-Real processes: `orl up --log-url kafka://... --store-url s3://...` on the real model, a noida-db
-broker and a SeaweedFS server of this module's own (tests/fixtures), so that stopping them touches no
-other test. One run serves both tests; the run and the checks are tests/faults/harness.py, checks.py.
+- the Kafka broker and the S3 server stop answering (SIGSTOP of their process groups) for 10 s, in
+  turn, twice each;
+- the S3 server is restarted in place five times (stopped, then started again on the same ports
+  with the same data);
+- the single Kafka broker is killed with SIGKILL and started again in place five times;
+- on a three-broker cluster (replication factor 3, min.insync.replicas 2), each broker in turn is
+  killed with SIGKILL and started again in place, twice round (six restarts).
+
+Nothing acknowledged may be lost or duplicated, the server must keep answering while the log is down
+(its spool), and the trainer must still publish checkpoints that verify.
+
+Real processes: `orl up --log-url kafka://... --store-url s3://...` on the real model, Apache Kafka
+brokers and a SeaweedFS server of this module's own (tests/fixtures), so that stopping them touches no
+other test. The run and the checks are tests/faults/harness.py, checks.py.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,16 +34,16 @@ from tests.faults.harness import (
     restart_rounds,
     run_fault_suite,
 )
-from tests.fixtures.kafka_broker import RunningBroker, start_kafka_broker, stop_kafka_broker
+from tests.fixtures.kafka_broker import KafkaCluster, start_kafka_cluster
 from tests.fixtures.s3_server import S3Server, start_s3_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.kafka, pytest.mark.s3]
 
 
 def run_and_check(
-    tmp_path: Path, broker: RunningBroker, s3: S3Server, faults: Faults
+    tmp_path: Path, broker: KafkaCluster, s3: S3Server, faults: Faults
 ) -> tuple[FaultRun, Verdict]:
-    """The fault suite's traffic under `faults` on this broker and S3 server, and its verdict (printed)."""
+    """The fault suite's traffic under `faults` on these brokers and S3 server, and its verdict (printed)."""
     backends = {
         "ORL_LOG_URL": f"kafka://{broker.bootstrap}",
         "ORL_STORE_URL": f"s3://orl-faults?endpoint={s3.endpoint}&secure=false",
@@ -54,13 +61,15 @@ def outage_run(
     tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path
 ) -> Iterator[tuple[FaultRun, Verdict]]:
     tmp_path = tmp_path_factory.mktemp("outages")
-    broker = start_kafka_broker(tmp_path / "kafka")
+    broker = start_kafka_cluster(tmp_path / "kafka")
     s3 = start_s3_server()
     try:
-        groups = {"log": os.getpgid(broker.process.pid), "store": os.getpgid(s3.process.pid)}
+        (node,) = broker.nodes
+        assert node.process is not None
+        groups = {"log": os.getpgid(node.process.pid), "store": os.getpgid(s3.process.pid)}
         yield run_and_check(tmp_path, broker, s3, outage_rounds(groups, rounds=2, pause_s=10, seed=0))
     finally:
-        stop_kafka_broker(broker)
+        broker.stop()
         s3.stop()
 
 
@@ -84,12 +93,9 @@ def test_the_trainer_publishes_verified_checkpoints_through_the_outages(
 def restart_run(
     tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path
 ) -> Iterator[tuple[FaultRun, Verdict]]:
-    """The S3 server restarted in place three times under traffic. (The broker is not: noida-db, the
-    test broker, silently drops a transaction that is open when it restarts, yet acknowledges its
-    commit, so a restart of it loses whatever a stage was committing; a Kafka broker keeps
-    transactions in its durable transaction log. See benchmarks/RESULTS-faults.md.)"""
+    """The S3 server restarted in place five times under traffic."""
     tmp_path = tmp_path_factory.mktemp("restarts")
-    broker, store = start_kafka_broker(tmp_path / "kafka"), [start_s3_server()]
+    broker, store = start_kafka_cluster(tmp_path / "kafka"), [start_s3_server()]
 
     def restart_store() -> None:
         store[0] = store[0].restart()
@@ -99,7 +105,7 @@ def restart_run(
             tmp_path, broker, store[0], restart_rounds({"store": restart_store}, rounds=5, seed=1)
         )
     finally:
-        stop_kafka_broker(broker)
+        broker.stop()
         store[0].stop()
 
 
@@ -110,5 +116,39 @@ def test_restarts_of_the_store_in_place_lose_and_duplicate_nothing_acknowledged(
     run, verdict = restart_run
     assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
     assert [o.target for o in run.outages] == ["store"] * 5
+    assert verdict.problems == [], results_table(verdict)
+    assert verdict.figures["checkpoints verified"] >= 1, results_table(verdict)
+
+
+@pytest.fixture(scope="module", params=[1, 3], ids=["single-broker", "three-brokers"])
+def broker_restart_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path
+) -> Iterator[tuple[FaultRun, Verdict, int]]:
+    """kill -9 of a Kafka broker, started again in place, under traffic: the single broker five times,
+    or each broker of three in turn, twice round."""
+    brokers: int = request.param
+    tmp_path = tmp_path_factory.mktemp(f"broker-restarts-{brokers}")
+    cluster, s3 = start_kafka_cluster(tmp_path / "kafka", nodes=brokers), start_s3_server()
+    if brokers == 1:
+        restarts = {"broker-1": lambda: cluster.restart(1)}
+        rounds = 5
+    else:
+        restarts = {f"broker-{n}": functools.partial(cluster.restart, n) for n in (1, 2, 3)}
+        rounds = 2
+    try:
+        run, verdict = run_and_check(tmp_path, cluster, s3, restart_rounds(restarts, rounds=rounds, seed=2))
+        yield run, verdict, rounds * len(restarts)
+    finally:
+        cluster.stop()
+        s3.stop()
+
+
+@pytest.mark.timeout(900)
+def test_broker_kill_9_and_restart_in_place_loses_and_duplicates_nothing_acknowledged(
+    broker_restart_run: tuple[FaultRun, Verdict, int],
+) -> None:
+    run, verdict, restarts = broker_restart_run
+    assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
+    assert len([o for o in run.outages if o.target.startswith("broker-")]) == restarts
     assert verdict.problems == [], results_table(verdict)
     assert verdict.figures["checkpoints verified"] >= 1, results_table(verdict)

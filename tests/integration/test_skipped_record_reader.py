@@ -53,8 +53,10 @@ async def write(bootstrap: str) -> dict[bytes, int]:
 
 async def test_reads_the_committed_records_of_a_range_and_nothing_else(kafka_bootstrap: str) -> None:
     offsets = await write(kafka_bootstrap)
-    # markers take offsets: one after d (commit) and one after y (abort)
-    assert offsets[b"e"] == offsets[b"y"] + 2 and offsets[b"x"] == offsets[b"d"] + 2
+    # markers take offsets: the commit marker after d comes before x (a transaction begins once the
+    # last one's markers are written); the abort marker after y is written when the abort completes,
+    # so the plain e may land before or after it
+    assert offsets[b"x"] == offsets[b"d"] + 2 and offsets[b"e"] > offsets[b"y"]
     reader = SkippedRecordReader(kafka_bootstrap, timeout_s=20)
     try:
         await check_ranges(reader, offsets)
