@@ -65,6 +65,7 @@ REFUSED_FOR_GOOD = (
     InvalidTimestampError,
 )
 _Client = TypeVar("_Client")
+_T = TypeVar("_T")
 _Kafka = TypeVar("_Kafka", AIOKafkaProducer, AIOKafkaConsumer)
 
 
@@ -185,15 +186,32 @@ class KafkaEventLog(EventLog):
             raise EventLogError(f"the Kafka event log at {self.bootstrap_servers} is not started (or closed)")
         return self._producer, self._admin
 
+    async def _admin_call(self, action: str, call: Callable[[AIOKafkaAdminClient], Awaitable[_T]]) -> _T:
+        """One admin request, sent again while it fails in a way a broker failover causes (the node it
+        went to is down, a leader is moving), for at most connect_timeout_s."""
+        _, admin = self._started()
+        deadline = time.monotonic() + self.connect_timeout_s
+        backoff_s = 0.1
+        while True:
+            try:
+                with kafka_errors(self.bootstrap_servers, action):
+                    return await call(admin)
+            except (ServiceUnavailable, EventLogError) as exc:
+                transient = getattr(exc.__cause__, "retriable", False) or isinstance(exc, ServiceUnavailable)
+                if not transient or time.monotonic() + backoff_s > deadline:
+                    raise
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 1.0)
+
     async def brokers(self) -> int:
         """How many brokers the cluster has now."""
-        _, admin = self._started()
-        with kafka_errors(self.bootstrap_servers, "describe the cluster"):
-            cluster = await admin.describe_cluster()
+        cluster = await self._admin_call("describe the cluster", AIOKafkaAdminClient.describe_cluster)
         return len(cluster["brokers"])
 
+    async def _listed_topics(self) -> set[str]:
+        return set(await self._admin_call("list topics", AIOKafkaAdminClient.list_topics))
+
     async def create_topics(self, specs: Sequence[TopicSpec]) -> None:
-        _, admin = self._started()
         replicas = self.policy.replicas(await self.brokers())
         configs = self.policy.topic_configs(replicas)
         unique = {spec.name: spec for spec in reversed(specs)}  # a request naming a topic twice is refused
@@ -201,8 +219,7 @@ class KafkaEventLog(EventLog):
             NewTopic(spec.name, spec.partitions, replicas, topic_configs={**configs, **dict(spec.configs)})
             for spec in unique.values()
         ]
-        with kafka_errors(self.bootstrap_servers, "create topics"):
-            response = await admin.create_topics(new_topics)
+        response = await self._admin_call("create topics", lambda admin: admin.create_topics(new_topics))
         failed = [
             (t, code, msg)
             for t, code, *msg in response.topic_errors
@@ -210,50 +227,49 @@ class KafkaEventLog(EventLog):
         ]
         if failed:
             raise EventLogError(f"Kafka at {self.bootstrap_servers} did not create topics: {failed}")
-        await self._wait_until_listed(set(unique))
+        missing = await self._until_listed(set(unique), self.connect_timeout_s)
+        if missing:
+            raise EventLogError(
+                f"Kafka at {self.bootstrap_servers} created but does not list {sorted(missing)}"
+            )
 
-    async def _wait_until_listed(self, topics: set[str]) -> None:
-        """Until the brokers' metadata lists `topics`: a new topic reaches it a moment after the
-        controller created it, and a reader asking before then would be told it does not exist."""
-        _, admin = self._started()
-        deadline = time.monotonic() + self.connect_timeout_s
+    async def _until_listed(self, topics: set[str], timeout_s: float) -> set[str]:
+        """Wait until the metadata lists `topics`, for at most timeout_s; returns those still missing.
+        A new topic reaches each broker's metadata a moment after the controller created it."""
+        deadline = time.monotonic() + timeout_s
         while True:
-            with kafka_errors(self.bootstrap_servers, "list topics"):
-                missing = topics - set(await admin.list_topics())
-            if not missing:
-                return
-            if time.monotonic() > deadline:
-                raise EventLogError(
-                    f"Kafka at {self.bootstrap_servers} created but does not list {sorted(missing)}"
-                )
+            missing = topics - await self._listed_topics()
+            if not missing or time.monotonic() > deadline:
+                return missing
             await asyncio.sleep(0.05)
 
+    async def _describe_topic(self, topic: str) -> dict[str, Any]:
+        # list first: a metadata request naming an unknown topic would auto-create it on most brokers;
+        # a topic another process just created may take a moment to be listed by every broker
+        if await self._until_listed({topic}, timeout_s=2.0):
+            raise EventLogError(f"topic {topic!r} does not exist on Kafka at {self.bootstrap_servers}")
+        (description,) = await self._admin_call(
+            f"describe topic {topic!r}", lambda admin: admin.describe_topics([topic])
+        )
+        return dict(description)
+
     async def power_cut_warning(self, topic: str) -> str | None:
-        _, admin = self._started()
-        with kafka_errors(self.bootstrap_servers, f"describe topic {topic!r}"):
-            (description,) = await admin.describe_topics([topic])
+        description = await self._describe_topic(topic)
         return power_cut_warning(topic, min(len(p["replicas"]) for p in description["partitions"]))
 
     async def partitions_for(self, topic: str) -> int:
-        if topic in self._partition_counts:
-            return self._partition_counts[topic]
-        _, admin = self._started()
-        with kafka_errors(self.bootstrap_servers, f"describe topic {topic!r}"):
-            # list first: a metadata request naming an unknown topic would auto-create it on most brokers
-            if topic not in await admin.list_topics():
-                raise EventLogError(f"topic {topic!r} does not exist on Kafka at {self.bootstrap_servers}")
-            (description,) = await admin.describe_topics([topic])
-        self._partition_counts[topic] = len(description["partitions"])
+        if topic not in self._partition_counts:
+            self._partition_counts[topic] = len((await self._describe_topic(topic))["partitions"])
         return self._partition_counts[topic]
 
     async def record_limit(self, topic: str) -> int:
         """The largest value `topic` takes: the policy's limit, or less when the topic was created with
         a smaller max.message.bytes (by another deployment, or before the limit was raised)."""
         if topic not in self._record_limits:
-            _, admin = self._started()
             resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})
-            with kafka_errors(self.bootstrap_servers, f"describe the configs of {topic!r}"):
-                (response,) = await admin.describe_configs([resource])
+            (response,) = await self._admin_call(
+                f"describe the configs of {topic!r}", lambda admin: admin.describe_configs([resource])
+            )
             configs = {name: value for name, value, *_ in response.resources[0][4]}
             topic_limit = int(configs.get("max.message.bytes") or self.policy.max_message_bytes)
             self._record_limits[topic] = min(

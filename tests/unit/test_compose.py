@@ -331,3 +331,12 @@ def test_state_lives_in_named_volumes(default_config: dict[str, Any]) -> None:
     }
     assert "/var/lib/kafka/data" in targets["kafka"]
     assert "/data" in targets["minio"]
+
+
+def test_the_compose_broker_is_the_kafka_release_the_tests_run(default_config: dict[str, Any]) -> None:
+    pom = (COMPOSE_FILE.parent / "scripts" / "kafka" / "pom.xml").read_text()
+    (version,) = re.findall(r"<kafka.version>([^<]+)</kafka.version>", pom)
+    kafka = default_config["services"]["kafka"]
+    assert kafka["image"] == f"apache/kafka:{version}"
+    assert kafka["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
+    assert kafka["environment"]["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
