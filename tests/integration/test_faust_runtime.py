@@ -1,4 +1,4 @@
-"""The faust runtime on a real Kafka-protocol broker (noida-db): same outputs as the StreamRunner, crash-safe.
+"""The faust runtime on the Apache Kafka test broker: same outputs as the StreamRunner, crash-safe.
 
 Workers run as subprocesses (tests/integration/faust_worker_main.py), as in production. The
 reference for every comparison is `StreamRunner` over the embedded SQLite log fed the same input.
