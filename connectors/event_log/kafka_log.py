@@ -164,9 +164,7 @@ class KafkaEventLog(EventLog):
         return {**self.client_options(), "max_request_size": self.policy.max_message_bytes}
 
     async def start(self) -> None:
-        self._producer = await self.connect(
-            lambda: AIOKafkaProducer(**self.producer_options(), enable_idempotence=True, acks="all")
-        )
+        self._producer = await self._start_idempotent_producer()
         self._admin = await start_with_retry(
             lambda: AIOKafkaAdminClient(**self.client_options()),
             AIOKafkaAdminClient.start,
@@ -338,7 +336,11 @@ class KafkaEventLog(EventLog):
             return
         self._producer = None
         await _stop_client(producer)
-        self._producer = await self.connect(
+        self._producer = await self._start_idempotent_producer()
+
+    async def _start_idempotent_producer(self) -> AIOKafkaProducer:
+        """The producer of plain appends: idempotent, acks=all (every in-sync replica has the record)."""
+        return await self.connect(
             lambda: AIOKafkaProducer(**self.producer_options(), enable_idempotence=True, acks="all")
         )
 
