@@ -234,12 +234,18 @@ async def run_pipeline_process(settings: PipelineSettings, stop: asyncio.Event) 
 
 
 async def start_stages(
-    log: EventLog, args: argparse.Namespace, data_dir: Path, stop: asyncio.Event, names: Sequence[str] | None
+    log: EventLog,
+    args: argparse.Namespace,
+    data_dir: Path,
+    stop: asyncio.Event,
+    names: Sequence[str] | None,
+    log_url: str,
 ) -> list[asyncio.Task[None]]:
-    """The named stages as runners here (faust: the judge), or (None) the pipeline as `orl up` runs it."""
+    """The named stages as runners here (faust: the judge), or (None) the pipeline as `orl up` runs it
+    on the log at `log_url` (`log` is the same log, opened here)."""
     if names is not None:
         return await run_stages(log, args, data_dir, stop, names)
-    settings = bench_settings(args, f"sqlite:///{data_dir / 'log.db'}", data_dir)
+    settings = bench_settings(args, log_url, data_dir)
     roles = {"pipeline": "all"} if args.one_process else pipeline_roles(settings.method, available_cores())
     tasks = [asyncio.create_task(run_pipeline(dataclasses.replace(settings, role=roles["pipeline"]), stop))]
     if "pipeline-downstream" in roles:
@@ -254,11 +260,13 @@ async def measure(
     data_dir: Path,
     mode: str,
     stage_names: Sequence[str] | None = None,
+    log_url: str | None = None,
 ) -> dict[str, Any]:
     """One throughput (mode "backlog" or "burst") or latency (mode "rate") run on a fresh namespace of `log`.
 
     `stage_names` None: the embedded pipeline, started here; else only those stages are started here
     (the faust benchmark starts the others, and warms them up, itself)."""
+    log_url = log_url or f"sqlite:///{data_dir / 'log.db'}"
     slots = encoded_stream(args.sessions, args.turns, args.close)
     expected = args.sessions * (args.turns if args.close else args.turns - 1)
     await create_catalog_topics(log, NAMESPACE, args.partitions)
@@ -268,15 +276,15 @@ async def measure(
     if mode == "backlog":  # everything in the log first, then the stages start (cold start)
         await append_grouped(log, [r for slot in slots for r in slot])
         started = time.monotonic()
-        tasks = await start_stages(log, args, data_dir, stop, stage_names)
+        tasks = await start_stages(log, args, data_dir, stop, stage_names, log_url)
     elif mode == "burst":  # the stages already run and are warm: append everything as fast as possible
-        tasks = await start_stages(log, args, data_dir, stop, stage_names)
+        tasks = await start_stages(log, args, data_dir, stop, stage_names, log_url)
         if stage_names is None:
-            await warm_up(log)
+            await warm_up(log, warm_up_sessions(args, log_url))
         started = time.monotonic()
         await append_grouped(log, [r for slot in slots for r in slot])
     else:
-        tasks = await start_stages(log, args, data_dir, stop, stage_names)
+        tasks = await start_stages(log, args, data_dir, stop, stage_names, log_url)
         tasks.append(asyncio.create_task(offer(log, slots, args.rate, args.sessions)))
     cpu_before_s = cpu_seconds()
     try:
@@ -322,7 +330,7 @@ async def offer(
         await asyncio.sleep(0.02)
 
 
-async def embedded(args: argparse.Namespace) -> None:
+async def embedded(args: argparse.Namespace) -> list[dict[str, Any]]:
     from connectors.event_log.sqlite_log import SqliteEventLog
 
     results = []
@@ -339,19 +347,31 @@ async def embedded(args: argparse.Namespace) -> None:
             result["runtime"] = f"embedded (SQLite, {processes})"
             print(json.dumps(result), flush=True)
             results.append(result)
-    print_table(args, results)
+    return results
 
 
-async def warm_up(log: EventLog) -> None:
-    """Run 5 small sessions through the whole pipeline, so every stage has joined its group."""
-    await append_grouped(log, [r for slot in encoded_stream(5, 2, False, prefix="w") for r in slot])
+def warm_up_sessions(args: argparse.Namespace, log_url: str) -> int:
+    """--warm-up-sessions, or its default: 5 on SQLite; 1,000 on Kafka, whose fresh broker spends tens of
+    CPU seconds JIT-compiling its hot paths (a production broker has long done that)."""
+    if args.warm_up_sessions is not None:
+        return int(args.warm_up_sessions)
+    return 1000 if log_url.startswith("kafka://") else 5
+
+
+async def warm_up(log: EventLog, sessions: int = 5) -> None:
+    """Run `sessions` two-turn sessions through the whole pipeline and wait for their samples, so every
+    stage has joined its group (and the broker and the workers are warm)."""
+    await append_grouped(log, [r for slot in encoded_stream(sessions, 2, False, prefix="w") for r in slot])
+    expected = sessions
     deadline = time.monotonic() + 180
     seen: set[str] = set()
     async with log.consumer(f"bench-warmup-{time.time_ns()}", [topic_name(NAMESPACE, "samples")]) as consumer:
-        while len(seen) < 5:
+        while len(seen) < expected:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"faust warm-up: {len(seen)} of 5 samples in 180 s (see faust-worker.log)")
-            for record in await consumer.poll(max_records=100, timeout_s=0.2):
+                raise TimeoutError(
+                    f"warm-up: {len(seen)} of {expected} samples in 180 s (see faust-worker.log)"
+                )
+            for record in await consumer.poll(max_records=2000, timeout_s=0.2):
                 seen.add(decode(record.value)["envelope"]["turn_id"])
 
 
@@ -375,8 +395,17 @@ def print_table(args: argparse.Namespace, results: list[dict[str, Any]]) -> None
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runtime", choices=("embedded", "faust", "llm"), help="what to measure")
+    parser.add_argument(
+        "runtime",
+        help="what to measure: embedded, kafka, faust or llm, or a comma-separated list run in turn",
+    )
     parser.add_argument("--sessions", type=int, default=400, help="sessions per run")
+    parser.add_argument(
+        "--warm-up-sessions",
+        type=int,
+        default=None,
+        help="two-turn sessions run through the pipeline before a warm run (default 5 on SQLite, 1000 on Kafka)",
+    )
     parser.add_argument("--turns", type=int, default=5, help="main turns per session")
     parser.add_argument("--rate", type=float, default=1000.0, help="offered turns/s in the latency runs")
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement")
@@ -405,17 +434,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.runtime == "embedded" and not args.faust_worker:
-        asyncio.run(embedded(args))
-        return
-    from benchmarks.bench_pipeline_runtimes import faust, faust_worker, llm_votes  # they import this module
+    from benchmarks.bench_pipeline_runtimes import (  # they import this module
+        faust,
+        faust_worker,
+        kafka,
+        llm_votes,
+    )
 
     if args.faust_worker:
         faust_worker(args)
-    elif args.runtime == "faust":
-        asyncio.run(faust(args))
-    else:
+        return
+    runtimes = [name.strip() for name in args.runtime.split(",")]
+    if "llm" in runtimes:
+        if runtimes != ["llm"]:
+            raise SystemExit("llm is measured alone")
         asyncio.run(llm_votes(args))
+        return
+    runs = {"embedded": embedded, "kafka": kafka, "faust": faust}
+    unknown = [name for name in runtimes if name not in runs]
+    if unknown:
+        raise SystemExit(f"unknown runtime(s) {unknown}: choose from {sorted(runs)} or llm")
+    results = []
+    for name in runtimes:
+        results += asyncio.run(runs[name](args))
+    print_table(args, results)
 
 
 if __name__ == "__main__":

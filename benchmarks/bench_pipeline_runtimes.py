@@ -1,6 +1,7 @@
-"""The faust and LLM-judge measurements of `python -m benchmarks.bench_pipeline` (see its docstring).
+"""The Kafka, faust and LLM-judge measurements of `python -m benchmarks.bench_pipeline` (see its docstring).
 
-`faust`: the pure stages in `--faust-workers` faust worker child processes (`--faust-worker` mode of
+`kafka`: the stages as `orl up` runs them on a Kafka log (StreamRunners, split over two processes as
+on SQLite), on an Apache Kafka broker started as the test fixture starts it. `faust`: the pure stages in `--faust-workers` faust worker child processes (`--faust-worker` mode of
 bench_pipeline; "1,2" measures one, then two workers in one group), the judge as a StreamRunner on the
 Kafka log here, on an Apache Kafka broker started as the test fixture starts it. `llm`: votes/s of the
 LLM judge against a real `orl serve` (SmolLM2-135M on CPU). Writes only under a temporary directory.
@@ -24,9 +25,9 @@ from benchmarks.bench_pipeline import (
     bench_settings,
     encoded_stream,
     measure,
-    print_table,
     run_stages,
     warm_up,
+    warm_up_sessions,
 )
 from connectors.event_log.base import EventLog
 from connectors.event_log.catalog import create_catalog_topics
@@ -36,7 +37,30 @@ from schemas.codec import decode
 from schemas.topics import topic_name
 
 
-async def faust(args: argparse.Namespace) -> None:
+async def kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The pipeline as `orl up --log-url kafka://...` runs it, warm, on a fresh Kafka broker per run."""
+    from connectors.event_log.kafka_log import KafkaEventLog
+    from tests.fixtures.kafka_broker import start_kafka_cluster
+
+    results = []
+    for mode in ("burst", "rate"):
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+                broker = start_kafka_cluster(Path(tmp) / "kafka")
+                log = KafkaEventLog(broker.bootstrap)
+                try:
+                    await log.start()
+                    result = await measure(log, args, Path(tmp), mode, log_url=f"kafka://{broker.bootstrap}")
+                finally:
+                    await log.close()
+                    broker.stop()
+            result["runtime"] = "StreamRunners as orl up runs them (2 processes) on Kafka"
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    return results
+
+
+async def faust(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Pure stages in faust worker child processes, the judge stage here, all on a fresh Kafka broker."""
     from connectors.event_log.kafka_log import KafkaEventLog
     from tests.fixtures.kafka_broker import start_kafka_cluster
@@ -58,7 +82,7 @@ async def faust(args: argparse.Namespace) -> None:
                         # One judge runner for warm-up and run: a restarted member of a Kafka group waits
                         # out the old member's session before it gets partitions back.
                         judge = await run_stages(log, args, Path(tmp), stop, ["judge"])
-                        await warm_up(log)
+                        await warm_up(log, warm_up_sessions(args, f"kafka://{broker.bootstrap}"))
                         result = await measure(
                             log, args, Path(tmp), "burst" if mode == "backlog" else mode, []
                         )
@@ -74,7 +98,7 @@ async def faust(args: argparse.Namespace) -> None:
                 )
                 print(json.dumps(result), flush=True)
                 results.append(result)
-    print_table(args, results)
+    return results
 
 
 def stop_process(process: Any, grace_s: float = 20.0) -> None:
