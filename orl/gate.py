@@ -462,7 +462,9 @@ async def run_gate_loop(settings: GateSettings, stop: asyncio.Event | None = Non
     state = GateLog(settings.run_id, settings.holdout_share, keep=settings.gate_prompts)
     async with (
         running_evaluator(settings) as evaluator,
-        open_event_log(settings.effective_log_url(), settings.topic_policy()) as event_log,
+        open_event_log(
+            settings.effective_log_url(), settings.topic_policy(), client_id="orl-gate"
+        ) as event_log,
     ):
         await create_catalog_topics(event_log, settings.namespace, settings.topic_partitions)
         await follow(event_log, settings, state, evaluator, stop or asyncio.Event())

@@ -108,7 +108,7 @@ async def running_server(
     check_settings(settings)
     if backend is None or template is None:
         backend, template = build_backend(settings)
-    log = open_event_log(settings.effective_log_url(), settings.topic_policy())
+    log = open_event_log(settings.effective_log_url(), settings.topic_policy(), client_id="orl-serve")
     spool = EventSpool(settings.data_dir / f"spool-{settings.server_id}.db", sync=settings.spool_sync)
     metrics = Metrics()
     drainer = SpoolDrainer(spool, log, metrics=metrics)

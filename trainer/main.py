@@ -37,7 +37,9 @@ def train(settings: TrainSettings) -> int:
     work_dir.mkdir(parents=True, exist_ok=True)
 
     async def main() -> int:
-        async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log:
+        async with open_event_log(
+            settings.effective_log_url(), settings.topic_policy(), client_id="orl-train"
+        ) as log:
             return await run_trainer(settings, log, store, model_dir, work_dir)
 
     steps = asyncio.run(main())

@@ -42,11 +42,15 @@ def _kafka_bootstrap(url: str) -> str:
     return ",".join(servers)
 
 
-def open_event_log(url: str, policy: TopicPolicy = DEFAULT_POLICY, **options: Any) -> EventLog:
+def open_event_log(
+    url: str, policy: TopicPolicy = DEFAULT_POLICY, *, client_id: str = "orl", **options: Any
+) -> EventLog:
     """A new, not yet started event log for `url` under `policy` (topics it creates, largest record it
-    appends: `ConnectionSettings.topic_policy()`); `options` go to the implementation's constructor."""
+    appends: `ConnectionSettings.topic_policy()`); `options` go to the implementation's constructor.
+    `client_id` names the component to a Kafka broker (its request logs and quotas go by it, e.g.
+    "orl-serve"); the embedded log has no use for it."""
     if url.startswith("sqlite:"):
         return SqliteEventLog(_sqlite_path(url), policy=policy, **options)
     if url.startswith("kafka://"):
-        return KafkaEventLog(_kafka_bootstrap(url), policy=policy, **options)
+        return KafkaEventLog(_kafka_bootstrap(url), policy=policy, client_id=client_id, **options)
     raise _bad_url(url, "has an unknown scheme")

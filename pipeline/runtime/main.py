@@ -190,7 +190,9 @@ async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
         start_http_server(settings.metrics_port, addr="127.0.0.1", registry=metrics.registry)
         logger.info("metrics at http://127.0.0.1:%d/metrics", settings.metrics_port)
     with tuned_for_streams():
-        async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log:
+        async with open_event_log(
+            settings.effective_log_url(), settings.topic_policy(), client_id="orl-pipeline"
+        ) as log:
             runners = build_runners(log, settings, stages, metrics)
             logger.info(
                 "pipeline (%s) running stages: %s", settings.method, ", ".join(s.name for s in stages)

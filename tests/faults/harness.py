@@ -35,6 +35,7 @@ import httpx
 
 from tests.e2e.test_up_supervision import alive, children, ready
 from tests.e2e.up_stack import UpStack, running_up
+from tests.fixtures.kafka_relay import KafkaRelay
 from tests.integration.log_reading import read_events
 
 COMPONENTS = ("serve", "pipeline", "pipeline-downstream", "train")
@@ -80,7 +81,9 @@ class Outage:
     target: str  # "log" | "store"
     paused_s: float  # how long it did not answer (SIGSTOP .. SIGCONT, or stop .. answering again)
     turns_acked_during: int  # chat turns the server acknowledged while the target was out
-    kind: str = "stopped"  # "stopped" (SIGSTOP: hangs) | "restarted" (started again in place) | "locked"
+    # "stopped" (SIGSTOP: hangs) | "restarted" (started again in place) | "locked" | "cut" (one client's
+    # traffic to the broker stops, tests/fixtures/kafka_relay.py)
+    kind: str = "stopped"
 
 
 @dataclass
@@ -292,6 +295,27 @@ def restart_rounds(restarts: dict[str, Callable[[], None]], rounds: int, seed: i
                 restart()
                 out_s = round(time.monotonic() - started, 1)
                 run.outages.append(Outage(name, out_s, len(run.turns) - acked_before, kind="restarted"))
+
+    return inject
+
+
+def cut_rounds(relay: KafkaRelay, client_id: str, rounds: int, cut_s: float, seed: int) -> Faults:
+    """`rounds` times, 2-6 s apart (seeded), the relay stops carrying `client_id`'s Kafka traffic for
+    `cut_s` (its requests get no answer, as when its network goes down), the rest of the stack's goes on."""
+
+    def inject(stack: UpStack, run: FaultRun) -> None:
+        rng = random.Random(seed)
+        for _ in range(rounds):
+            time.sleep(rng.uniform(2.0, 6.0))
+            acked_before = len(run.turns)
+            relay.cut(client_id)
+            try:
+                time.sleep(cut_s)
+            finally:
+                relay.heal()
+            run.outages.append(
+                Outage(f"{client_id} cut off", cut_s, len(run.turns) - acked_before, kind="cut")
+            )
 
     return inject
 

@@ -6,7 +6,11 @@
   with the same data);
 - the single Kafka broker is killed with SIGKILL and started again in place five times;
 - on a three-broker cluster (replication factor 3, min.insync.replicas 2), each broker in turn is
-  killed with SIGKILL and started again in place, twice round (six restarts).
+  killed with SIGKILL and started again in place, twice round (six restarts);
+- the server alone is cut off the broker for a minute: every component reaches Kafka through a relay
+  (tests/fixtures/kafka_relay.py) that stops carrying the traffic of client id "orl-serve" while the
+  pipeline's and the trainer's go on. The server must acknowledge turns from its spool meanwhile and
+  drain it afterwards, and nothing may restart.
 
 Nothing acknowledged may be lost or duplicated, the server must keep answering while the log is down
 (its spool), and the trainer must still publish checkpoints that verify.
@@ -30,22 +34,25 @@ from tests.faults.harness import (
     MIN_TURNS,
     FaultRun,
     Faults,
+    cut_rounds,
     outage_rounds,
     restart_rounds,
     run_fault_suite,
 )
 from tests.fixtures.kafka_broker import KafkaCluster, start_kafka_cluster
+from tests.fixtures.kafka_relay import KafkaRelay
 from tests.fixtures.s3_server import S3Server, start_s3_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.kafka, pytest.mark.s3]
 
 
 def run_and_check(
-    tmp_path: Path, broker: KafkaCluster, s3: S3Server, faults: Faults
+    tmp_path: Path, broker: KafkaCluster, s3: S3Server, faults: Faults, bootstrap: str | None = None
 ) -> tuple[FaultRun, Verdict]:
-    """The fault suite's traffic under `faults` on these brokers and S3 server, and its verdict (printed)."""
+    """The fault suite's traffic under `faults` on these brokers (reached at `bootstrap`, default
+    theirs) and S3 server, and its verdict (printed)."""
     backends = {
-        "ORL_LOG_URL": f"kafka://{broker.bootstrap}",
+        "ORL_LOG_URL": f"kafka://{bootstrap or broker.bootstrap}",
         "ORL_STORE_URL": f"s3://orl-faults?endpoint={s3.endpoint}&secure=false",
         "ORL_S3_ACCESS_KEY": s3.access_key,
         "ORL_S3_SECRET_KEY": s3.secret_key,
@@ -161,4 +168,35 @@ def test_broker_kill_9_and_restart_in_place_loses_and_duplicates_nothing_acknowl
     assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
     assert len([o for o in run.outages if o.target.startswith("broker-")]) == restarts
     assert problems_beyond_restarts(verdict) == [], results_table(verdict)
+    assert verdict.figures["checkpoints verified"] >= 1, results_table(verdict)
+
+
+@pytest.fixture(scope="module")
+def server_cut_run(
+    tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path
+) -> Iterator[tuple[FaultRun, Verdict]]:
+    """The server cut off the broker for 60 s under traffic; every other component stays connected."""
+    tmp_path = tmp_path_factory.mktemp("server-cut")
+    broker, s3 = start_kafka_cluster(tmp_path / "kafka", relayed=True), start_s3_server()
+    (node,) = broker.nodes
+    assert node.relayed is not None
+    relay = KafkaRelay(port=node.relayed[1], target_port=node.relayed[0])
+    try:
+        faults = cut_rounds(relay, "orl-serve", rounds=1, cut_s=60, seed=3)
+        yield run_and_check(tmp_path, broker, s3, faults, bootstrap=f"127.0.0.1:{relay.port}")
+    finally:
+        relay.close()
+        broker.stop()
+        s3.stop()
+
+
+@pytest.mark.timeout(900)
+def test_the_server_cut_off_the_broker_for_a_minute_acknowledges_from_its_spool_and_loses_nothing(
+    server_cut_run: tuple[FaultRun, Verdict],
+) -> None:
+    run, verdict = server_cut_run
+    assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
+    (cut,) = run.outages
+    assert cut.turns_acked_during > 0, run.outages
+    assert verdict.problems == [], results_table(verdict)
     assert verdict.figures["checkpoints verified"] >= 1, results_table(verdict)

@@ -221,7 +221,9 @@ class MegatronStepRunner:
 async def _lead(settings: TrainSettings, parallel: ParallelContext, model_dir: Path, work_dir: Path) -> int:
     """Rank 0: resume, then the torch backend's loop with every step taken by the whole job."""
     store = _open_store(settings)
-    async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log_:
+    async with open_event_log(
+        settings.effective_log_url(), settings.topic_policy(), client_id="orl-train"
+    ) as log_:
         try:
             point = await prepare_resume(settings, log_, store, work_dir)
             check_resumable(settings, point)
