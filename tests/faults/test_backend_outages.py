@@ -174,7 +174,7 @@ def test_broker_kill_9_and_restart_in_place_loses_and_duplicates_nothing_acknowl
 @pytest.fixture(scope="module")
 def server_cut_run(
     tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path
-) -> Iterator[tuple[FaultRun, Verdict]]:
+) -> Iterator[tuple[FaultRun, Verdict, int]]:
     """The server cut off the broker for 60 s under traffic; every other component stays connected."""
     tmp_path = tmp_path_factory.mktemp("server-cut")
     broker, s3 = start_kafka_cluster(tmp_path / "kafka", relayed=True), start_s3_server()
@@ -183,7 +183,8 @@ def server_cut_run(
     relay = KafkaRelay(port=node.relayed[1], target_port=node.relayed[0])
     try:
         faults = cut_rounds(relay, "orl-serve", rounds=1, cut_s=60, seed=3)
-        yield run_and_check(tmp_path, broker, s3, faults, bootstrap=f"127.0.0.1:{relay.port}")
+        run, verdict = run_and_check(tmp_path, broker, s3, faults, bootstrap=f"127.0.0.1:{relay.port}")
+        yield run, verdict, relay.held
     finally:
         relay.close()
         broker.stop()
@@ -192,10 +193,11 @@ def server_cut_run(
 
 @pytest.mark.timeout(900)
 def test_the_server_cut_off_the_broker_for_a_minute_acknowledges_from_its_spool_and_loses_nothing(
-    server_cut_run: tuple[FaultRun, Verdict],
+    server_cut_run: tuple[FaultRun, Verdict, int],
 ) -> None:
-    run, verdict = server_cut_run
+    run, verdict, held = server_cut_run
     assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
+    assert held > 0, "the cut held none of the server's traffic"
     (cut,) = run.outages
     assert cut.turns_acked_during > 0, run.outages
     assert verdict.problems == [], results_table(verdict)
