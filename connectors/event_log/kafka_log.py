@@ -27,7 +27,6 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
     MessageSizeTooLargeError,
-    ProducerFenced,
     RecordListTooLargeError,
     RecordTooLargeError,
     TopicAlreadyExistsError,
@@ -66,6 +65,7 @@ REFUSED_FOR_GOOD = (
 )
 _Client = TypeVar("_Client")
 _T = TypeVar("_T")
+TXN_PRODUCER_STOP_S = 5.0  # a transactional producer given up on may not reach a broker to stop cleanly
 _Kafka = TypeVar("_Kafka", AIOKafkaProducer, AIOKafkaConsumer)
 
 
@@ -366,11 +366,14 @@ class KafkaEventLog(EventLog):
                     if offsets:
                         kafka_offsets = {to_kafka(tp): offset for tp, offset in offsets.items()}
                         await producer.send_offsets_to_transaction(kafka_offsets, group_id)
-        except EventLogError as exc:
-            if isinstance(exc.__cause__, ProducerFenced):
-                # A newer producer with our transactional id took over: this one is a zombie for good.
+        except EventLogError:
+            # Fenced (a newer producer with our transactional id took over) or failed mid-transaction
+            # (a broker away): this producer is done. The next transaction of the group starts a new
+            # one with the same transactional id, which aborts whatever this one left open.
+            if self._txn_producers.get(group_id) is producer:
                 del self._txn_producers[group_id]
-                await producer.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), TXN_PRODUCER_STOP_S)
             raise
 
     async def _txn_producer(self, group_id: str) -> AIOKafkaProducer:

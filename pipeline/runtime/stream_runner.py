@@ -26,6 +26,7 @@ the dead-letter topics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -36,7 +37,9 @@ from connectors.event_log.base import (
     ConsumedRecord,
     Consumer,
     EventLog,
+    EventLogError,
     OutgoingRecord,
+    RecordRefused,
     TopicPartition,
     TopicSpec,
 )
@@ -50,6 +53,8 @@ from pipeline.runtime.shared_decodes import SharedDecodes
 
 logger = logging.getLogger(__name__)
 EFFECT_CALLS_PER_ROUND = 8  # rounds of this many calls per concurrent slot
+MAX_RESTART_PAUSE_S = 10.0  # after a log failure, the longest pause before the stage starts again
+STABLE_RUN_S = 60.0  # a start that ran this long before the log failed begins a new row of failures
 
 
 @dataclass
@@ -102,7 +107,35 @@ class StreamRunner:
         logger.info("%s: restored %d session states", self.processor.name, len(self.states))
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Process until `stop` is set (the embedded `orl pipeline` loop)."""
+        """Process until `stop` is set (the embedded `orl pipeline` loop), riding out log outages.
+
+        When the log fails (EventLogError: a Kafka broker away past the client's bounds, a SQLite
+        lock held too long), the stage starts again in place, as a restart of its process would:
+        the uncommitted batch is dropped, the state is rebuilt from the changelog and the consumer
+        joins its group anew, so outputs, state and offsets still agree. The pause before each new
+        start grows by a second per failure in a row, up to 10 s; a start that ran a minute begins a
+        new row. A record the log refuses for good (RecordRefused) is not an outage: it raises.
+        """
+        failures = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self._run_once(stop)
+                return
+            except RecordRefused:
+                raise
+            except EventLogError as error:
+                failures = 1 if time.monotonic() - started > STABLE_RUN_S else failures + 1
+                pause_s = min(float(failures), MAX_RESTART_PAUSE_S)
+                logger.warning(
+                    "%s: the event log failed (%s); starting the stage again in place in %.0f s",
+                    self.processor.name, error, pause_s,
+                )  # fmt: skip
+                self.metrics.count("stage_restarts", processor=self.processor.name)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), pause_s)
+
+    async def _run_once(self, stop: asyncio.Event) -> None:
         await self.prepare()
         async with self.log.consumer(self.group_id, self.host.input_topics) as consumer:
             while not stop.is_set():
