@@ -256,8 +256,18 @@ class KafkaEventLog(EventLog):
         return power_cut_warning(topic, min(len(p["replicas"]) for p in description["partitions"]))
 
     async def partitions_for(self, topic: str) -> int:
+        """The topic's partition count, cached once known. During a broker failover a description
+        can list no partitions yet: asked again until `connect_timeout_s`, never cached as 0."""
         if topic not in self._partition_counts:
-            self._partition_counts[topic] = len((await self._describe_topic(topic))["partitions"])
+            deadline = time.monotonic() + self.connect_timeout_s
+            while not (count := len((await self._describe_topic(topic))["partitions"])):
+                if time.monotonic() > deadline:
+                    raise EventLogError(
+                        f"topic {topic!r} lists no partitions on Kafka at {self.bootstrap_servers} "
+                        f"after {self.connect_timeout_s:g} s (its leaders are not elected yet?)"
+                    )
+                await asyncio.sleep(0.2)
+            self._partition_counts[topic] = count
         return self._partition_counts[topic]
 
     async def record_limit(self, topic: str) -> int:
