@@ -109,8 +109,8 @@ class StreamRunner:
     async def run(self, stop: asyncio.Event) -> None:
         """Process until `stop` is set (the embedded `orl pipeline` loop), riding out log outages.
 
-        When the log fails (EventLogError: a Kafka broker away past the client's bounds, a SQLite
-        lock held too long), the stage starts again in place, as a restart of its process would:
+        When the log fails (EventLogError: a Kafka call that gave up, say while brokers fail over),
+        the stage starts again in place, as a restart of its process by `orl up` would (same pauses):
         the uncommitted batch is dropped, the state is rebuilt from the changelog and the consumer
         joins its group anew, so outputs, state and offsets still agree. The pause before each new
         start grows by a second per failure in a row, up to 10 s; a start that ran a minute begins a
