@@ -358,7 +358,7 @@ def warm_up_sessions(args: argparse.Namespace, log_url: str) -> int:
     return 1000 if log_url.startswith("kafka://") else 5
 
 
-async def warm_up(log: EventLog, sessions: int = 5) -> None:
+async def warm_up(log: EventLog, sessions: int) -> None:
     """Run `sessions` two-turn sessions through the whole pipeline and wait for their samples, so every
     stage has joined its group (and the broker and the workers are warm)."""
     await append_grouped(log, [r for slot in encoded_stream(sessions, 2, False, prefix="w") for r in slot])
