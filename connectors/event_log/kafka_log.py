@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -63,6 +64,7 @@ REFUSED_FOR_GOOD = (
     InvalidMessageError,
     InvalidTimestampError,
 )
+logger = logging.getLogger(__name__)
 _Client = TypeVar("_Client")
 _T = TypeVar("_T")
 TXN_PRODUCER_STOP_S = 5.0  # a transactional producer given up on may not reach a broker to stop cleanly
@@ -114,8 +116,24 @@ async def _start_client(client: AIOKafkaProducer | AIOKafkaConsumer) -> None:
     await client.start()
 
 
-async def _stop_client(client: AIOKafkaProducer | AIOKafkaConsumer) -> None:
-    await client.stop()
+async def stop_client(client: AIOKafkaProducer | AIOKafkaConsumer) -> None:
+    """`client.stop()`, where only a cancel of the caller's own task cancels the caller.
+
+    When the broker is away, a consumer's stop cancels the fetch tasks it has in flight and awaits them,
+    so their CancelledError comes out of `stop()` (aio-libs/aiokafka#647). Let through, it would end
+    the caller's task as if cancelled: a pipeline stage stopped silently that way after a 45 s broker
+    outage. The other way round, aiokafka swallows a cancel that arrives while it awaits its own fetch
+    task: that one is raised again."""
+    task = asyncio.current_task()
+    try:
+        await client.stop()
+    except asyncio.CancelledError:
+        if task is None or task.cancelling():
+            raise
+        logger.warning("a Kafka client stopped with a CancelledError of its own tasks (aiokafka#647)")
+        return
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def to_kafka(tp: TopicPartition) -> KafkaTopicPartition:
@@ -176,7 +194,7 @@ class KafkaEventLog(EventLog):
     async def connect(self, make: Callable[[], _Kafka]) -> _Kafka:
         """Start a producer or consumer made by `make`, retrying within connect_timeout_s."""
         return await start_with_retry(
-            make, _start_client, _stop_client, self.bootstrap_servers, self.connect_timeout_s
+            make, _start_client, stop_client, self.bootstrap_servers, self.connect_timeout_s
         )
 
     def _started(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
@@ -345,7 +363,7 @@ class KafkaEventLog(EventLog):
         if producer is not self._producer:
             return
         self._producer = None
-        await _stop_client(producer)
+        await stop_client(producer)
         self._producer = await self._start_idempotent_producer()
 
     async def _start_idempotent_producer(self) -> AIOKafkaProducer:
@@ -383,7 +401,7 @@ class KafkaEventLog(EventLog):
             if self._txn_producers.get(group_id) is producer:
                 del self._txn_producers[group_id]
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), TXN_PRODUCER_STOP_S)
+                await asyncio.wait_for(stop_client(producer), TXN_PRODUCER_STOP_S)
             raise
 
     async def _txn_producer(self, group_id: str) -> AIOKafkaProducer:
@@ -418,7 +436,7 @@ class KafkaEventLog(EventLog):
     async def close(self) -> None:
         for client in [self._producer, self._offsets_reader, *self._txn_producers.values()]:
             if client is not None:
-                await client.stop()
+                await stop_client(client)
         if self._admin is not None:
             await self._admin.close()
         self._producer, self._admin, self._offsets_reader, self._txn_producers = None, None, None, {}
@@ -453,12 +471,12 @@ class KafkaConsumer(Consumer):
             with kafka_errors(self._address, f"join group {self._group_id!r}"):
                 await asyncio.wait_for(consumer.start(), timeout=join_timeout_s)
         except TimeoutError as exc:
-            await consumer.stop()
+            await stop_client(consumer)
             raise ServiceUnavailable(
                 f"Kafka at {self._address}: no assignment in group {self._group_id!r} within {join_timeout_s:g} s"
             ) from exc
         except (ServiceUnavailable, EventLogError):
-            await consumer.stop()
+            await stop_client(consumer)
             raise
         self._consumer = consumer
 
@@ -539,5 +557,5 @@ class KafkaConsumer(Consumer):
     async def close(self) -> None:
         if self._consumer is not None:
             with kafka_errors(self._address, f"leave group {self._group_id!r}"):
-                await self._consumer.stop()
+                await stop_client(self._consumer)
         self._consumer = None

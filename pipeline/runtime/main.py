@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Any
 
 from prometheus_client import start_http_server
 
@@ -40,7 +41,7 @@ from pipeline.runtime.gc_tuning import tuned_for_streams
 from pipeline.runtime.settings import PipelineSettings
 from pipeline.runtime.shared_decodes import SharedDecodes
 from pipeline.runtime.stream_runner import StreamRunner
-from schemas.errors import ConfigError
+from schemas.errors import ConfigError, OrlError
 from schemas.top_k import check_opd_topk
 
 logger = logging.getLogger(__name__)
@@ -200,11 +201,46 @@ async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
             try:
                 async with asyncio.TaskGroup() as tasks:
                     for runner in runners:
-                        tasks.create_task(runner.run(stop))
+                        tasks.create_task(run_until_stopped(runner, stop), name=runner.processor.name)
             except BaseExceptionGroup as group:  # one failure: raise it as is (the CLI names OrlErrors)
                 if len(group.exceptions) == 1:
                     raise group.exceptions[0] from None
                 raise
+
+
+class StageStopped(OrlError):
+    """A stage's runner ended although nobody asked it to stop."""
+
+
+async def run_until_stopped(runner: StreamRunner, stop: asyncio.Event) -> None:
+    """`runner.run(stop)`, which may end only once `stop` is set. A stage that ended by itself while
+    the others go on (returned, or ended by a CancelledError nobody asked this task for) would leave
+    its input unread with no sign but a growing lag: this process exits instead, and `orl up` starts
+    it again."""
+    try:
+        await runner.run(stop)
+    except asyncio.CancelledError as cancel:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise
+        raise StageStopped(f"stage {runner.processor.name} ended by a stray CancelledError") from cancel
+    if not stop.is_set():
+        raise StageStopped(f"stage {runner.processor.name} stopped by itself")
+
+
+def log_task_stacks() -> None:
+    """Log where every asyncio task of this process waits (a stage that stopped moving shows its await)."""
+    for task in asyncio.all_tasks():
+        frames: list[str] = []
+        awaited: Any = task.get_coro()
+        while awaited is not None and hasattr(awaited, "cr_frame"):
+            frame = awaited.cr_frame
+            if frame is not None:
+                frames.append(
+                    f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {frame.f_code.co_name}"
+                )
+            awaited = awaited.cr_await
+        logger.warning("task %s waits at: %s -> %r", task.get_name(), " -> ".join(frames), awaited)
 
 
 def run(settings: PipelineSettings) -> int:
@@ -225,6 +261,7 @@ def run(settings: PipelineSettings) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGUSR1, log_task_stacks)  # `kill -USR1 PID`: what each task awaits
         await run_pipeline(settings, stop)
 
     asyncio.run(main())

@@ -50,6 +50,7 @@ from pipeline.processors.config import PipelineConfig
 from pipeline.processors.contract import Emit, Processor
 from pipeline.runtime.host import Output, ProcessorHost, Step, state_bytes, state_from_bytes, wall_clock_ms
 from pipeline.runtime.shared_decodes import SharedDecodes
+from schemas.errors import ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 EFFECT_CALLS_PER_ROUND = 8  # rounds of this many calls per concurrent slot
@@ -109,7 +110,8 @@ class StreamRunner:
     async def run(self, stop: asyncio.Event) -> None:
         """Process until `stop` is set (the embedded `orl pipeline` loop), riding out log outages.
 
-        When the log fails (EventLogError: a Kafka call that gave up, say while brokers fail over),
+        When the log fails (EventLogError: a Kafka call that gave up, say while brokers fail over;
+        ServiceUnavailable: no broker answered a connect or a group join within its bound),
         the stage starts again in place, as a restart of its process by `orl up` would (same pauses):
         the uncommitted batch is dropped, the state is rebuilt from the changelog and the consumer
         joins its group anew, so outputs, state and offsets still agree. The pause before each new
@@ -124,7 +126,7 @@ class StreamRunner:
                 return
             except RecordRefused:
                 raise
-            except EventLogError as error:
+            except (EventLogError, ServiceUnavailable) as error:
                 failures = 1 if time.monotonic() - started > STABLE_RUN_S else failures + 1
                 pause_s = min(float(failures), MAX_RESTART_PAUSE_S)
                 logger.warning(

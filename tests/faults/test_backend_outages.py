@@ -4,7 +4,7 @@
   turn, twice each;
 - the S3 server is restarted in place five times (stopped, then started again on the same ports
   with the same data);
-- the single Kafka broker is killed with SIGKILL and started again in place five times;
+- the single Kafka broker is killed with SIGKILL, left down 15 s and started again in place five times;
 - on a three-broker cluster (replication factor 3, min.insync.replicas 2), each broker in turn is
   killed with SIGKILL and started again in place, twice round (six restarts);
 - the server alone is cut off the broker for a minute: every component reaches Kafka through a relay
@@ -38,11 +38,13 @@ from tests.faults.harness import (
     outage_rounds,
     restart_rounds,
     run_fault_suite,
+    save_run,
 )
 from tests.fixtures.kafka_broker import KafkaCluster, start_kafka_cluster
 from tests.fixtures.kafka_relay import KafkaRelay
 from tests.fixtures.s3_server import S3Server, start_s3_server
 
+SINGLE_BROKER_DOWN_S = 15.0
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.kafka, pytest.mark.s3]
 
 
@@ -58,6 +60,7 @@ def run_and_check(
         "ORL_S3_SECRET_KEY": s3.secret_key,
     }
     run = run_fault_suite(tmp_path, faults, backends=backends, store_keys=(s3.access_key, s3.secret_key))
+    save_run(run, tmp_path / "run.json")  # the up log and what the clients saw, kept for a failed check
     verdict = check_run(run)
     print(results_table(verdict))
     return run, verdict
@@ -147,7 +150,9 @@ def broker_restart_run(
     tmp_path = tmp_path_factory.mktemp(f"broker-restarts-{brokers}")
     cluster, s3 = start_kafka_cluster(tmp_path / "kafka", nodes=brokers), start_s3_server()
     if brokers == 1:
-        restarts = {"broker-1": lambda: cluster.restart(1)}
+        # Held down 15 s each time, so that every outage lasts half a minute or more (the JVM takes
+        # 15-40 s to come back): long enough for clients' requests to fail, not just to wait.
+        restarts = {"broker-1": lambda: cluster.restart(1, down_s=SINGLE_BROKER_DOWN_S)}
         rounds = 5
     else:
         restarts = {f"broker-{n}": functools.partial(cluster.restart, n) for n in (1, 2, 3)}
