@@ -34,8 +34,8 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from orl.connectors.environment.episode import load_environment
 
-from connectors.environment.episode import load_environment
 from orl.demo.run import sample_counts, trained_counts
 from orl.demo.session_driver import DemoClient, Sampling
 from orl.rollout import RolloutResult, RolloutSettings, run_rollouts, wilson_interval

@@ -58,7 +58,7 @@ QUESTION = (
 def serve_settings(
     data_dir: Path, port: int, capture: bool, backend: str, cache_dir: Path, spool_sync: str = "full"
 ) -> object:
-    from serving.settings import ServeSettings
+    from orl.serving.settings import ServeSettings
 
     return ServeSettings(
         data_dir=data_dir,
@@ -75,9 +75,10 @@ def serve_settings(
 
 
 def echo_backend_and_template(cache_dir: Path) -> tuple[object, object]:
+    from orl.connectors.model_files import prepare_base_model
+    from orl.serving.policy.chat_template import ChatTemplate
+
     from benchmarks.echo_backend import EchoBackend
-    from connectors.model_files import prepare_base_model
-    from serving.policy.chat_template import ChatTemplate
 
     return EchoBackend(), ChatTemplate.from_dir(prepare_base_model(cache_dir))
 
@@ -86,7 +87,7 @@ def echo_backend_and_template(cache_dir: Path) -> tuple[object, object]:
 async def in_process_server(
     data_dir: Path, port: int, capture: bool, backend: str, cache_dir: Path, spool_sync: str = "full"
 ) -> AsyncIterator[object]:
-    from serving.main import running_server
+    from orl.serving.main import running_server
 
     settings = serve_settings(data_dir, port, capture, backend, cache_dir, spool_sync)
     if backend == "echo":
@@ -101,8 +102,7 @@ async def in_process_server(
 def serve_child(args: argparse.Namespace) -> None:
     """The --serve mode: one server process for the http transport."""
     import uvicorn
-
-    from serving.app import build_app
+    from orl.serving.app import build_app
 
     async def main() -> None:
         async with in_process_server(
@@ -218,8 +218,8 @@ async def drive_raw(port: int, concurrency: int, requests: int, max_tokens: int)
 
 
 async def count_events(log_path: Path) -> int:
-    from connectors.event_log.sqlite_log import SqliteEventLog
-    from schemas.topics import topic_name
+    from orl.connectors.event_log.sqlite_log import SqliteEventLog
+    from orl.schemas.topics import topic_name
 
     log = SqliteEventLog(log_path)
     await log.start()
@@ -297,7 +297,7 @@ async def wait_ready(client: httpx.AsyncClient, child: subprocess.Popen[bytes], 
 
 
 async def run_asgi(args: argparse.Namespace, data_dir: Path, capture: bool, concurrency: int) -> RunResult:
-    from serving.app import build_app
+    from orl.serving.app import build_app
 
     async with in_process_server(
         data_dir, 0, capture, args.backend, args.cache_dir, args.spool_sync

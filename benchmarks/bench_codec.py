@@ -13,7 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from schemas.codec import decode, encode  # noqa: E402
+from orl.schemas.codec import decode, encode  # noqa: E402
+
 from tests.unit.event_examples import response_generated  # noqa: E402
 
 

@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import torch
+from orl.connectors.compute import describe_machine
+from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
+from orl.connectors.settings import ConnectionSettings
+from orl.serving.policy.batch_engine import hidden_states, lm_logits
 from transformers import AutoModelForCausalLM, DynamicCache
-
-from connectors.compute import describe_machine
-from connectors.model_files import DEFAULT_MODEL, resolve_model
-from connectors.settings import ConnectionSettings
-from serving.policy.batch_engine import hidden_states, lm_logits
 
 
 def with_bf16_linear_weights(model: torch.nn.Module) -> torch.nn.Module:

@@ -22,9 +22,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from connectors.event_log.base import EventLog, OutgoingRecord, TopicSpec
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.event_log.base import EventLog, OutgoingRecord, TopicSpec
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+
 from tests.fixtures.kafka_broker import start_kafka_cluster
 
 _T = TypeVar("_T")

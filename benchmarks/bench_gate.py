@@ -33,16 +33,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from connectors.checkpoint_store import MANIFEST_NAME, complete_versions, read_manifest, version_prefix
-from connectors.compute import available_cores, describe_machine
-from connectors.event_log.factory import open_event_log
-from connectors.event_log.reading import read_to_end
-from connectors.object_store.local_store import LocalObjectStore
+from orl.connectors.checkpoint_store import MANIFEST_NAME, complete_versions, read_manifest, version_prefix
+from orl.connectors.compute import available_cores, describe_machine
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.event_log.reading import read_to_end
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.schemas.codec import decode
+from orl.schemas.gate_decisions import PROMOTED
+from orl.serving.promotion_rule import VersionScore, gate_decision
+from orl.trainer.rollback import RollbackWatch
+
 from orl.gate import GateLog, GateSettings, gate_once, running_evaluator
-from schemas.codec import decode
-from schemas.gate_decisions import PROMOTED
-from serving.promotion_rule import VersionScore, gate_decision
-from trainer.rollback import RollbackWatch
 
 # name -> (method, environment overrides)
 RUNS: dict[str, tuple[str, dict[str, str]]] = {

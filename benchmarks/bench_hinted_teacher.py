@@ -1,7 +1,7 @@
 """How good is the OPD teacher of a demo scenario? The base model with the hint, scored like the policy.
 
 On-Policy Distillation can only pull the policy toward what the teacher (the base model with the
-user's hint appended, `pipeline.effects.teacher_stage.messages_with_hint`) would write. If the
+user's hint appended, `orl.pipeline.effects.teacher_stage.messages_with_hint`) would write. If the
 teacher itself rarely satisfies the user, no amount of training on its logprobs reaches the target.
 This script measures it on a scenario's held-out prompts, N samples each, with the server's backend:
 
@@ -25,17 +25,17 @@ import random
 import time
 
 import torch
+from orl.connectors.compute import describe_machine
+from orl.connectors.settings import ConnectionSettings
+from orl.pipeline.effects.reply_rules import user_hint_extractor
+from orl.pipeline.effects.teacher_stage import messages_with_hint
+from orl.serving.policy.base import SamplingParams
+from orl.serving.policy.transformers_backend import TransformersBackend
 
-from connectors.compute import describe_machine
-from connectors.settings import ConnectionSettings
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.scoring import ScoreBreakdown
 from orl.demo.simulated_user import react
 from orl.up import prepare_model_once
-from pipeline.effects.reply_rules import user_hint_extractor
-from pipeline.effects.teacher_stage import messages_with_hint
-from serving.policy.base import SamplingParams
-from serving.policy.transformers_backend import TransformersBackend
 
 TEMPERATURE = 0.7
 

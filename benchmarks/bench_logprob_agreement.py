@@ -8,7 +8,7 @@ OPD sample as if it were teacher signal. This script samples answers to the demo
 with the real model, scores the same tokens through the other two paths with NO hint (so the true
 advantage is 0), and prints the gap per precision: mean (bias) and mean absolute (noise) per token.
 With `--adapter` (a LoRA checkpoint folder the trainer wrote) the server serves that checkpoint and
-the trainer's path is the trainer's own model (`trainer.policy_model.load_policy` from the adapter):
+the trainer's path is the trainer's own model (`orl.trainer.policy_model.load_policy` from the adapter):
 the gap then also shows whether the server computes the policy the trainer trained.
 
     .venv/bin/python -m benchmarks.bench_logprob_agreement [--prompts 16] [--max-tokens 96] [--adapter DIR]
@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 
 import torch
+from orl.connectors.compute import describe_machine
+from orl.connectors.settings import ConnectionSettings
+from orl.serving.policy.base import SamplingParams
+from orl.serving.policy.transformers_backend import TransformersBackend
+from orl.trainer.logprobs import response_logprobs
+from orl.trainer.policy_model import load_policy
 
-from connectors.compute import describe_machine
-from connectors.settings import ConnectionSettings
 from orl.demo.scenarios import get_scenario
 from orl.up import prepare_model_once
-from serving.policy.base import SamplingParams
-from serving.policy.transformers_backend import TransformersBackend
-from trainer.logprobs import response_logprobs
-from trainer.policy_model import load_policy
 
 
 async def measure(

@@ -33,9 +33,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from connectors.compute import available_cores, choose_numerics, describe_machine
-from connectors.event_log.factory import open_event_log
-from connectors.event_log.reading import read_to_end
+from orl.connectors.compute import available_cores, choose_numerics, describe_machine
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.event_log.reading import read_to_end
+from orl.schemas.codec import decode
+from orl.schemas.topics import topic_name
+
 from orl.demo.run import (
     DemoSettings,
     DemoStack,
@@ -48,8 +51,6 @@ from orl.demo.run import (
 )
 from orl.demo.scenarios import get_scenario
 from orl.up import component_env, compute_budget
-from schemas.codec import decode
-from schemas.topics import topic_name
 
 CLIENTS = 8  # concurrent client loops, each sending its next request as soon as one is answered
 MAX_TOKENS = 32  # short answers, so a window's edges cut few requests

@@ -16,8 +16,7 @@ import os
 import time
 
 import torch
-
-from connectors.compute import (
+from orl.connectors.compute import (
     available_cores,
     bf16_speedup,
     choose_numerics,

@@ -15,9 +15,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from connectors.object_store.base import ObjectStore
-from connectors.object_store.local_store import LocalObjectStore
-from connectors.object_store.s3_store import S3ObjectStore
+from orl.connectors.object_store.base import ObjectStore
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.connectors.object_store.s3_store import S3ObjectStore
+
 from tests.fixtures.s3_server import start_s3_server
 
 

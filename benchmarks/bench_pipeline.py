@@ -29,7 +29,7 @@ Measurements per runtime:
   broker and the worker).
 
 `embedded`: SQLite event log; the pipeline runs as `orl up` runs it (orl/up.py `pipeline_roles`): on
-2+ cores turn_linker and judge in this process (pipeline.runtime.main.run_pipeline) and vote_tally
+2+ cores turn_linker and judge in this process (orl.pipeline.runtime.main.run_pipeline) and vote_tally
 and sample_builder in an `orl pipeline` child process that gets its settings in its environment;
 `--one-process` runs every stage here. `faust` and `llm` (votes/s of the LLM judge on CPU): see benchmarks/bench_pipeline_runtimes.py.
 Writes only under a temporary directory.
@@ -51,16 +51,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from connectors.compute import available_cores
-from connectors.event_log.base import EventLog, OutgoingRecord
-from connectors.event_log.catalog import create_catalog_topics
-from connectors.settings import settings_env
+from orl.connectors.compute import available_cores
+from orl.connectors.event_log.base import EventLog, OutgoingRecord
+from orl.connectors.event_log.catalog import create_catalog_topics
+from orl.connectors.settings import settings_env
+from orl.pipeline.history.namespace_io import envelope_keys
+from orl.pipeline.runtime.main import build_runners, build_stages, run_pipeline
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.schemas.codec import decode, encode
+from orl.schemas.topics import topic_for_event, topic_name
+
 from orl.up import pipeline_roles
-from pipeline.history.namespace_io import envelope_keys
-from pipeline.runtime.main import build_runners, build_stages, run_pipeline
-from pipeline.runtime.settings import PipelineSettings
-from schemas.codec import decode, encode
-from schemas.topics import topic_for_event, topic_name
 from tests.unit.pipeline_streams import Conversation
 
 NAMESPACE = "bench"
@@ -331,7 +332,7 @@ async def offer(
 
 
 async def embedded(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from connectors.event_log.sqlite_log import SqliteEventLog
+    from orl.connectors.event_log.sqlite_log import SqliteEventLog
 
     results = []
     processes = "1 process" if args.one_process or available_cores() < 2 else "2 processes"

@@ -19,6 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orl.connectors.event_log.base import EventLog
+from orl.connectors.event_log.catalog import create_catalog_topics
+from orl.pipeline.runtime.main import build_stages, pipeline_config
+from orl.pipeline.runtime.stream_runner import StreamRunner
+from orl.schemas.codec import decode
+from orl.schemas.topics import topic_name
+
 from benchmarks.bench_pipeline import (
     NAMESPACE,
     append_grouped,
@@ -29,17 +36,12 @@ from benchmarks.bench_pipeline import (
     warm_up,
     warm_up_sessions,
 )
-from connectors.event_log.base import EventLog
-from connectors.event_log.catalog import create_catalog_topics
-from pipeline.runtime.main import build_stages, pipeline_config
-from pipeline.runtime.stream_runner import StreamRunner
-from schemas.codec import decode
-from schemas.topics import topic_name
 
 
 async def kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The pipeline as `orl up --log-url kafka://...` runs it, warm, on a fresh Kafka broker per run."""
-    from connectors.event_log.kafka_log import KafkaEventLog
+    from orl.connectors.event_log.kafka_log import KafkaEventLog
+
     from tests.fixtures.kafka_broker import start_kafka_cluster
 
     results = []
@@ -62,7 +64,8 @@ async def kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 async def faust(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Pure stages in faust worker child processes, the judge stage here, all on a fresh Kafka broker."""
-    from connectors.event_log.kafka_log import KafkaEventLog
+    from orl.connectors.event_log.kafka_log import KafkaEventLog
+
     from tests.fixtures.kafka_broker import start_kafka_cluster
 
     results = []
@@ -127,7 +130,7 @@ def start_faust_worker(args: argparse.Namespace, bootstrap: str, data_dir: Path,
 
 def faust_worker(args: argparse.Namespace) -> None:
     """The --faust-worker mode: turn_linker, vote_tally and sample_builder as one faust worker."""
-    from pipeline.runtime.faust_runtime import run_worker
+    from orl.pipeline.runtime.faust_runtime import run_worker
 
     settings = bench_settings(args, f"kafka://{args.faust_worker}", args.work_dir)
     processors = [s for s in build_stages(settings) if s.name != "judge"]
@@ -141,7 +144,8 @@ def faust_worker(args: argparse.Namespace) -> None:
 
 async def llm_votes(args: argparse.Namespace) -> None:
     """votes/s of the LLM judge against a real `orl serve` on CPU (judge stage only)."""
-    from connectors.event_log.sqlite_log import SqliteEventLog
+    from orl.connectors.event_log.sqlite_log import SqliteEventLog
+
     from tests.integration.serve_process import API_KEY, serve_process
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,6 +185,6 @@ async def llm_votes(args: argparse.Namespace) -> None:
 
 
 async def _read_all(log: EventLog, topic: str) -> list[Any]:
-    from connectors.event_log.reading import read_to_end
+    from orl.connectors.event_log.reading import read_to_end
 
     return await read_to_end(log, topic)

@@ -1,7 +1,7 @@
 """Throughput of the in-process transformers policy backend at 1 and 8 concurrent requests.
 
 Usage: python -m benchmarks.bench_policy [--cache-dir DIR] [--max-tokens 64] [--rounds 2]
-Converts SmolLM2-135M on first use (see connectors.model_files), then for each concurrency level
+Converts SmolLM2-135M on first use (see orl.connectors.model_files), then for each concurrency level
 runs `rounds` waves of concurrent chat requests and prints aggregate decode throughput.
 """
 
@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from connectors.compute import PRECISIONS, choose_numerics
-from connectors.model_files import DEFAULT_MODEL, resolve_model
-from serving.policy.base import Generation, SamplingParams
-from serving.policy.transformers_backend import TransformersBackend
+from orl.connectors.compute import PRECISIONS, choose_numerics
+from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
+from orl.serving.policy.base import Generation, SamplingParams
+from orl.serving.policy.transformers_backend import TransformersBackend
 
 PROMPTS = [
     "Explain how photosynthesis works.",

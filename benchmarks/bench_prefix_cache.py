@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connectors.compute import PRECISIONS, choose_numerics
-from connectors.model_files import DEFAULT_MODEL, resolve_model
-from serving.policy.base import Generation, SamplingParams
-from serving.policy.transformers_backend import TransformersBackend
+from orl.connectors.compute import PRECISIONS, choose_numerics
+from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
+from orl.serving.policy.base import Generation, SamplingParams
+from orl.serving.policy.transformers_backend import TransformersBackend
+
 from tests.unit.openclaw_requests import TOOLS, internal_context, user
 
 QUESTIONS = [

@@ -28,16 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from connectors.event_log.base import EventLog
-from connectors.event_log.factory import open_event_log
-from pipeline.history.audit import audit_id
-from pipeline.history.audit_index import AuditIndex
-from pipeline.history.namespace_io import NamespaceWriter, read_events
-from pipeline.history.replay import REUSE_TOPICS, ReplayPlan, log_source, replay, run_stages
-from pipeline.history.replay_workers import workers_for
-from pipeline.processors.config import PipelineConfig, SampleConfig, TallyConfig
-from pipeline.processors.registry import PURE_PROCESSORS
-from schemas.events import make_event
+from orl.connectors.event_log.base import EventLog
+from orl.connectors.event_log.factory import open_event_log
+from orl.pipeline.history.audit import audit_id
+from orl.pipeline.history.audit_index import AuditIndex
+from orl.pipeline.history.namespace_io import NamespaceWriter, read_events
+from orl.pipeline.history.replay import REUSE_TOPICS, ReplayPlan, log_source, replay, run_stages
+from orl.pipeline.history.replay_workers import workers_for
+from orl.pipeline.processors.config import PipelineConfig, SampleConfig, TallyConfig
+from orl.pipeline.processors.registry import PURE_PROCESSORS
+from orl.schemas.events import make_event
 
 SOURCE = "bench"
 T0_MS = 1_700_000_000_000

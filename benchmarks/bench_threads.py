@@ -1,4 +1,4 @@
-"""How two torch processes share one machine's cores: the alternatives behind `connectors.compute`.
+"""How two torch processes share one machine's cores: the alternatives behind `orl.connectors.compute`.
 
 Usage: python -m benchmarks.bench_threads [--seconds 40] [--cache-dir ~/.cache/orl/models]
 
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from connectors.compute import available_cores, choose_numerics
+from orl.connectors.compute import available_cores, choose_numerics
 
 
 def train_loop(model_dir: Path, threads: int, seconds: float, precision: str) -> str:
@@ -41,8 +41,8 @@ def train_loop(model_dir: Path, threads: int, seconds: float, precision: str) ->
 
 
 def generate_loop(model_dir: Path, threads: int, seconds: float, precision: str) -> str:
-    from serving.policy.base import SamplingParams
-    from serving.policy.transformers_backend import TransformersBackend
+    from orl.serving.policy.base import SamplingParams
+    from orl.serving.policy.transformers_backend import TransformersBackend
 
     async def run() -> str:
         backend = TransformersBackend(
@@ -104,7 +104,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    from connectors.model_files import DEFAULT_MODEL, resolve_model
+    from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
 
     args.model_dir = resolve_model(DEFAULT_MODEL, args.cache_dir.expanduser())
     cores = available_cores()

@@ -8,7 +8,7 @@ Both sides train SmolLM2-135M on the same batches (binary samples, rewards +-1, 
 temperature 0.7) with the same loss: token-mean PPO clipped surrogate with ratio 1 (one step per
 batch) + 0.02 * k3 KL to the base (the trainer set to k3; its default is the exact KL), forwards in the machine's numerics (`--precision auto`: bf16
 autocast only where the CPU runs bf16 natively, as `orl train` chooses) with fp32 log-softmax, grad clip 1.0,
-AdamW. "trainer" is `trainer.loop.train_step` (what `orl train` runs per step); "bare" is the
+AdamW. "trainer" is `orl.trainer.loop.train_step` (what `orl train` runs per step); "bare" is the
 learnability prototype's loop written out with plain torch/transformers/peft. Each (kind, side)
 runs in its own process so peak RSS (getrusage ru_maxrss) is its own. One warm-up step, then
 `--steps` timed steps; tokens/s counts response tokens. The trainer side also times one checkpoint
@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from connectors.compute import PRECISIONS, choose_numerics
-from connectors.model_files import DEFAULT_MODEL, resolve_model
+from orl.connectors.compute import PRECISIONS, choose_numerics
+from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
 
 EPS_LOW, EPS_HIGH, BETA, LR = 0.2, 0.28, 0.02, {"lora": 5e-4, "full": 1e-5}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -128,12 +127,12 @@ def bare_step(
     return float(loss)
 
 
-# ---- trainer: trainer.loop.train_step on TrainingSamples ---------------------------------------------
+# ---- trainer: orl.trainer.loop.train_step on TrainingSamples ---------------------------------------------
 
 
 def trainer_batches(batches: list[list[dict]]) -> list[Any]:
-    from connectors.event_log.base import TopicPartition
-    from trainer.batching import Batch, TrainingSample
+    from orl.connectors.event_log.base import TopicPartition
+    from orl.trainer.batching import Batch, TrainingSample
 
     out = []
     offset = 0
@@ -154,8 +153,8 @@ def trainer_batches(batches: list[list[dict]]) -> list[Any]:
 
 
 def trainer_setup(model_dir: Path, kind: str, precision: str) -> tuple[Any, torch.optim.Optimizer, Any]:
-    from trainer.policy_model import load_policy
-    from trainer.settings import TrainSettings
+    from orl.trainer.policy_model import load_policy
+    from orl.trainer.settings import TrainSettings
 
     torch.manual_seed(0)  # the same LoRA initialisation as bare_setup
     policy = load_policy(model_dir, "full" if kind == "full" else "lora")
@@ -171,7 +170,7 @@ def trainer_setup(model_dir: Path, kind: str, precision: str) -> tuple[Any, torc
 def time_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     """Both sides in one process, alternating step by step (and which goes first), so that a
     busy machine slows both alike; the first step of each side is a warm-up."""
-    from trainer.loop import train_step
+    from orl.trainer.loop import train_step
 
     batches = make_batches(args.steps + 1, args.samples, args.prompt_tokens, args.response_tokens)
     tokens = [sum(len(s["response"]) for s in b) for b in batches]
@@ -199,8 +198,8 @@ def time_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 
 def measure_memory(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     """One side alone for one step (its own process): peak RSS; the trainer also times a publish."""
-    from connectors.object_store.local_store import LocalObjectStore
-    from trainer.loop import publish_step, train_step
+    from orl.connectors.object_store.local_store import LocalObjectStore
+    from orl.trainer.loop import publish_step, train_step
 
     batches = make_batches(1, args.samples, args.prompt_tokens, args.response_tokens)
     if args.side == "bare":

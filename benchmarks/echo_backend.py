@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serving.policy.base import (
+from orl.serving.policy.base import (
     CheckpointKind,
     Generation,
     GenerationStream,

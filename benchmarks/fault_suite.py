@@ -17,7 +17,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from connectors.model_files import prepare_base_model
+from orl.connectors.model_files import prepare_base_model
+
 from tests.faults.checks import check_run, results_table
 from tests.faults.harness import kill_rounds, load_run, run_fault_suite, save_run
 from tests.fixtures.model import test_cache_dir

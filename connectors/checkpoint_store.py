@@ -31,8 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from connectors.object_store.base import ObjectNotFound, ObjectStore, ObjectStoreError, check_key
-from schemas.errors import CheckpointError, ServiceUnavailable
+from orl.connectors.object_store.base import ObjectNotFound, ObjectStore, ObjectStoreError, check_key
+from orl.schemas.errors import CheckpointError, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import ConfigError
+from orl.schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

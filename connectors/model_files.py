@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from schemas.errors import ConfigError, OrlError
+from orl.schemas.errors import ConfigError, OrlError
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.event_log.topic_policy import DEFAULT_MAX_RECORD_BYTES, TopicPolicy
-from schemas.errors import ConfigError
+from orl.connectors.event_log.topic_policy import DEFAULT_MAX_RECORD_BYTES, TopicPolicy
+from orl.schemas.errors import ConfigError
 
 
 def setting(default: Any, env: str, help: str, *, secret: bool = False, positional: bool = False) -> Any:

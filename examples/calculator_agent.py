@@ -3,7 +3,7 @@
 It talks to orl's server with the official `openai` client like any agent would. Each task is one
 session (POST /v1/sessions/start); each model call is one turn (the server answers with the
 turn's id in the `x-turn-id` header). Tool calls are executed here, by a safe arithmetic evaluator
-(no `eval`; `connectors.environment.tool_env.calculate`, which `orl rollout --env tool` uses too),
+(no `eval`; `orl.connectors.environment.tool_env.calculate`, which `orl rollout --env tool` uses too),
 and sent back as tool messages, which the pipeline's turn linker turns into each
 step's next state. When the task ends, a connector (`CalculatorVerdict`, run through
 `run_connector`) checks the final answer against the true value and the agent posts its
@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
-
-from connectors.environment.api import Observation, Outcome, TurnContext, run_connector
-from connectors.environment.ingest_client import IngestClient
-from connectors.environment.tool_env import CALCULATE, calculate, final_number
+from orl.connectors.environment.api import Observation, Outcome, TurnContext, run_connector
+from orl.connectors.environment.ingest_client import IngestClient
+from orl.connectors.environment.tool_env import CALCULATE, calculate, final_number
 
 SYSTEM = (
     "You are a careful calculator assistant. Call the `calculate` tool with an arithmetic "

@@ -8,7 +8,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from connectors.settings import ConnectionSettings, masked
+from orl.connectors.settings import ConnectionSettings, masked
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def print_settings(settings: AdminSettings) -> int:
 
 
 def prepare_model(settings: AdminSettings) -> int:
-    from connectors.model_files import resolve_model
+    from orl.connectors.model_files import resolve_model
 
     folder = resolve_model(settings.model, settings.model_cache_dir)
     print(f"model ready: {folder}")
@@ -32,8 +32,8 @@ def prepare_model(settings: AdminSettings) -> int:
 
 
 def create_topics(settings: AdminSettings) -> int:
-    from connectors.event_log.catalog import create_catalog_topics
-    from connectors.event_log.factory import open_event_log
+    from orl.connectors.event_log.catalog import create_catalog_topics
+    from orl.connectors.event_log.factory import open_event_log
 
     async def run() -> None:
         async with open_event_log(settings.effective_log_url(), settings.topic_policy()) as log:
@@ -48,7 +48,7 @@ def list_set_aside(settings: AdminSettings) -> int:
     """`orl spool`: every event a server's spool set aside because the log refused it for good."""
     from datetime import UTC, datetime
 
-    from serving.spool import EventSpool
+    from orl.serving.spool import EventSpool
 
     paths = sorted(settings.data_dir.glob("spool-*.db"))
     if not paths:

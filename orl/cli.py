@@ -16,9 +16,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from orl import __version__
+from orl.schemas.errors import OrlError
 from orl.settings_binding import add_settings_arguments, build_settings, log_settings
 from orl.supervised import exit_with_supervisor
-from schemas.errors import OrlError
 
 logger = logging.getLogger("orl")
 
@@ -35,20 +35,20 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "serve",
         "Run the OpenAI-compatible policy server that records every turn.",
-        "serving.settings:ServeSettings",
-        "serving.main:serve",
+        "orl.serving.settings:ServeSettings",
+        "orl.serving.main:serve",
     ),
     Command(
         "pipeline",
         "Run the stream processors that turn recorded turns into scored samples.",
-        "pipeline.runtime.settings:PipelineSettings",
-        "pipeline.runtime.main:run",
+        "orl.pipeline.runtime.settings:PipelineSettings",
+        "orl.pipeline.runtime.main:run",
     ),
     Command(
         "train",
         "Consume samples, train (LoRA or full), publish verified checkpoints.",
-        "trainer.settings:TrainSettings",
-        "trainer.main:train",
+        "orl.trainer.settings:TrainSettings",
+        "orl.trainer.main:train",
     ),
     Command(
         "gate",

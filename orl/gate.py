@@ -9,7 +9,7 @@ For the newest published version above the promoted one (versions published mean
 over), the gate draws held-out prompts, generates `--gate-samples` answers per prompt with the
 candidate, with the promoted version and with the base model (the same seeds for all), lets the
 run's reward judge score every answer, and decides with
-`serving.promotion_rule.gate_decision_with_base`: no worse than the promoted version, nor than the
+`orl.serving.promotion_rule.gate_decision_with_base`: no worse than the promoted version, nor than the
 base model, beyond the margin and the noise. A version that republishes the promoted one's weights
 (the trainer's restore after a hold) is promoted at once. Prompts:
 
@@ -22,7 +22,7 @@ base model, beyond the margin and the noise. A version that republishes the prom
   replies to each answer, so the demo's rule judge scores the gate's answers as it scores live ones.
 
 The gate's state is the log: on a restart it re-reads `checkpoints` and goes on where it stopped.
-It runs its own model copy on its fair share of the cores (`connectors.compute.CoreBoard`).
+It runs its own model copy on its fair share of the cores (`orl.connectors.compute.CoreBoard`).
 """
 
 from __future__ import annotations
@@ -42,36 +42,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from connectors.checkpoint_store import MANIFEST_NAME, download_and_verify, read_manifest, version_prefix
-from connectors.compute import CoreBoard, available_cores, resolved_numerics
-from connectors.event_log.base import EventLog, OutgoingRecord
-from connectors.event_log.catalog import create_catalog_topics
-from connectors.event_log.factory import open_event_log
-from connectors.model_files import resolve_model
-from connectors.object_store.base import ObjectStore
-from connectors.object_store.factory import open_object_store
-from connectors.settings import setting
+from orl.connectors.checkpoint_store import MANIFEST_NAME, download_and_verify, read_manifest, version_prefix
+from orl.connectors.compute import CoreBoard, available_cores, resolved_numerics
+from orl.connectors.event_log.base import EventLog, OutgoingRecord
+from orl.connectors.event_log.catalog import create_catalog_topics
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.model_files import resolve_model
+from orl.connectors.object_store.base import ObjectStore
+from orl.connectors.object_store.factory import open_object_store
+from orl.connectors.settings import setting
 from orl.demo.scenarios import get_scenario
 from orl.demo.scoring import relevance
 from orl.demo.simulated_user import react
-from pipeline.effects.contract import EffectCall
-from pipeline.effects.judge_stage import JudgeStage
-from pipeline.effects.rule_judges import load_rule_judge
-from pipeline.processors.vote_tally import majority
-from pipeline.runtime.main import judge_configs
-from pipeline.runtime.settings import PipelineSettings
-from schemas.codec import decode, encode
-from schemas.errors import CheckpointError, ConfigError
-from schemas.event_types import PolicyGated, RequestReceived
-from schemas.events import make_event
-from schemas.gate_decisions import HELD, PROMOTED, GateDecisions
-from schemas.ids import held_out_session
-from schemas.messages import Message, prompt_text
-from schemas.topics import topic_name
-from serving.policy.base import PolicyBackend, SamplingParams
-from serving.policy.chat_template import ChatTemplate
-from serving.policy.transformers_backend import TransformersBackend
-from serving.promotion_rule import gate_decision_with_base, score_version
+from orl.pipeline.effects.contract import EffectCall
+from orl.pipeline.effects.judge_stage import JudgeStage
+from orl.pipeline.effects.rule_judges import load_rule_judge
+from orl.pipeline.processors.vote_tally import majority
+from orl.pipeline.runtime.main import judge_configs
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.schemas.codec import decode, encode
+from orl.schemas.errors import CheckpointError, ConfigError
+from orl.schemas.event_types import PolicyGated, RequestReceived
+from orl.schemas.events import make_event
+from orl.schemas.gate_decisions import HELD, PROMOTED, GateDecisions
+from orl.schemas.ids import held_out_session
+from orl.schemas.messages import Message, prompt_text
+from orl.schemas.topics import topic_name
+from orl.serving.policy.base import PolicyBackend, SamplingParams
+from orl.serving.policy.chat_template import ChatTemplate
+from orl.serving.policy.transformers_backend import TransformersBackend
+from orl.serving.promotion_rule import gate_decision_with_base, score_version
 
 log = logging.getLogger(__name__)
 PRODUCER = "orl.gate/1"

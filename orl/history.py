@@ -25,20 +25,19 @@ from typing import Any
 
 from tqdm import tqdm
 
-from connectors.event_log.factory import open_event_log
-from connectors.model_files import resolve_model
-from connectors.object_store.base import ObjectStore
-from connectors.object_store.factory import open_object_store
-from connectors.settings import ConnectionSettings, setting, settings_env
-from orl.settings_binding import flag_name
-from pipeline.history import archive as archive_tools
-from pipeline.history.audit import NotFound, audit_id, audit_session, render_chain
-from pipeline.history.audit_index import AuditIndex, index_path
-from pipeline.history.export import export_namespace
-from pipeline.history.import_tokens import HFImportTokenizer, scorer_for
-from pipeline.history.openclaw_import import ImportOptions, build_events, parse_files
-from pipeline.history.parquet_export import export_parquet
-from pipeline.history.replay import (
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.model_files import resolve_model
+from orl.connectors.object_store.base import ObjectStore
+from orl.connectors.object_store.factory import open_object_store
+from orl.connectors.settings import ConnectionSettings, setting, settings_env
+from orl.pipeline.history import archive as archive_tools
+from orl.pipeline.history.audit import NotFound, audit_id, audit_session, render_chain
+from orl.pipeline.history.audit_index import AuditIndex, index_path
+from orl.pipeline.history.export import export_namespace
+from orl.pipeline.history.import_tokens import HFImportTokenizer, scorer_for
+from orl.pipeline.history.openclaw_import import ImportOptions, build_events, parse_files
+from orl.pipeline.history.parquet_export import export_parquet
+from orl.pipeline.history.replay import (
     REJUDGE_TOPICS,
     REUSE_TOPICS,
     ReplayPlan,
@@ -47,11 +46,12 @@ from pipeline.history.replay import (
     log_source,
     replay,
 )
-from pipeline.history.replay_workers import workers_for
-from pipeline.runtime.main import build_stages, pipeline_config
-from pipeline.runtime.settings import PipelineSettings
-from schemas.errors import ConfigError
-from trainer.settings import TrainSettings, parse_init_from
+from orl.pipeline.history.replay_workers import workers_for
+from orl.pipeline.runtime.main import build_stages, pipeline_config
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.schemas.errors import ConfigError
+from orl.settings_binding import flag_name
+from orl.trainer.settings import TrainSettings, parse_init_from
 
 SOURCES = ("log", "archive", "openclaw")
 

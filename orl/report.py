@@ -41,17 +41,17 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from prometheus_client import start_http_server
 
-from connectors.event_log.factory import open_event_log
-from connectors.event_log.reading import read_to_end
-from connectors.metrics import Metrics
-from connectors.settings import ConnectionSettings, setting
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.event_log.reading import read_to_end
+from orl.connectors.metrics import Metrics
+from orl.connectors.settings import ConnectionSettings, setting
 from orl.demo.scenarios import get_scenario
 from orl.demo.scoring import ScoreBreakdown, Scorer, bootstrap_ci, relevance, word_count
-from pipeline.history.namespace_io import partition_count
-from schemas.codec import decode
-from schemas.errors import OrlError
-from schemas.messages import prompt_text
-from schemas.topics import topic_name
+from orl.pipeline.history.namespace_io import partition_count
+from orl.schemas.codec import decode
+from orl.schemas.errors import OrlError
+from orl.schemas.messages import prompt_text
+from orl.schemas.topics import topic_name
 
 REPORT_TOPICS = (
     "requests", "responses", "next_states", "rewards", "train_steps", "checkpoints", "policy_activations",

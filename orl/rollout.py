@@ -35,11 +35,11 @@ from typing import Any, TextIO
 
 import httpx
 
-from connectors.environment.api import Observation, Outcome
-from connectors.environment.episode import SPLITS, Environment, Message, Task, load_environment
-from connectors.environment.ingest_client import IngestClient, IngestError
-from connectors.settings import setting
-from schemas.errors import ConfigError
+from orl.connectors.environment.api import Observation, Outcome
+from orl.connectors.environment.episode import SPLITS, Environment, Message, Task, load_environment
+from orl.connectors.environment.ingest_client import IngestClient, IngestError
+from orl.connectors.settings import setting
+from orl.schemas.errors import ConfigError
 
 
 @dataclass(frozen=True)

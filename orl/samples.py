@@ -9,11 +9,11 @@ import asyncio
 import json
 from dataclasses import dataclass
 
-from connectors.event_log.factory import open_event_log
-from connectors.event_log.reading import read_to_end
-from connectors.settings import ConnectionSettings, setting
-from schemas.codec import decode
-from schemas.topics import topic_name
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.event_log.reading import read_to_end
+from orl.connectors.settings import ConnectionSettings, setting
+from orl.schemas.codec import decode
+from orl.schemas.topics import topic_name
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from connectors.settings import masked
-from schemas.errors import ConfigError
+from orl.connectors.settings import masked
+from orl.schemas.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@ object-store directory live there), so a crash of one is survivable: the supervi
 and it resumes from its committed offsets / latest checkpoint. Logs go to <data-dir>/logs/.
 Keys: if none are given, random ones are generated once and kept in <data-dir>/keys.json.
 Compute: every torch process (server, trainer) gets `--cores` threads to use while it computes alone
-and shares them fairly while both compute (`connectors.compute.CoreBoard`); OpenMP threads wait
+and shares them fairly while both compute (`orl.connectors.compute.CoreBoard`); OpenMP threads wait
 passively; numerics follow `--precision`. The choice is logged at start.
 """
 
@@ -23,13 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from connectors.compute import available_cores, check_precision, cpu_model_name, resolved_numerics
-from connectors.settings import ConnectionSettings, setting
+from orl.connectors.compute import available_cores, check_precision, cpu_model_name, resolved_numerics
+from orl.connectors.settings import ConnectionSettings, setting
+from orl.pipeline.runtime.main import method_stage_names
+from orl.schemas.errors import ConfigError
+from orl.schemas.top_k import check_opd_topk
 from orl.supervised import SUPERVISOR_PID_ENV
-from pipeline.runtime.main import method_stage_names
-from schemas.errors import ConfigError
-from schemas.top_k import check_opd_topk
-from trainer.settings import OPD_LOSSES
+from orl.trainer.settings import OPD_LOSSES
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def compute_budget(settings: UpSettings) -> str:
 def prepare_model_once(settings: ConnectionSettings) -> Path:
     """Convert the base model before the components start: each would otherwise convert it at the same
     time on a fresh machine (two conversions of SmolLM2 in parallel took 34 s on 2 cores)."""
-    from connectors.model_files import resolve_model
+    from orl.connectors.model_files import resolve_model
 
     return resolve_model(settings.model, settings.model_cache_dir)
 

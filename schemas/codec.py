@@ -19,11 +19,10 @@ from typing import Any
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
-
-from schemas.conformance import Check, compile_check
-from schemas.errors import EventDecodeError, EventEncodeError, UnknownEventTypeError
-from schemas.registry import Registry, SchemaVersion, default_registry
-from schemas.schema_forms import Schema, without_logical_types
+from orl.schemas.conformance import Check, compile_check
+from orl.schemas.errors import EventDecodeError, EventEncodeError, UnknownEventTypeError
+from orl.schemas.registry import Registry, SchemaVersion, default_registry
+from orl.schemas.schema_forms import Schema, without_logical_types
 
 MARKER = b"\xc3\x01"
 HEADER_LEN = len(MARKER) + 8
@@ -119,7 +118,7 @@ class Codec:
         event_type = envelope.get("event_type") if isinstance(envelope, Mapping) else None
         if not isinstance(event_type, str):
             raise EventEncodeError(
-                "event has no envelope.event_type (build events with schemas.events.make_event)"
+                "event has no envelope.event_type (build events with orl.schemas.events.make_event)"
             )
         writer = self._writers.get(event_type)
         if writer is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from schemas.schema_forms import NAMED_KINDS, PRIMITIVES, Schema, self_contained, short_name
+from orl.schemas.schema_forms import NAMED_KINDS, PRIMITIVES, Schema, self_contained, short_name
 
 PROMOTIONS: frozenset[tuple[str, str]] = frozenset(
     {

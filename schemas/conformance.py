@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from schemas.schema_forms import Schema, short_name
+from orl.schemas.schema_forms import Schema, short_name
 
 Check = Callable[[Any, str], "str | None"]
 

@@ -12,26 +12,26 @@ orl/cli.py). The tree (module in brackets where it is not this one):
     |-- EventDecodeError
     |-- SchemaDefinitionError
     |-- SchemaCompatibilityError
-    |-- UnsupportedContentError          [schemas.messages] a chat message content orl cannot read
+    |-- UnsupportedContentError          [orl.schemas.messages] a chat message content orl cannot read
     |-- CheckpointError                  a checkpoint cannot be published, verified or loaded
-    |   `-- CheckpointRejected           [connectors.checkpoint_store] verification failed
-    |-- ObjectStoreError                 [connectors.object_store.base]
+    |   `-- CheckpointRejected           [orl.connectors.checkpoint_store] verification failed
+    |-- ObjectStoreError                 [orl.connectors.object_store.base]
     |   `-- ObjectNotFound
-    |-- EventLogError                    [connectors.event_log.base]
-    |-- ModelFilesError                  [connectors.model_files]
-    |-- IngestError                      [connectors.environment.ingest_client]
-    |-- PayloadError                     [connectors.environment.outcome_events]
-    |-- PolicyError                      [serving.policy.base]
-    |-- ApiError                         [serving.openai_api] carries the HTTP status
-    |-- SpoolError                       [serving.spool]
-    |-- ReplayWorkerError                [pipeline.history.replay_workers]
-    |-- ImportFailed                     [pipeline.history.openclaw_import]
-    |-- NotFound                         [pipeline.history.audit]
-    |-- ArchiveError                     [pipeline.history.archive]
-    |-- TrainingError                    [trainer.loop] non-finite loss or gradient (every backend)
-    |-- LogprobInputError                [trainer.logprobs]
-    |-- LossInputError                   [trainer.losses]
-    |-- MegatronBackendError             [trainer.megatron_backend.hf_conversion]
+    |-- EventLogError                    [orl.connectors.event_log.base]
+    |-- ModelFilesError                  [orl.connectors.model_files]
+    |-- IngestError                      [orl.connectors.environment.ingest_client]
+    |-- PayloadError                     [orl.connectors.environment.outcome_events]
+    |-- PolicyError                      [orl.serving.policy.base]
+    |-- ApiError                         [orl.serving.openai_api] carries the HTTP status
+    |-- SpoolError                       [orl.serving.spool]
+    |-- ReplayWorkerError                [orl.pipeline.history.replay_workers]
+    |-- ImportFailed                     [orl.pipeline.history.openclaw_import]
+    |-- NotFound                         [orl.pipeline.history.audit]
+    |-- ArchiveError                     [orl.pipeline.history.archive]
+    |-- TrainingError                    [orl.trainer.loop] non-finite loss or gradient (every backend)
+    |-- LogprobInputError                [orl.trainer.logprobs]
+    |-- LossInputError                   [orl.trainer.losses]
+    |-- MegatronBackendError             [orl.trainer.megatron_backend.hf_conversion]
     |   `-- UnsupportedModelError
     `-- DemoDataError                    [orl.demo.scoring]
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from schemas.errors import EventEncodeError
-from schemas.ids import deterministic_id
-from schemas.registry import default_registry
-from schemas.topics import DEAD_LETTER_EVENT, TOPICS
+from orl.schemas.errors import EventEncodeError
+from orl.schemas.ids import deterministic_id
+from orl.schemas.registry import default_registry
+from orl.schemas.topics import DEAD_LETTER_EVENT, TOPICS
 
 # Catalog order: the events of each topic, then the dead-letter event.
 EVENT_TYPES: tuple[str, ...] = (*(event for events in TOPICS.values() for event in events), DEAD_LETTER_EVENT)
@@ -29,7 +29,7 @@ def make_event(
     turn_id: str | None = None,
     **payload: Any,
 ) -> dict[str, Any]:
-    """An event dict ready for `schemas.codec.encode`.
+    """An event dict ready for `orl.schemas.codec.encode`.
 
     `id_parts` are the inputs that determine the event (e.g. the request id, or the next-state
     event id and judge config version): the event id is `deterministic_id(event_type, namespace,

@@ -1,4 +1,4 @@
-"""`python -m schemas.freeze`: freeze changed event schemas as new history versions.
+"""`python -m orl.schemas.freeze`: freeze changed event schemas as new history versions.
 
 For each event whose current self-contained schema differs from its latest frozen version in
 `schemas/history/<EventType>/`, checks that the new schema can read every frozen version, then
@@ -14,9 +14,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from schemas.compatibility import evolution_problems
-from schemas.errors import OrlError, SchemaCompatibilityError
-from schemas.registry import AVRO_DIR, HISTORY_DIR, Registry, load_registry
+from orl.schemas.compatibility import evolution_problems
+from orl.schemas.errors import OrlError, SchemaCompatibilityError
+from orl.schemas.registry import AVRO_DIR, HISTORY_DIR, Registry, load_registry
 
 
 def pending_versions(registry: Registry) -> dict[str, tuple[int, dict[str, object]]]:
@@ -47,7 +47,7 @@ def freeze(avro_dir: Path = AVRO_DIR, history_dir: Path = HISTORY_DIR) -> list[P
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schemas.freeze", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m orl.schemas.freeze", description=__doc__.splitlines()[0])
     parser.add_argument("--avro-dir", type=Path, default=AVRO_DIR, help="current .avsc files")
     parser.add_argument("--history-dir", type=Path, default=HISTORY_DIR, help="frozen versions")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a freeze is needed")

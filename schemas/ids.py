@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from schemas.errors import ConfigError
+from orl.schemas.errors import ConfigError
 
 ID_HEX_CHARS = 24
 # One encoder for every id: json.dumps with options builds a new one per call (a third of the cost).

@@ -23,7 +23,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from schemas.errors import OrlError
+from orl.schemas.errors import OrlError
 
 Message = dict[str, Any]
 

@@ -2,7 +2,7 @@
 
 Reads `schemas/avro/*.avsc` (one named type per file, file name = record name; named types are
 shared across files by full name, e.g. `orl.events.Envelope`) and
-`schemas/history/<EventType>/v<N>.avsc` (frozen, self-contained, written by `python -m schemas.freeze`).
+`schemas/history/<EventType>/v<N>.avsc` (frozen, self-contained, written by `python -m orl.schemas.freeze`).
 An event is a record whose first field is `envelope`. The current schema of an event has the number
 of its latest frozen version; a current schema that differs from it is *unfrozen* and numbered one
 higher until it is frozen.
@@ -18,8 +18,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import SchemaDefinitionError, UnknownEventTypeError
-from schemas.schema_forms import Schema, expand, fingerprint_of, parse_named, self_contained, short_name
+from orl.schemas.errors import SchemaDefinitionError, UnknownEventTypeError
+from orl.schemas.schema_forms import Schema, expand, fingerprint_of, parse_named, self_contained, short_name
 
 AVRO_DIR = Path(__file__).parent / "avro"
 HISTORY_DIR = Path(__file__).parent / "history"

@@ -13,8 +13,7 @@ from typing import Any
 
 from fastavro import parse_schema
 from fastavro.schema import fingerprint, to_parsing_canonical_form
-
-from schemas.errors import SchemaDefinitionError
+from orl.schemas.errors import SchemaDefinitionError
 
 Schema = Any  # an Avro schema as parsed JSON: a type name, a union list or a dict
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schemas.errors import ConfigError
+from orl.schemas.errors import ConfigError
 
 MAX_TOP_K = 100  # T x K ids and logprobs travel on every teacher event and sample
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.errors import ConfigError, UnknownEventTypeError
+from orl.schemas.errors import ConfigError, UnknownEventTypeError
 
 TOPICS: dict[str, tuple[str, ...]] = {
     "requests": ("RequestReceived",),

@@ -8,5 +8,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy schemas connectors serving pipeline trainer orl
+bash scripts/typecheck.sh
 .venv/bin/python -m pytest -q -n "${ORL_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

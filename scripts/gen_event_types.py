@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `schemas` importable
     sys.path.insert(0, str(ROOT))
 
-from schemas.errors import SchemaDefinitionError  # noqa: E402
-from schemas.events import EVENT_TYPES  # noqa: E402
-from schemas.registry import AVRO_DIR, load_current_schemas  # noqa: E402
-from schemas.schema_forms import NAMED_KINDS, short_name  # noqa: E402
+from orl.schemas.errors import SchemaDefinitionError  # noqa: E402
+from orl.schemas.events import EVENT_TYPES  # noqa: E402
+from orl.schemas.registry import AVRO_DIR, load_current_schemas  # noqa: E402
+from orl.schemas.schema_forms import NAMED_KINDS, short_name  # noqa: E402
 
 OUTPUT = ROOT / "schemas" / "event_types.py"
 COMMAND = "python scripts/gen_event_types.py"

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from orl.schemas.errors import CheckpointError
+from orl.serving.checkpoint_follower import CheckpointFollower
+from orl.serving.openai_api import bad_request
+from orl.serving.request_guards import json_object, read_body
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-
-from schemas.errors import CheckpointError
-from serving.checkpoint_follower import CheckpointFollower
-from serving.openai_api import bad_request
-from serving.request_guards import json_object, read_body
 
 MAX_BODY_BYTES = 4096  # {"version": n} and nothing else
 

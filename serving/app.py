@@ -2,7 +2,7 @@
 
 Routes: POST /v1/chat/completions (plain and server-sent events), GET /v1/models,
 POST /v1/sessions/{id}/end, POST /v1/orl/score (teacher logprobs for the pipeline), GET /healthz,
-/readyz, /metrics, /openapi.json (`serving.openapi`: every route, no key needed), the ingest routes
+/readyz, /metrics, /openapi.json (`orl.serving.openapi`: every route, no key needed), the ingest routes
 and /admin/* (admin key). Unknown routes and methods get OpenAI-shaped 404 / 405 bodies. Writes RequestReceived, ResponseGenerated and
 SessionClosed through the recorder; reads nothing from the log itself.
 """
@@ -18,16 +18,10 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
-
-from connectors.metrics import Metrics
-from serving.capture import EventRecorder
-from serving.ingest import ingest_routes
-from serving.openai_api import (
+from orl.connectors.metrics import Metrics
+from orl.serving.capture import EventRecorder
+from orl.serving.ingest import ingest_routes
+from orl.serving.openai_api import (
     ChatRequest,
     bad_request,
     error_body,
@@ -35,13 +29,13 @@ from serving.openai_api import (
     parse_rollout_group,
     parse_score_request,
 )
-from serving.openapi import openapi_document
-from serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
-from serving.policy.chat_template import ChatTemplate
-from serving.request_guards import guard, read_body
-from serving.session_tracker import SessionTracker, TurnAssignment
-from serving.settings import ServeSettings
-from serving.tool_calls import (
+from orl.serving.openapi import openapi_document
+from orl.serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
+from orl.serving.policy.chat_template import ChatTemplate
+from orl.serving.request_guards import guard, read_body
+from orl.serving.session_tracker import SessionTracker, TurnAssignment
+from orl.serving.settings import ServeSettings
+from orl.serving.tool_calls import (
     ForcedCallStream,
     PlainReplyStream,
     ReplyDelta,
@@ -52,6 +46,11 @@ from serving.tool_calls import (
     merged_tool_calls,
     parse_reply,
 )
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 logger = logging.getLogger(__name__)
 
@@ -337,7 +336,7 @@ class _Turn:
     async def sse(self, stream: GenerationStream) -> AsyncIterator[bytes]:
         """The reply as server-sent events: content as it is generated, each tool call once it is whole.
 
-        What may be shown when is `serving.tool_calls`' decision; the streamed content and calls add
+        What may be shown when is `orl.serving.tool_calls`' decision; the streamed content and calls add
         up to the message that `finish` records (checked here: a mismatch is logged and counted).
         """
         reply = self._reply_stream()

@@ -16,17 +16,17 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from connectors.environment.api import Observation
-from connectors.environment.outcome_events import outcome_event
-from connectors.event_log.topic_policy import DEFAULT_MAX_RECORD_BYTES
-from schemas.codec import encode
-from schemas.event_types import Envelope, NextStateObserved
-from schemas.events import make_event
-from schemas.topics import topic_name
-from serving.openai_api import ApiError, ChatRequest, RolloutGroup
-from serving.policy.base import Generation, SamplingParams
-from serving.session_tracker import TurnAssignment
-from serving.spool import EventSpool
+from orl.connectors.environment.api import Observation
+from orl.connectors.environment.outcome_events import outcome_event
+from orl.connectors.event_log.topic_policy import DEFAULT_MAX_RECORD_BYTES
+from orl.schemas.codec import encode
+from orl.schemas.event_types import Envelope, NextStateObserved
+from orl.schemas.events import make_event
+from orl.schemas.topics import topic_name
+from orl.serving.openai_api import ApiError, ChatRequest, RolloutGroup
+from orl.serving.policy.base import Generation, SamplingParams
+from orl.serving.session_tracker import TurnAssignment
+from orl.serving.spool import EventSpool
 
 PRODUCER = "serving/0.1.0"
 

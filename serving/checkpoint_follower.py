@@ -21,23 +21,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from connectors.checkpoint_store import (
+from orl.connectors.checkpoint_store import (
     MANIFEST_NAME,
     complete_versions,
     download_and_verify,
     read_manifest,
     version_prefix,
 )
-from connectors.event_log.base import EventLog
-from connectors.metrics import Metrics
-from connectors.object_store.base import ObjectStore
-from schemas.codec import decode
-from schemas.errors import CheckpointError, EventDecodeError
-from schemas.event_types import CheckpointPublished
-from schemas.gate_decisions import GateDecisions
-from schemas.topics import topic_name
-from serving.capture import EventRecorder
-from serving.policy.base import PolicyBackend
+from orl.connectors.event_log.base import EventLog
+from orl.connectors.metrics import Metrics
+from orl.connectors.object_store.base import ObjectStore
+from orl.schemas.codec import decode
+from orl.schemas.errors import CheckpointError, EventDecodeError
+from orl.schemas.event_types import CheckpointPublished
+from orl.schemas.gate_decisions import GateDecisions
+from orl.schemas.topics import topic_name
+from orl.serving.capture import EventRecorder
+from orl.serving.policy.base import PolicyBackend
 
 logger = logging.getLogger(__name__)
 

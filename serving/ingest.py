@@ -1,7 +1,7 @@
 """HTTP ingest: feedback, rewards, connector observations, webhooks and session start.
 
 Routes (same bearer keys as the OpenAI surface; `ingest_routes(state)` is registered by
-`serving.app.build_app`):
+`orl.serving.app.build_app`):
 
 - POST /v1/feedback      {session_id, turn_id?, thumbs?: 1|-1, text?}: a user's verdict or
   correction; a NextStateObserved with source "feedback", role "user", content the text, outcome
@@ -9,7 +9,7 @@ Routes (same bearer keys as the OpenAI surface; `ingest_routes(state)` is regist
 - POST /v1/rewards       {session_id, turn_id?, reward, detail?}: an explicit reward (AReaL's
   set_reward); source "reward", outcome kind "reward".
 - POST /v1/observations  {session_id, turn_id?, source, role?, content, outcome?, messages?}:
-  what any connector observed (what `connectors.environment.outcome_events.observation_to_json`
+  what any connector observed (what `orl.connectors.environment.outcome_events.observation_to_json`
   writes).
 - POST /v1/webhooks/{name}  arbitrary JSON, mapped by the named webhook mapping (source
   "webhook:<name>").
@@ -26,12 +26,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
-from connectors.environment.api import Observation, Outcome
-from connectors.environment.outcome_events import (
+from orl.connectors.environment.api import Observation, Outcome
+from orl.connectors.environment.outcome_events import (
     PayloadError,
     check_source,
     content_value,
@@ -41,12 +37,15 @@ from connectors.environment.outcome_events import (
     required_str,
     thumbs_value,
 )
-from connectors.environment.webhook import WebhookMapping, load_webhook_mappings
-from serving.openai_api import ApiError, bad_request
-from serving.request_guards import Handler, guard, json_object, read_body
+from orl.connectors.environment.webhook import WebhookMapping, load_webhook_mappings
+from orl.serving.openai_api import ApiError, bad_request
+from orl.serving.request_guards import Handler, guard, json_object, read_body
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 if TYPE_CHECKING:
-    from serving.app import ServerState
+    from orl.serving.app import ServerState
 
 logger = logging.getLogger(__name__)
 

@@ -14,25 +14,24 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import uvicorn
-
-from connectors.compute import CoreBoard, available_cores, check_precision, resolved_numerics
-from connectors.event_log.base import EventLog
-from connectors.event_log.catalog import create_catalog_topics
-from connectors.event_log.factory import open_event_log
-from connectors.metrics import Metrics
-from connectors.model_files import resolve_model
-from connectors.object_store.factory import open_object_store
-from schemas.errors import ConfigError
-from schemas.topics import topic_name
-from serving.admin import admin_routes
-from serving.app import ServerState, build_app
-from serving.capture import EventRecorder
-from serving.checkpoint_follower import CheckpointFollower
-from serving.policy.base import PolicyBackend
-from serving.policy.chat_template import ChatTemplate
-from serving.session_tracker import SessionTracker
-from serving.settings import ServeSettings
-from serving.spool import SPOOL_SYNC_MODES, EventSpool, SpoolDrainer
+from orl.connectors.compute import CoreBoard, available_cores, check_precision, resolved_numerics
+from orl.connectors.event_log.base import EventLog
+from orl.connectors.event_log.catalog import create_catalog_topics
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.metrics import Metrics
+from orl.connectors.model_files import resolve_model
+from orl.connectors.object_store.factory import open_object_store
+from orl.schemas.errors import ConfigError
+from orl.schemas.topics import topic_name
+from orl.serving.admin import admin_routes
+from orl.serving.app import ServerState, build_app
+from orl.serving.capture import EventRecorder
+from orl.serving.checkpoint_follower import CheckpointFollower
+from orl.serving.policy.base import PolicyBackend
+from orl.serving.policy.chat_template import ChatTemplate
+from orl.serving.session_tracker import SessionTracker
+from orl.serving.settings import ServeSettings
+from orl.serving.spool import SPOOL_SYNC_MODES, EventSpool, SpoolDrainer
 
 # How long an idle keep-alive connection stays open. uvicorn's default, 5 s, equals the expiry of
 # httpx's pool (the openai SDK's and the demo's client): a request sent on a pooled connection just as
@@ -68,7 +67,7 @@ def build_backend(settings: ServeSettings) -> tuple[PolicyBackend, ChatTemplate]
     model_dir = resolve_model(settings.model, settings.model_cache_dir)
     template = ChatTemplate.from_dir(model_dir)
     if settings.backend == "sglang":
-        from serving.policy.sglang_backend import SGLangBackend
+        from orl.serving.policy.sglang_backend import SGLangBackend
 
         if not settings.sglang_url:
             raise ConfigError("--backend sglang needs --sglang-url / ORL_SGLANG_URL")
@@ -79,7 +78,7 @@ def build_backend(settings: ServeSettings) -> tuple[PolicyBackend, ChatTemplate]
             tokenizer_dir=model_dir,
         )
         return backend, template
-    from serving.policy.transformers_backend import TransformersBackend
+    from orl.serving.policy.transformers_backend import TransformersBackend
 
     backend = TransformersBackend(
         model_dir,

@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document of `orl serve`, served at GET /openapi.json (no key needed).
 
-Describes every route `serving.app.build_app` registers, with request schemas that accept what the
+Describes every route `orl.serving.app.build_app` registers, with request schemas that accept what the
 handlers accept: never stricter (a body the schema rejects is one the server answers with a 4xx;
 tests/fuzz checks it), looser only where a rule cannot be said in JSON Schema (a tool_choice that
 names one of `tools`, a prompt that fits the context window). Reads and writes nothing.
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from connectors.environment.api import ROLES as OBSERVATION_ROLES
-from connectors.environment.outcome_events import MAX_CONTENT_CHARS
-from schemas.top_k import MAX_TOP_K
-from serving.openai_api import MAX_STOP_SEQUENCES, ROLES
+from orl.connectors.environment.api import ROLES as OBSERVATION_ROLES
+from orl.connectors.environment.outcome_events import MAX_CONTENT_CHARS
+from orl.schemas.top_k import MAX_TOP_K
+from orl.serving.openai_api import MAX_STOP_SEQUENCES, ROLES
 
 if TYPE_CHECKING:
-    from serving.app import ServerState
+    from orl.serving.app import ServerState
 
 JSON = "application/json"
 Schema = dict[str, Any]

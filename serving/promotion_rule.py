@@ -13,7 +13,7 @@ model as a fixed floor) on approval (when both have one) or on relevance by more
 beyond sampling noise: the Agresti-Caffo 95% one-sided upper
 bound of the difference between the two shares is below zero. Without the second condition a few
 answers decide: on 8 answers, two off-topic ones (relevance 0.75 against 1.00) would hold a version
-whose approval had gone from 0.12 to 0.50. The held-out sessions are `schemas.ids.held_out_session`'s.
+whose approval had gone from 0.12 to 0.50. The held-out sessions are `orl.schemas.ids.held_out_session`'s.
 Reads and writes no topics.
 """
 
@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schemas.gate_decisions import HELD, PROMOTED
+from orl.schemas.gate_decisions import HELD, PROMOTED
 
 Z_95_ONE_SIDED = 1.645
 

@@ -11,11 +11,10 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from orl.serving.openai_api import ApiError, bad_request, check_encodable, error_body
+from orl.serving.policy.base import PolicyError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-
-from serving.openai_api import ApiError, bad_request, check_encodable, error_body
-from serving.policy.base import PolicyError
 
 Handler = Callable[[Request], Awaitable[Response]]
 DEFAULT_BODY_TIMEOUT_S = 30.0  # the whole body, however it is sent; a client that trickles it gets a 408

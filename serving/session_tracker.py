@@ -5,7 +5,7 @@ A session comes from, in order: the `X-Session-Id` header, a `session_id` key in
 provider sets `compat.supportsPromptCacheKey`). When none is given, a request is linked to the earlier
 main turn whose messages plus its response are a prefix of the new request's messages: that is how a
 stock client (any SDK, a chat UI, OpenClaw without the fork) resends a conversation, so its turns
-link without any header. The comparison is `schemas.messages.conversation_link_keys`, lenient on what
+link without any header. The comparison is `orl.schemas.messages.conversation_link_keys`, lenient on what
 clients change in an echoed reply (whitespace, text parts, `null` vs "" content, JSON formatting of
 arguments, tool-call ids).
 
@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from schemas.messages import Message, conversation_key, conversation_link_keys
+from orl.schemas.messages import Message, conversation_key, conversation_link_keys
 
 # conversation_key stays importable from here, where its tests and callers found it before.
 __all__ = ["SessionTracker", "TurnAssignment", "conversation_key"]

@@ -35,9 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from connectors.event_log.base import EventLog, OutgoingRecord, RecordRefused
-from connectors.metrics import Metrics
-from schemas.errors import OrlError
+from orl.connectors.event_log.base import EventLog, OutgoingRecord, RecordRefused
+from orl.connectors.metrics import Metrics
+from orl.schemas.errors import OrlError
 
 logger = logging.getLogger(__name__)
 

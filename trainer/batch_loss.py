@@ -1,9 +1,9 @@
 """One batch of samples through the policy to the loss: logprobs, advantages per method, total loss.
 
 Recomputes the policy's logprobs (with gradient) and the frozen reference's (for the KL) on the exact
-sampled token ids, each sample at its own temperature (`trainer.logprobs`), picks pi_old per the
+sampled token ids, each sample at its own temperature (`orl.trainer.logprobs`), picks pi_old per the
 `old_logprobs` setting, builds each sample's advantage from its method and hands everything to the
-pure `trainer.losses.total_loss`. Reads and writes no topics or object keys.
+pure `orl.trainer.losses.total_loss`. Reads and writes no topics or object keys.
 
 Temperatures: by default every logprob is taken at the sample's own temperature, as sampled. With
 `train_temperature` set (the demo uses 1.0), the policy gradient, the PPO ratio and the KL use
@@ -23,7 +23,7 @@ only what the hint changes, without the frozen teacher's pull back toward the ba
 
 Top-K distillation (`opd_loss` "topk"): a sample whose OPD term is on and that carries the teacher's
 top-K drops teacher_t - old_t from its advantage and instead adds its OPD weight times the reverse
-KL(student || teacher) over the teacher's K ids plus a tail bin (`trainer.losses.topk_reverse_kl`),
+KL(student || teacher) over the teacher's K ids plus a tail bin (`orl.trainer.losses.topk_reverse_kl`),
 token mean over the batch's valid tokens like the surrogate, so a distilled token weighs what its
 token-level OPD term would have. The student's top-K logprobs come from the same forward as its
 sampled-token logprobs, at the sample's own temperature (the teacher's top-K came from logits / T),
@@ -36,11 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
-from torch import Tensor
-
-from trainer.batching import TrainingSample
-from trainer.logprobs import collate_samples, pad_right, response_and_top_k_logprobs, response_logprobs
-from trainer.losses import (
+from orl.trainer.batching import TrainingSample
+from orl.trainer.logprobs import collate_samples, pad_right, response_and_top_k_logprobs, response_logprobs
+from orl.trainer.losses import (
     LossStats,
     binary_advantages,
     center_rewards,
@@ -51,13 +49,14 @@ from trainer.losses import (
     topk_reverse_kl,
     total_loss,
 )
-from trainer.policy_model import PolicyModel
+from orl.trainer.policy_model import PolicyModel
+from torch import Tensor
 
 
 @dataclass(frozen=True)
 class LossConfig:
     beta_kl: float = 0.02
-    kl_estimator: str = "exact"  # exact | k3 (trainer.settings.KL_ESTIMATORS)
+    kl_estimator: str = "exact"  # exact | k3 (orl.trainer.settings.KL_ESTIMATORS)
     eps_low: float = 0.2
     eps_high: float = 0.28
     w_opd: float = 1.0
@@ -65,10 +64,10 @@ class LossConfig:
     center_rewards: bool = False
     prompt_baseline: bool = False  # subtract the mean reward of the batch's answers to the same prompt
     old_logprobs: str = "recompute"  # recompute | rollout
-    autocast: bool = False  # bf16 autocast forwards (trainer.loop.loss_config decides per machine)
+    autocast: bool = False  # bf16 autocast forwards (orl.trainer.loop.loss_config decides per machine)
     train_temperature: float | None = None  # None: each sample's own temperature
-    opd_loss: str = "token"  # token | topk (trainer.settings.OPD_LOSSES)
-    loss_reduction: str = "token"  # token | sample (trainer.losses.reduce_loss)
+    opd_loss: str = "token"  # token | topk (orl.trainer.settings.OPD_LOSSES)
+    loss_reduction: str = "token"  # token | sample (orl.trainer.losses.reduce_loss)
     opd_advantage_clip: float = 0.0  # clamp teacher - old per token to [-c, c] (0: off)
     opd_anchor: float = 1.0  # OPD: teacher - (a * old + (1 - a) * base without the hint)
 

@@ -12,7 +12,7 @@ Skip reasons (counted; the decision depends only on the record and the version b
 restart decides the same): rejected (SampleRejected upstream), stale, duplicate (a sample id already
 trained), undecodable, unknown_event, unknown_method, empty_response, malformed (lengths that do not
 match the response, non-finite values, top-K rows that are not [T][K]), held_out (a session held out
-for the promotion gate: `schemas.ids.held_out_session`).
+for the promotion gate: `orl.schemas.ids.held_out_session`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from connectors.event_log.base import ConsumedRecord, TopicPartition
-from schemas.codec import decode
-from schemas.errors import EventDecodeError, UnknownEventTypeError
-from schemas.event_types import SampleReady
-from schemas.ids import held_out_session
-from schemas.top_k import top_k_rows_aligned
+from orl.connectors.event_log.base import ConsumedRecord, TopicPartition
+from orl.schemas.codec import decode
+from orl.schemas.errors import EventDecodeError, UnknownEventTypeError
+from orl.schemas.event_types import SampleReady
+from orl.schemas.ids import held_out_session
+from orl.schemas.top_k import top_k_rows_aligned
 
 METHODS = ("binary", "opd", "combined")
 SEEN_IDS_KEPT = 100_000  # duplicate detection window (sample ids); far more than any redelivery spans

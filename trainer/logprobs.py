@@ -18,9 +18,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from orl.schemas.errors import OrlError
 from torch import Tensor, nn
-
-from schemas.errors import OrlError
 
 # Any id works: right padding sits after every real token, so a causal model never attends to it.
 _PAD_ID = 0
@@ -82,7 +81,7 @@ def response_logprobs(
     scored. Gradients follow the caller's context: wrap in `torch.no_grad()` for old / reference /
     teacher logprobs, leave enabled for the policy's. `autocast` runs the forward in bf16 (the
     prototype's setting: about 0.05 nats of noise, well under the learning signal); use it only where the
-    hardware runs bf16 natively (`connectors.compute.choose_numerics`).
+    hardware runs bf16 natively (`orl.connectors.compute.choose_numerics`).
     """
     no_top_k: list[None] = [None] * len(prompt_ids)
     scored = response_and_top_k_logprobs(
@@ -117,7 +116,7 @@ def response_and_top_k_logprobs(
     (the teacher's temperature: the sample's own, even when the sampled tokens are scored at another).
     `keep_distributions` also returns each position's whole log-distribution at the sample's
     temperature (`[len(response), V]` fp32: about 50 MB per 256-token response of a 49k vocabulary),
-    for the exact KL to the reference (`trainer.losses.exact_kl`).
+    for the exact KL to the reference (`orl.trainer.losses.exact_kl`).
     """
     _check_inputs(prompt_ids, response_ids, temperatures)
     if not len(top_k_ids) == len(top_k_temperatures) == len(prompt_ids):
@@ -217,7 +216,7 @@ def collate_optional(
 
 @dataclass(frozen=True)
 class CollatedBatch:
-    """The per-sample fields of a training batch as right-padded tensors for `trainer.losses`."""
+    """The per-sample fields of a training batch as right-padded tensors for `orl.trainer.losses`."""
 
     mask_B_T: Tensor  # bool: valid response tokens
     rollout_logprobs_B_T: Tensor  # as recorded by serving (0 on padding)

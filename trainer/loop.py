@@ -7,17 +7,17 @@ TrainStepCompleted on `<namespace>.train_steps` and one CheckpointPublished on
 
 Exactly-once training without transactions: the manifest of version v records, per partition, the
 offset after the last record its step covered. A restarted trainer loads the newest manifest's
-weights and reads on from exactly those offsets (`trainer.sample_stream`), so a kill -9 anywhere
+weights and reads on from exactly those offsets (`orl.trainer.sample_stream`), so a kill -9 anywhere
 (before, during or after a checkpoint write) neither repeats nor skips a sample; a half-uploaded
 version has no manifest and is deleted on start; events missing after a crash between the manifest
-and the append are re-emitted from the manifest (`trainer.resume`). One trainer process per run.
+and the append are re-emitted from the manifest (`orl.trainer.resume`). One trainer process per run.
 The torch backend checkpoints AdamW's state too (`trainer_state/optimizer.pt`), so a resumed run
 takes the same steps as an uninterrupted one; the megatron backend's moments start from zero after
 a restart (weights and data position are exact). A run with no checkpoint starts from the base model, or from another run's
-checkpoint with `--init-from` (`trainer.resume.find_init_point`); its manifests record that start.
+checkpoint with `--init-from` (`orl.trainer.resume.find_init_point`); its manifests record that start.
 
 The loop itself (`consume_and_train`) is the same for every backend: a `StepRunner` takes and
-publishes one step (`TorchStepRunner` here; `trainer.megatron_backend.loop` runs it across a torchrun
+publishes one step (`TorchStepRunner` here; `orl.trainer.megatron_backend.loop` runs it across a torchrun
 job), so batching, resume and the events cannot drift apart between backends.
 """
 
@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-
-from connectors.checkpoint_store import (
+from orl.connectors.checkpoint_store import (
     MANIFEST_NAME,
     TRAINER_STATE_DIR,
     Manifest,
@@ -47,23 +46,23 @@ from connectors.checkpoint_store import (
     read_manifest,
     version_prefix,
 )
-from connectors.compute import CoreBoard, available_cores, resolved_numerics
-from connectors.event_log.base import EventLog, OutgoingRecord, TopicPartition
-from connectors.event_log.catalog import create_catalog_topics
-from connectors.metrics import Metrics
-from connectors.object_store.base import ObjectStore
-from schemas.codec import encode
-from schemas.errors import CheckpointError, ConfigError, OrlError
-from schemas.events import make_event
-from schemas.gate_decisions import GateDecisions
-from schemas.topics import topic_name
-from trainer.batch_loss import LossConfig, batch_loss
-from trainer.batching import Batch, SampleBatcher
-from trainer.core_sharing import fit_threads_every_layer
-from trainer.flush_request import FlushRequest
-from trainer.gate_holds import ahead_of_gate, follow_gate, restore_for
-from trainer.policy_model import LoraSettings, PolicyKind, PolicyModel, load_policy
-from trainer.resume import (
+from orl.connectors.compute import CoreBoard, available_cores, resolved_numerics
+from orl.connectors.event_log.base import EventLog, OutgoingRecord, TopicPartition
+from orl.connectors.event_log.catalog import create_catalog_topics
+from orl.connectors.metrics import Metrics
+from orl.connectors.object_store.base import ObjectStore
+from orl.schemas.codec import encode
+from orl.schemas.errors import CheckpointError, ConfigError, OrlError
+from orl.schemas.events import make_event
+from orl.schemas.gate_decisions import GateDecisions
+from orl.schemas.topics import topic_name
+from orl.trainer.batch_loss import LossConfig, batch_loss
+from orl.trainer.batching import Batch, SampleBatcher
+from orl.trainer.core_sharing import fit_threads_every_layer
+from orl.trainer.flush_request import FlushRequest
+from orl.trainer.gate_holds import ahead_of_gate, follow_gate, restore_for
+from orl.trainer.policy_model import LoraSettings, PolicyKind, PolicyModel, load_policy
+from orl.trainer.resume import (
     PRODUCER,
     ResumePoint,
     append_step_events,
@@ -72,9 +71,9 @@ from trainer.resume import (
     record_refusals,
     reemit_missing_events,
 )
-from trainer.rollback import Rollback, RollbackWatch
-from trainer.sample_stream import SampleStream
-from trainer.settings import TrainSettings
+from orl.trainer.rollback import Rollback, RollbackWatch
+from orl.trainer.sample_stream import SampleStream
+from orl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 GATE_CATCH_UP_S = 10.0  # at start, how long to wait for the gate's decisions so far (trainer/gate_holds.py)
@@ -87,7 +86,7 @@ POLL_MAX_RECORDS = 256
 class TrainingError(OrlError):
     """A step could not be taken (non-finite loss or gradient): not applied, the worker stops loudly.
 
-    Raised by every backend's step (torch here, `trainer.megatron_backend.step`)."""
+    Raised by every backend's step (torch here, `orl.trainer.megatron_backend.step`)."""
 
 
 @dataclass(frozen=True)
@@ -469,7 +468,7 @@ class TorchStepRunner:
     """The torch backend: one process; each step and publish in a thread (the consumer keeps heartbeating).
 
     The process is marked busy on the core board while a step computes, so a server on the same
-    machine gives it a fair share of the cores; hooks on the policy's layers (`trainer.core_sharing`)
+    machine gives it a fair share of the cores; hooks on the policy's layers (`orl.trainer.core_sharing`)
     re-fit the step's threads as the server starts or stops computing."""
 
     settings: TrainSettings

@@ -32,10 +32,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
+from orl.schemas.errors import OrlError
+from orl.trainer.settings import LOSS_REDUCTIONS
 from torch import Tensor
-
-from schemas.errors import OrlError
-from trainer.settings import LOSS_REDUCTIONS
 
 DEFAULT_EPS_LOW = 0.2  # OpenClaw-RL --eps-clip
 DEFAULT_EPS_HIGH = 0.28  # OpenClaw-RL --eps-clip-high (asymmetric, DAPO-style clip-higher)
@@ -180,7 +179,7 @@ def k3_kl(logprobs_B_T: Tensor, ref_logprobs_B_T: Tensor) -> Tensor:
 def exact_kl(logprobs_T_V: Tensor, ref_logprobs_T_V: Tensor) -> Tensor:
     """Per-position KL(pi || ref) over the whole vocabulary: sum_v pi_v * (log pi_v - log ref_v), `[T]`.
 
-    Both are log-distributions `[T, V]` (log-softmax rows, `trainer.logprobs.ScoredResponses`). Unlike
+    Both are log-distributions `[T, V]` (log-softmax rows, `orl.trainer.logprobs.ScoredResponses`). Unlike
     k3, which sees only the sampled token, it also charges probability the policy moved onto tokens it
     did not sample, the way Binary RL's pushes on -1 answers spread mass into token salad
     (docs/demo/ablations.md). Gradient flows through `logprobs_T_V` only.

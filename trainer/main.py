@@ -1,10 +1,10 @@
 """`orl train`: opens the event log, the object store and the base model, then runs the training loop.
 
 Reads `<namespace>.samples` and `checkpoints/<run>/`; writes checkpoints, `<namespace>.train_steps`
-and `<namespace>.checkpoints` (see `trainer.loop`). Local scratch (checkpoint staging, the resumed
+and `<namespace>.checkpoints` (see `orl.trainer.loop`). Local scratch (checkpoint staging, the resumed
 checkpoint's verified copy) lives in `<data-dir>/trainer/<run-id>/`. `--backend megatron` runs the
-same loop across a torchrun job (`trainer.megatron_backend.loop`; the command is in
-`trainer.megatron_backend.launch`).
+same loop across a torchrun job (`orl.trainer.megatron_backend.loop`; the command is in
+`orl.trainer.megatron_backend.launch`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import asyncio
 import logging
 import os
 
-from connectors.event_log.factory import open_event_log
-from connectors.model_files import resolve_model
-from connectors.object_store.factory import open_object_store
-from trainer.loop import run_trainer
-from trainer.settings import TrainSettings, check_settings
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.model_files import resolve_model
+from orl.connectors.object_store.factory import open_object_store
+from orl.trainer.loop import run_trainer
+from orl.trainer.settings import TrainSettings, check_settings
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def train(settings: TrainSettings) -> int:
 
 
 def _train_megatron(settings: TrainSettings) -> int:
-    from trainer.megatron_backend.launch import torchrun_job
+    from orl.trainer.megatron_backend.launch import torchrun_job
 
     # torchrun's variables are the launcher's contract, not settings: read once, here, at start-up.
     job = torchrun_job(os.environ, settings.tensor_parallel)
@@ -56,7 +56,7 @@ def _train_megatron(settings: TrainSettings) -> int:
         import torch
 
         torch.set_num_threads(settings.threads)
-    from trainer.megatron_backend.loop import run_megatron_trainer  # imports megatron-core
+    from orl.trainer.megatron_backend.loop import run_megatron_trainer  # imports megatron-core
 
     steps = run_megatron_trainer(settings, job)
     logger.info("trainer %s (megatron, rank %d) stopped after %d steps", settings.run_id, job.rank, steps)

@@ -1,6 +1,6 @@
 """The trainable policy: a Hugging Face causal LM, fully fine-tuned or with a LoRA adapter.
 
-Loads the base model from a local Hugging Face folder (`connectors.model_files.resolve_model` gives
+Loads the base model from a local Hugging Face folder (`orl.connectors.model_files.resolve_model` gives
 one), makes it trainable, keeps a frozen reference for the KL term (and for the frozen-teacher OPD
 setting), and saves checkpoints that serving loads like the base:
 
@@ -22,7 +22,7 @@ Defaults and why:
 - Full fine-tuning lr 1e-5: OpenClaw-RL's shipped value (Adam, constant) for full weights; a LoRA
   update is a low-rank, alpha/r-scaled delta and tolerates a much larger lr than the full matrices.
 
-Reads and writes no topics or object keys (publishing a saved folder is `connectors.checkpoint_store`).
+Reads and writes no topics or object keys (publishing a saved folder is `orl.connectors.checkpoint_store`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from orl.schemas.errors import CheckpointError
 from torch import nn
-
-from schemas.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

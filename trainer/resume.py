@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
-from connectors.checkpoint_store import (
+from orl.connectors.checkpoint_store import (
     MANIFEST_NAME,
     CheckpointRejected,
     Manifest,
@@ -35,15 +35,15 @@ from connectors.checkpoint_store import (
     run_prefix,
     version_prefix,
 )
-from connectors.event_log.base import EventLog, OutgoingRecord, TopicPartition
-from connectors.event_log.reading import reached
-from connectors.object_store.base import ObjectStore
-from schemas.codec import decode, encode
-from schemas.errors import ConfigError, EventDecodeError
-from schemas.event_types import CheckpointPublished, TrainStepCompleted
-from schemas.events import make_event
-from schemas.topics import topic_name
-from trainer.settings import parse_init_from
+from orl.connectors.event_log.base import EventLog, OutgoingRecord, TopicPartition
+from orl.connectors.event_log.reading import reached
+from orl.connectors.object_store.base import ObjectStore
+from orl.schemas.codec import decode, encode
+from orl.schemas.errors import ConfigError, EventDecodeError
+from orl.schemas.event_types import CheckpointPublished, TrainStepCompleted
+from orl.schemas.events import make_event
+from orl.schemas.topics import topic_name
+from orl.trainer.settings import parse_init_from
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from connectors.event_log.base import ConsumedRecord, Consumer, EventLogError, TopicPartition
-from schemas.errors import ServiceUnavailable
+from orl.connectors.event_log.base import ConsumedRecord, Consumer, EventLogError, TopicPartition
+from orl.schemas.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 

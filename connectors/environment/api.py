@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from schemas.errors import ConfigError
+from orl.schemas.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +113,8 @@ ConnectorFactory = Callable[[], Connector]
 
 
 def built_in_connectors() -> dict[str, ConnectorFactory]:
-    from connectors.environment.pytest_runner import PytestConnector
-    from connectors.environment.shell import ShellConnector
+    from orl.connectors.environment.pytest_runner import PytestConnector
+    from orl.connectors.environment.shell import ShellConnector
 
     return {"shell": ShellConnector, "pytest": PytestConnector}
 

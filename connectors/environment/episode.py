@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from connectors.environment.api import Outcome, discover_plugins
-from schemas.errors import ConfigError
+from orl.connectors.environment.api import Outcome, discover_plugins
+from orl.schemas.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -170,8 +170,8 @@ def run_tool_calls(
 
 
 def built_in_environments() -> dict[str, EnvironmentFactory]:
-    from connectors.environment.terminal_env import TerminalEnvironment
-    from connectors.environment.tool_env import ToolEnvironment, ToolResultEnvironment
+    from orl.connectors.environment.terminal_env import TerminalEnvironment
+    from orl.connectors.environment.tool_env import ToolEnvironment, ToolResultEnvironment
 
     return {"tool": ToolEnvironment, "tool_result": ToolResultEnvironment, "terminal": TerminalEnvironment}
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-
-from connectors.environment.api import Observation
-from connectors.environment.outcome_events import observation_to_json
-from schemas.errors import OrlError
+from orl.connectors.environment.api import Observation
+from orl.connectors.environment.outcome_events import observation_to_json
+from orl.schemas.errors import OrlError
 
 
 class IngestError(OrlError):

@@ -15,9 +15,9 @@ import math
 import re
 from typing import Any
 
-from connectors.environment.api import ROLES, Observation, Outcome
-from schemas.errors import OrlError
-from schemas.events import make_event
+from orl.connectors.environment.api import ROLES, Observation, Outcome
+from orl.schemas.errors import OrlError
+from orl.schemas.events import make_event
 
 MAX_CONTENT_CHARS = 100_000
 RESERVED_SOURCES = ("conversation", "session_end")  # written by the pipeline's turn linker only

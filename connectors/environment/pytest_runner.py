@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connectors.environment.api import Observation, Outcome, TurnContext
-from connectors.environment.shell import CommandResult, render_result, run_command
+from orl.connectors.environment.api import Observation, Outcome, TurnContext
+from orl.connectors.environment.shell import CommandResult, render_result, run_command
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from connectors.environment.api import Observation, Outcome, TurnContext
+from orl.connectors.environment.api import Observation, Outcome, TurnContext
 
 KILLED_EXIT_CODE = -signal.SIGKILL
 _CHUNK_BYTES = 65_536

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.environment.api import Outcome
-from connectors.environment.episode import (
+from orl.connectors.environment.api import Outcome
+from orl.connectors.environment.episode import (
     Message,
     Task,
     draw_tasks,
     run_tool_calls,
     task_verdict,
 )
-from connectors.environment.shell import render_result, run_command
+from orl.connectors.environment.shell import render_result, run_command
 
 SYSTEM = (
     "You work in a Linux shell through the `shell` tool; the current folder is your working folder. "

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.environment.api import Outcome
-from connectors.environment.episode import (
+from orl.connectors.environment.api import Outcome
+from orl.connectors.environment.episode import (
     Message,
     Task,
     draw_tasks,

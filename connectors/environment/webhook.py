@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connectors.environment.api import ROLES, Observation, Outcome
-from connectors.environment.outcome_events import (
+from orl.connectors.environment.api import ROLES, Observation, Outcome
+from orl.connectors.environment.outcome_events import (
     PayloadError,
     content_value,
     count_value,
     finite_number,
     thumbs_value,
 )
-from schemas.errors import ConfigError
+from orl.schemas.errors import ConfigError
 
 FIELDS = (
     "session_id",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
 
-from schemas.errors import OrlError
+from orl.schemas.errors import OrlError
 
 Headers = tuple[tuple[str, bytes], ...]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from connectors.event_log.base import EventLog, TopicSpec
-from schemas.topics import TOPICS, topic_name
+from orl.connectors.event_log.base import EventLog, TopicSpec
+from orl.schemas.topics import TOPICS, topic_name
 
 
 async def create_catalog_topics(

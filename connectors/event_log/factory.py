@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from connectors.event_log.base import EventLog
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.sqlite_log import SqliteEventLog
-from connectors.event_log.topic_policy import DEFAULT_POLICY, TopicPolicy
-from schemas.errors import ConfigError
+from orl.connectors.event_log.base import EventLog
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.event_log.topic_policy import DEFAULT_POLICY, TopicPolicy
+from orl.schemas.errors import ConfigError
 
 ACCEPTED_FORMS = "sqlite:///abs/path.db, sqlite:relative/path.db or kafka://host:port[,host:port...]"
 

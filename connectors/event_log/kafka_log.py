@@ -33,8 +33,7 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
 )
 from aiokafka.structs import RecordMetadata
-
-from connectors.event_log.base import (
+from orl.connectors.event_log.base import (
     ConsumedRecord,
     Consumer,
     EventLog,
@@ -45,14 +44,14 @@ from connectors.event_log.base import (
     TopicPartition,
     TopicSpec,
 )
-from connectors.event_log.partitioner import Partitioner
-from connectors.event_log.topic_policy import (
+from orl.connectors.event_log.partitioner import Partitioner
+from orl.connectors.event_log.topic_policy import (
     DEFAULT_POLICY,
     RECORD_OVERHEAD_BYTES,
     TopicPolicy,
     power_cut_warning,
 )
-from schemas.errors import ServiceUnavailable
+from orl.schemas.errors import ServiceUnavailable
 
 _TOPIC_ALREADY_EXISTS = TopicAlreadyExistsError.errno
 # Errors for one record that no retry can mend: the record is set aside, not sent again.

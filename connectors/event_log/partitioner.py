@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
-from connectors.event_log.base import EventLogError, TopicPartition
+from orl.connectors.event_log.base import EventLogError, TopicPartition
 
 _MASK_32 = 0xFFFFFFFF
 _SEED = 0x9747B28C

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from connectors.event_log.base import ConsumedRecord, Consumer, EventLog, TopicPartition
+from orl.connectors.event_log.base import ConsumedRecord, Consumer, EventLog, TopicPartition
 
 
 async def read_to_end(log: EventLog, topic: str, group_id: str | None = None) -> list[ConsumedRecord]:

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from connectors.event_log.base import (
+from orl.connectors.event_log.base import (
     ConsumedRecord,
     Consumer,
     EventLog,
@@ -36,8 +36,8 @@ from connectors.event_log.base import (
     TopicPartition,
     TopicSpec,
 )
-from connectors.event_log.partitioner import Partitioner, deal_partitions
-from connectors.event_log.topic_policy import DEFAULT_POLICY, TopicPolicy
+from orl.connectors.event_log.partitioner import Partitioner, deal_partitions
+from orl.connectors.event_log.topic_policy import DEFAULT_POLICY, TopicPolicy
 
 _T = TypeVar("_T")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.errors import ConfigError
+from orl.schemas.errors import ConfigError
 
 DEFAULT_MAX_RECORD_BYTES = 1 << 20  # 1 MiB of encoded event
 # What a Kafka record batch adds to one event's bytes: its key (a session id), headers, the record

@@ -12,7 +12,7 @@ import abc
 from collections.abc import Iterator
 from pathlib import Path
 
-from schemas.errors import OrlError
+from orl.schemas.errors import OrlError
 
 
 class ObjectStoreError(OrlError):

@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from connectors.object_store.base import ObjectStore
-from connectors.object_store.local_store import LocalObjectStore
-from connectors.object_store.s3_store import S3ObjectStore
-from schemas.errors import ConfigError
+from orl.connectors.object_store.base import ObjectStore
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.connectors.object_store.s3_store import S3ObjectStore
+from orl.schemas.errors import ConfigError
 
 ACCEPTED_FORMS = (
     "/abs/dir, file:///abs/dir, s3://BUCKET?endpoint=HOST:PORT&secure=false, http://HOST:PORT/BUCKET"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from connectors.object_store.base import (
+from orl.connectors.object_store.base import (
     RESERVED_SEGMENT_PREFIX,
     ObjectNotFound,
     ObjectStore,

@@ -25,16 +25,15 @@ import urllib3
 from minio import Minio
 from minio.error import InvalidResponseError, MinioException, S3Error, ServerError
 from minio.helpers import check_bucket_name
-from urllib3.exceptions import HTTPError, MaxRetryError
-
-from connectors.object_store.base import (
+from orl.connectors.object_store.base import (
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
     check_key,
     check_prefix,
 )
-from schemas.errors import ConfigError, ServiceUnavailable
+from orl.schemas.errors import ConfigError, ServiceUnavailable
+from urllib3.exceptions import HTTPError, MaxRetryError
 
 _CREDENTIAL_ERRORS = frozenset(
     {"SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "InvalidToken", "ExpiredToken"}

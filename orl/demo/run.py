@@ -27,14 +27,19 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from connectors.compute import describe_machine, resolved_numerics
-from connectors.event_log.factory import open_event_log
-from connectors.event_log.reading import read_to_end
-from connectors.settings import ConnectionSettings, setting
+from orl.connectors.compute import describe_machine, resolved_numerics
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.event_log.reading import read_to_end
+from orl.connectors.settings import ConnectionSettings, setting
 from orl.demo.report import StepResult, merge_results, write_report, write_summaries
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
 from orl.samples import read_samples
+from orl.schemas.codec import decode
+from orl.schemas.errors import ConfigError, OrlError
+from orl.schemas.gate_decisions import HELD, PROMOTED, GateDecisions
+from orl.schemas.topics import topic_name
+from orl.serving.settings import ServeSettings
 from orl.settings_binding import build_settings
 from orl.up import (
     Supervisor,
@@ -45,11 +50,6 @@ from orl.up import (
     stack_keys,
     stack_launches,
 )
-from schemas.codec import decode
-from schemas.errors import ConfigError, OrlError
-from schemas.gate_decisions import HELD, PROMOTED, GateDecisions
-from schemas.topics import topic_name
-from serving.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 

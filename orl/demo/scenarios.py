@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 
 from orl.demo.scoring import Scorer, student_score, teacher_score
-from schemas.errors import ConfigError
+from orl.schemas.errors import ConfigError
 
 HELD_OUT_COUNT = 16
 SPLIT_SEED = 0

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from schemas.errors import OrlError
+from orl.schemas.errors import OrlError
 
 MAX_WORDS = 40
 PREFIX_CHARS = 5  # a long keyword matches any response word that shares its first 5 characters

@@ -19,7 +19,7 @@ import httpx
 
 from orl.demo.scenarios import Scenario
 from orl.demo.simulated_user import react
-from schemas.errors import OrlError
+from orl.schemas.errors import OrlError
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit
-from pipeline.processors.event_building import Event, State
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit
+from orl.pipeline.processors.event_building import Event, State
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Reads: requests, responses (to remember each turn), next_states. Writes: judge_votes
 (JudgeVoteCast), hints (HintVoteCast). An LLM judge is any OpenAI-compatible chat endpoint (by
 default orl's own server; its calls are marked as side turns so they never become samples); a rule
-judge is a Python callable found by name (`pipeline.effects.rule_judges`). Each vote records what the
+judge is a Python callable found by name (`orl.pipeline.effects.rule_judges`). Each vote records what the
 judge saw (prompt text and hash), how it sampled (seed), its raw words and the parsed score, or
 why it failed: a failing judge yields failed votes, never silence.
 """
@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httpx
-
-from connectors.metrics import Metrics
-from pipeline.effects.contract import EffectCall, PlanResult
-from pipeline.effects.judging import (
+from orl.connectors.metrics import Metrics
+from orl.pipeline.effects.contract import EffectCall, PlanResult
+from orl.pipeline.effects.judging import (
     JudgeConfig,
     ParseWatch,
     build_hint_judge_messages,
@@ -33,10 +32,10 @@ from pipeline.effects.judging import (
     parse_reward_vote,
     vote_seed,
 )
-from pipeline.effects.rule_judges import HintExtractor, RuleJudge
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit
-from pipeline.processors.event_building import (
+from orl.pipeline.effects.rule_judges import HintExtractor, RuleJudge
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit
+from orl.pipeline.processors.event_building import (
     Event,
     State,
     build_event,
@@ -47,15 +46,15 @@ from pipeline.processors.event_building import (
     session_id_of,
     turn_id_of,
 )
-from pipeline.processors.turn_memory import (
+from orl.pipeline.processors.turn_memory import (
     add_trigger,
     forget_if_idle,
     new_turn_memory,
     remember_turn_event,
     take_ready_triggers,
 )
-from schemas.errors import ConfigError
-from schemas.event_types import NextStateObserved
+from orl.schemas.errors import ConfigError
+from orl.schemas.event_types import NextStateObserved
 
 logger = logging.getLogger(__name__)
 PRODUCER = "pipeline.judge/1"

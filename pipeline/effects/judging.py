@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pipeline.processors.config import content_version
-from pipeline.processors.next_state_text import render_request, truncate_middle
-from schemas.errors import ConfigError
-from schemas.messages import Message
+from orl.pipeline.processors.config import content_version
+from orl.pipeline.processors.next_state_text import render_request, truncate_middle
+from orl.schemas.errors import ConfigError
+from orl.schemas.messages import Message
 
 JudgeKind = Literal["llm", "rule"]
 

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from pipeline.effects.reply_rules import user_hint_extractor, user_reply_judge
-from schemas.errors import ConfigError
-from schemas.messages import Message
+from orl.pipeline.effects.reply_rules import user_hint_extractor, user_reply_judge
+from orl.schemas.errors import ConfigError
+from orl.schemas.messages import Message
 
 ENTRY_POINT_GROUP = "orl.judges"
 HINT_ENTRY_POINT_GROUP = "orl.hint_extractors"

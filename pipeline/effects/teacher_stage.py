@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httpx
-
-from pipeline.effects.contract import EffectCall, PlanResult
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit
-from pipeline.processors.event_building import (
+from orl.pipeline.effects.contract import EffectCall, PlanResult
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit
+from orl.pipeline.processors.event_building import (
     Event,
     State,
     build_event,
@@ -34,15 +33,15 @@ from pipeline.processors.event_building import (
     remember_event,
     turn_id_of,
 )
-from pipeline.processors.turn_memory import (
+from orl.pipeline.processors.turn_memory import (
     add_trigger,
     forget_if_idle,
     new_turn_memory,
     remember_turn_event,
     take_ready_triggers,
 )
-from schemas.event_types import Envelope, HintSelected
-from schemas.messages import content_text
+from orl.schemas.event_types import Envelope, HintSelected
+from orl.schemas.messages import content_text
 
 logger = logging.getLogger(__name__)
 PRODUCER = "pipeline.teacher/1"

@@ -10,7 +10,7 @@ an unlisted object that the next run overwrites. Archiving is incremental (each 
 after the last archived offset per partition). `restore` appends the archived records back onto
 a log, in offset order per partition (same values, keys and partitions; the log assigns new
 timestamps), skipping what the target partition already holds.
-Reads: every topic of the namespace (pipeline.history.namespace_io.namespace_topics). Writes: archive/ keys.
+Reads: every topic of the namespace (orl.pipeline.history.namespace_io.namespace_topics). Writes: archive/ keys.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastavro import parse_schema, reader, writer
-
-from connectors.event_log.base import ConsumedRecord, EventLog, OutgoingRecord, TopicSpec
-from connectors.object_store.base import ObjectNotFound, ObjectStore
-from pipeline.history.namespace_io import namespace_topics, partition_count, read_batches
-from schemas.errors import OrlError
+from orl.connectors.event_log.base import ConsumedRecord, EventLog, OutgoingRecord, TopicSpec
+from orl.connectors.object_store.base import ObjectNotFound, ObjectStore
+from orl.pipeline.history.namespace_io import namespace_topics, partition_count, read_batches
+from orl.schemas.errors import OrlError
 
 ARCHIVE_PREFIX = "archive"
 INDEX_NAME = "index.json"

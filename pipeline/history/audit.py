@@ -22,14 +22,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from connectors.checkpoint_store import checkpoint_ancestors, checkpoint_descendants
-from connectors.event_log.base import Consumer, EventLog, TopicPartition
-from connectors.object_store.base import ObjectStore
-from pipeline.history.audit_index import AuditIndex
-from pipeline.history.namespace_io import catalog_topics, partition_count
-from schemas.codec import decode
-from schemas.errors import OrlError
-from schemas.event_types import (
+from orl.connectors.checkpoint_store import checkpoint_ancestors, checkpoint_descendants
+from orl.connectors.event_log.base import Consumer, EventLog, TopicPartition
+from orl.connectors.object_store.base import ObjectStore
+from orl.pipeline.history.audit_index import AuditIndex
+from orl.pipeline.history.namespace_io import catalog_topics, partition_count
+from orl.schemas.codec import decode
+from orl.schemas.errors import OrlError
+from orl.schemas.event_types import (
     CheckpointPublished,
     HintVoteCast,
     JudgeVoteCast,

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from connectors.event_log.base import ConsumedRecord, EventLog
-from pipeline.history.namespace_io import catalog_topics, read_batches
-from schemas.codec import decode
+from orl.connectors.event_log.base import ConsumedRecord, EventLog
+from orl.pipeline.history.namespace_io import catalog_topics, read_batches
+from orl.schemas.codec import decode
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS positions (topic TEXT, part INTEGER, next_offset INTEGER, PRIMARY KEY (topic, part));

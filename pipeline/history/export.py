@@ -13,10 +13,10 @@ import json
 from collections.abc import Callable
 from typing import IO, Any
 
-from connectors.event_log.base import EventLog
-from pipeline.history.namespace_io import catalog_topics, read_batches
-from schemas.codec import decode
-from schemas.topics import dlq_topic
+from orl.connectors.event_log.base import EventLog
+from orl.pipeline.history.namespace_io import catalog_topics, read_batches
+from orl.schemas.codec import decode
+from orl.schemas.topics import dlq_topic
 
 
 def jsonable(value: Any) -> Any:

@@ -1,7 +1,7 @@
 """Token ids and old logprobs for imported text-only turns (OpenClaw-RL records carry no sampled ids).
 
 The prompt is the record's messages rendered with the target model's chat template (generation
-prompt added) as serving renders them (`schemas.messages`: a template without tool roles gets tool
+prompt added) as serving renders them (`orl.schemas.messages`: a template without tool roles gets tool
 calls and results in the Hermes form), or, for records without messages, its `prompt_text`
 tokenized as is; the response is its text with its tool calls as `<tool_call>` blocks (the form a
 model prompted that way generates) and the end of turn token when it finished normally. Old logprobs are either recomputed with the base model at
@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from schemas import messages as chat_messages
-from schemas.errors import ConfigError
+from orl.schemas import messages as chat_messages
+from orl.schemas.errors import ConfigError
 
 LOGPROB_MODES = ("base", "placeholder")
 

@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from functools import cache
 from typing import Any, NamedTuple
 
-from connectors.event_log.base import ConsumedRecord, EventLog, EventLogError, OutgoingRecord, TopicSpec
-from connectors.event_log.reading import reached
-from pipeline.processors.topology import STAGES
-from schemas.codec import HEADER_LEN, MARKER, decode, encode
-from schemas.event_types import Envelope
-from schemas.registry import default_registry
-from schemas.topics import TOPICS, dlq_topic, record_key, topic_for_event, topic_name
+from orl.connectors.event_log.base import ConsumedRecord, EventLog, EventLogError, OutgoingRecord, TopicSpec
+from orl.connectors.event_log.reading import reached
+from orl.pipeline.processors.topology import STAGES
+from orl.schemas.codec import HEADER_LEN, MARKER, decode, encode
+from orl.schemas.event_types import Envelope
+from orl.schemas.registry import default_registry
+from orl.schemas.topics import TOPICS, dlq_topic, record_key, topic_for_event, topic_name
 
 Event = dict[str, Any]
 BATCH_RECORDS = 5000
@@ -226,7 +226,7 @@ class EncodedEvent(NamedTuple):
 
 
 def encoded(event: Event) -> EncodedEvent:
-    """The event encoded, keyed as every orl producer keys its records (schemas.topics.record_key)."""
+    """The event encoded, keyed as every orl producer keys its records (orl.schemas.topics.record_key)."""
     envelope: Envelope = event["envelope"]
     session = record_key(event)
     key = session.encode() if session else None

@@ -10,7 +10,7 @@ HintVoteCast; Tinker `combine_scores` (`eval_score`, `eval_raw`, `hint_raw`) -> 
 Each line is classified by its keys, so a file may mix both kinds. Every session also gets a
 SessionClosed (the files hold finished turns), so the at-least-one promotion applies.
 
-Imported responses have no sampled ids: `pipeline.history.import_tokens` tokenizes them and supplies old
+Imported responses have no sampled ids: `orl.pipeline.history.import_tokens` tokenizes them and supplies old
 logprobs, and each is marked off-policy with a single policy span (`start_token` 0, version 0): the
 span is what the sample builder reads to set `SampleReady.off_policy`. Event ids are deterministic
 from (namespace, session, turn), so importing the same file twice adds nothing.
@@ -32,11 +32,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.history.import_tokens import ImportTokenizer, LogprobScorer
-from schemas.errors import OrlError
-from schemas.event_types import Envelope
-from schemas.events import make_event
-from schemas.messages import Message
+from orl.pipeline.history.import_tokens import ImportTokenizer, LogprobScorer
+from orl.schemas.errors import OrlError
+from orl.schemas.event_types import Envelope
+from orl.schemas.events import make_event
+from orl.schemas.messages import Message
 
 PRODUCER = "pipeline.history.openclaw_import/1"
 JUDGE_CONFIG_VERSION = "openclaw-rl-import"

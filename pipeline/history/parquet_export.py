@@ -16,13 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from connectors.event_log.base import EventLog
-from pipeline.history.namespace_io import catalog_topics, read_batches
-from schemas.codec import decode, event_type_of
-from schemas.errors import ConfigError
-from schemas.registry import default_registry
-from schemas.schema_forms import Schema
-from schemas.topics import dlq_topic
+from orl.connectors.event_log.base import EventLog
+from orl.pipeline.history.namespace_io import catalog_topics, read_batches
+from orl.schemas.codec import decode, event_type_of
+from orl.schemas.errors import ConfigError
+from orl.schemas.registry import default_registry
+from orl.schemas.schema_forms import Schema
+from orl.schemas.topics import dlq_topic
 
 ROW_GROUP = 5000
 POSITION_COLUMNS = ("topic", "partition", "offset", "timestamp_ms")

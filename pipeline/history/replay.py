@@ -39,19 +39,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from connectors.event_log.base import EventLog, OutgoingRecord, TopicSpec
-from connectors.event_log.reading import read_to_end
-from connectors.object_store.base import ObjectStore
-from pipeline.effects.contract import EffectStage
-from pipeline.history.archive import ArchiveError, archived_records, load_index
-from pipeline.history.namespace_io import (
+from orl.connectors.event_log.base import EventLog, OutgoingRecord, TopicSpec
+from orl.connectors.event_log.reading import read_to_end
+from orl.connectors.object_store.base import ObjectStore
+from orl.pipeline.effects.contract import EffectStage
+from orl.pipeline.history.archive import ArchiveError, archived_records, load_index
+from orl.pipeline.history.namespace_io import (
     EncodedEvent,
     NamespaceWriter,
     catalog_topics,
     read_batches,
     record_count,
 )
-from pipeline.history.replay_shard import (
+from orl.pipeline.history.replay_shard import (
     RawRecord,
     RecordedVotes,
     ReplayShard,
@@ -59,15 +59,15 @@ from pipeline.history.replay_shard import (
     reuse_config,
     split_by_shard,
 )
-from pipeline.history.replay_workers import LocalShard, Shard, shard_pool
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Processor
-from pipeline.runtime.gc_tuning import tuned_for_streams
-from pipeline.runtime.stream_runner import StreamRunner
-from schemas.codec import encode, event_type_of
-from schemas.errors import ConfigError
-from schemas.event_types import Envelope
-from schemas.topics import record_key, topic_for_event, topic_name
+from orl.pipeline.history.replay_workers import LocalShard, Shard, shard_pool
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Processor
+from orl.pipeline.runtime.gc_tuning import tuned_for_streams
+from orl.pipeline.runtime.stream_runner import StreamRunner
+from orl.schemas.codec import encode, event_type_of
+from orl.schemas.errors import ConfigError
+from orl.schemas.event_types import Envelope
+from orl.schemas.topics import record_key, topic_for_event, topic_name
 
 logger = logging.getLogger(__name__)
 Event = dict[str, Any]

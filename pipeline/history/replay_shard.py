@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from pipeline.history.namespace_io import (
+from orl.pipeline.history.namespace_io import (
     VOTE_TYPES,
     EncodedEvent,
     encoded,
@@ -28,13 +28,13 @@ from pipeline.history.namespace_io import (
     vote_fields,
     with_namespace,
 )
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit, Processor
-from pipeline.runtime.memory_runner import MemoryRunner
-from schemas.codec import decode, encode, event_type_of
-from schemas.event_types import HintVoteCast, JudgeVoteCast
-from schemas.events import make_event
-from schemas.topics import topic_for_event
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit, Processor
+from orl.pipeline.runtime.memory_runner import MemoryRunner
+from orl.schemas.codec import decode, encode, event_type_of
+from orl.schemas.event_types import HintVoteCast, JudgeVoteCast
+from orl.schemas.events import make_event
+from orl.schemas.topics import topic_for_event
 
 Event = dict[str, Any]
 RawRecord = tuple[bytes | None, bytes]  # (key, encoded event) as on the log

@@ -22,12 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from pipeline.history.namespace_io import EncodedEvent
-from pipeline.history.replay_shard import ReplayShard
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Processor
-from pipeline.runtime.gc_tuning import tuned_for_streams
-from schemas.errors import OrlError
+from orl.pipeline.history.namespace_io import EncodedEvent
+from orl.pipeline.history.replay_shard import ReplayShard
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Processor
+from orl.pipeline.runtime.gc_tuning import tuned_for_streams
+from orl.schemas.errors import OrlError
 
 STOP_TIMEOUT_S = 10.0
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-from schemas.errors import ConfigError
+from orl.schemas.errors import ConfigError
 
 SampleMethod = Literal["binary", "opd", "combined"]
 SAMPLE_METHODS: tuple[str, ...] = ("binary", "opd", "combined")

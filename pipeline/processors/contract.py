@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.event_building import Event, State
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.event_building import Event, State
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,13 @@
 
 The previous turn is remembered by a digest of its messages (not the messages: OpenClaw re-sends
 ~11k tokens of history per turn, so state stays small). Messages are compared by role and readable
-text (`schemas.messages.messages_digest`), so a client that re-sends a string content as a list of
+text (`orl.schemas.messages.messages_digest`), so a client that re-sends a string content as a list of
 text parts still matches. Reads and writes no topics.
 """
 
 from __future__ import annotations
 
-from schemas.messages import Message, messages_digest
+from orl.schemas.messages import Message, messages_digest
 
 PREFIX = "prefix"
 AFTER_LAST_ASSISTANT = "after_last_assistant"

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.event_types import Envelope
-from schemas.events import make_event
+from orl.schemas.event_types import Envelope
+from orl.schemas.events import make_event
 
 Event = dict[str, Any]
 State = dict[str, Any]
-# What the envelope readers accept: an untyped event or any TypedDict of schemas.event_types.
+# What the envelope readers accept: an untyped event or any TypedDict of orl.schemas.event_types.
 AnyEvent = Mapping[str, Any]
 
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from typing import Any, cast
 
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit, ProcessResult
-from pipeline.processors.event_building import (
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit, ProcessResult
+from orl.pipeline.processors.event_building import (
     Event,
     State,
     build_event,
@@ -36,9 +36,9 @@ from pipeline.processors.event_building import (
     remember_event,
     session_id_of,
 )
-from pipeline.processors.step_decisions import GROUP_RULE
-from pipeline.processors.topology import stage_named
-from schemas.event_types import TrajectoryScored
+from orl.pipeline.processors.step_decisions import GROUP_RULE
+from orl.pipeline.processors.topology import stage_named
+from orl.schemas.event_types import TrajectoryScored
 
 NAME = "group_advantage"
 LOGIC_VERSION = "1"

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from pipeline.processors import vote_collection
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit, ProcessResult
-from pipeline.processors.event_building import (
+from orl.pipeline.processors import vote_collection
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit, ProcessResult
+from orl.pipeline.processors.event_building import (
     Event,
     State,
     build_event,
@@ -29,8 +29,8 @@ from pipeline.processors.event_building import (
     producer_name,
     remember_event,
 )
-from pipeline.processors.topology import stage_named
-from schemas.event_types import HintVoteCast
+from orl.pipeline.processors.topology import stage_named
+from orl.schemas.event_types import HintVoteCast
 
 NAME = "hint_selector"
 LOGIC_VERSION = "1"

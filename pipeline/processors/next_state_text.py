@@ -1,7 +1,7 @@
 """Rendering OpenAI chat messages, responses and next states as readable text for the pipeline.
 
 Used by the turn linker (the content of a conversation next state) and by the judge prompts. How a
-message's content and tool calls read as text is `schemas.messages`; this module lays messages out
+message's content and tool calls read as text is `orl.schemas.messages`; this module lays messages out
 (labels, the request a judge sees, truncation). Reads and writes no topics.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from schemas.messages import Message, message_text, tool_calls_text
+from orl.schemas.messages import Message, message_text, tool_calls_text
 
 # Roles of NextStateObserved: who produced what came after the response.
 NEXT_STATE_ROLE_BY_MESSAGE_ROLE = {"user": "user", "tool": "tool", "function": "tool"}

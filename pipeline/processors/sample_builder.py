@@ -30,10 +30,10 @@ from __future__ import annotations
 import logging
 from typing import cast
 
-from pipeline.processors import sample_decisions, sample_events, sample_inputs
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import ProcessResult
-from pipeline.processors.event_building import (
+from orl.pipeline.processors import sample_decisions, sample_events, sample_inputs
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import ProcessResult
+from orl.pipeline.processors.event_building import (
     Event,
     State,
     emitted_by,
@@ -43,9 +43,9 @@ from pipeline.processors.event_building import (
     remember_event,
     session_id_of,
 )
-from pipeline.processors.sample_events import NAME
-from pipeline.processors.topology import stage_named
-from schemas.event_types import ResponseGenerated, RewardDecided
+from orl.pipeline.processors.sample_events import NAME
+from orl.pipeline.processors.topology import stage_named
+from orl.schemas.event_types import ResponseGenerated, RewardDecided
 
 logger = logging.getLogger(__name__)
 

@@ -34,11 +34,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.processors import step_decisions
-from pipeline.processors.config import RewardRuleConfig, SampleConfig
-from pipeline.processors.event_building import State
-from pipeline.processors.sample_turns import TurnRecord, new_turn, response_arrays, response_problem
-from schemas.top_k import top_k_rows_aligned
+from orl.pipeline.processors import step_decisions
+from orl.pipeline.processors.config import RewardRuleConfig, SampleConfig
+from orl.pipeline.processors.event_building import State
+from orl.pipeline.processors.sample_turns import TurnRecord, new_turn, response_arrays, response_problem
+from orl.schemas.top_k import top_k_rows_aligned
 
 logger = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit
-from pipeline.processors.event_building import Event, State, build_event, event_id_of, producer_name
-from pipeline.processors.sample_decisions import Decision, Outcome
-from pipeline.processors.sample_turns import TurnRecord, response_arrays
-from pipeline.processors.step_decisions import STEP_RULE
-from schemas.event_types import Lineage
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit
+from orl.pipeline.processors.event_building import Event, State, build_event, event_id_of, producer_name
+from orl.pipeline.processors.sample_decisions import Decision, Outcome
+from orl.pipeline.processors.sample_turns import TurnRecord, response_arrays
+from orl.pipeline.processors.step_decisions import STEP_RULE
+from orl.schemas.event_types import Lineage
 
 NAME = "sample_builder"
 LOGIC_VERSION = "1"

@@ -17,17 +17,17 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.processors.config import RewardRuleConfig
-from pipeline.processors.event_building import AnyEvent, State, event_id_of, occurred_at_of, turn_id_of
-from pipeline.processors.sample_turns import (
+from orl.pipeline.processors.config import RewardRuleConfig
+from orl.pipeline.processors.event_building import AnyEvent, State, event_id_of, occurred_at_of, turn_id_of
+from orl.pipeline.processors.sample_turns import (
     TOKEN_ARRAYS,
     TurnRecord,
     arrays_problem,
     new_turn,
     pack_token_arrays,
 )
-from pipeline.processors.step_decisions import GROUP_RULE, better_reward
-from schemas.event_types import (
+from orl.pipeline.processors.step_decisions import GROUP_RULE, better_reward
+from orl.schemas.event_types import (
     HintRejected,
     HintSelected,
     NextStateObserved,

@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.processors.config import RewardRuleConfig
-from pipeline.processors.event_building import State
-from pipeline.processors.sample_turns import TurnRecord, response_problem
-from pipeline.processors.step_rule import trajectory_rewards
+from orl.pipeline.processors.config import RewardRuleConfig
+from orl.pipeline.processors.event_building import State
+from orl.pipeline.processors.sample_turns import TurnRecord, response_problem
+from orl.pipeline.processors.step_rule import trajectory_rewards
 
 STEP_RULE = "step_outcome"
 GROUP_RULE = "group_step_normalised"

@@ -3,7 +3,7 @@
 Pure stages are processors (pipeline/processors/contract.py) run by a runtime; effect stages call models
 (judge, teacher) and are run by the effect runner. Topic creation, docs and the "every produced
 topic has a consumer" test derive from `STAGES`, `EXTERNAL_PRODUCERS` and `EXTERNAL_CONSUMERS`.
-Topic names are catalog names (schemas.topics); the namespace prefix is added by the runtime.
+Topic names are catalog names (orl.schemas.topics); the namespace prefix is added by the runtime.
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.processors import conversation_diff
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit, ProcessResult
-from pipeline.processors.event_building import (
+from orl.pipeline.processors import conversation_diff
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit, ProcessResult
+from orl.pipeline.processors.event_building import (
     AnyEvent,
     Event,
     State,
@@ -56,9 +56,9 @@ from pipeline.processors.event_building import (
     session_id_of,
     turn_id_of,
 )
-from pipeline.processors.next_state_text import next_state_role, render_messages
-from pipeline.processors.topology import stage_named
-from schemas.event_types import NextStateObserved, RequestReceived, ResponseGenerated, SessionClosed
+from orl.pipeline.processors.next_state_text import next_state_role, render_messages
+from orl.pipeline.processors.topology import stage_named
+from orl.schemas.event_types import NextStateObserved, RequestReceived, ResponseGenerated, SessionClosed
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from pipeline.processors.event_building import (
+from orl.pipeline.processors.event_building import (
     AnyEvent,
     State,
     event_id_of,
@@ -21,7 +21,7 @@ from pipeline.processors.event_building import (
     occurred_at_of,
     turn_id_of,
 )
-from schemas.event_types import RequestReceived, ResponseGenerated
+from orl.schemas.event_types import RequestReceived, ResponseGenerated
 
 MAX_TURNS_PER_SESSION = 64
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.processors.event_building import (
+from orl.pipeline.processors.event_building import (
     AnyEvent,
     State,
     envelope_of,
@@ -20,7 +20,7 @@ from pipeline.processors.event_building import (
     occurred_at_of,
     turn_id_of,
 )
-from schemas.event_types import HintVoteCast, JudgeVoteCast
+from orl.schemas.event_types import HintVoteCast, JudgeVoteCast
 
 Judgement = dict[str, Any]
 Vote = JudgeVoteCast | HintVoteCast

@@ -27,9 +27,8 @@ from aiokafka.errors import IllegalOperation
 from faust.transport.consumer import RecordMap
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
-
-from connectors.event_log.base import ConsumedRecord
-from schemas.errors import ConfigError
+from orl.connectors.event_log.base import ConsumedRecord
+from orl.schemas.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -42,16 +42,15 @@ from typing import Any, cast
 import faust
 from faust.types import EventT, StreamT, TopicT
 from mode import CrashingSupervisor
-
-from connectors.event_log.base import ConsumedRecord, TopicSpec
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.partitioner import partition_for_key
-from connectors.event_log.topic_policy import DEFAULT_POLICY, TopicPolicy
-from connectors.metrics import Metrics
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Processor
-from pipeline.processors.event_building import State
-from pipeline.runtime.faust_patches import (
+from orl.connectors.event_log.base import ConsumedRecord, TopicSpec
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.partitioner import partition_for_key
+from orl.connectors.event_log.topic_policy import DEFAULT_POLICY, TopicPolicy
+from orl.connectors.metrics import Metrics
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Processor
+from orl.pipeline.processors.event_building import State
+from orl.pipeline.runtime.faust_patches import (
     InputProgress,
     PipelineApp,
     PipelineConsumer,
@@ -59,9 +58,9 @@ from pipeline.runtime.faust_patches import (
     SkippedRecordReader,
     check_faust_version,
 )
-from pipeline.runtime.host import Output, ProcessorHost, state_bytes, state_from_bytes, wall_clock_ms
-from schemas.errors import ConfigError
-from schemas.topics import dlq_topic, topic_name
+from orl.pipeline.runtime.host import Output, ProcessorHost, state_bytes, state_from_bytes, wall_clock_ms
+from orl.schemas.errors import ConfigError
+from orl.schemas.topics import dlq_topic, topic_name
 
 logger = logging.getLogger(__name__)
 

@@ -21,17 +21,17 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from connectors.event_log.base import ConsumedRecord, OutgoingRecord
-from connectors.metrics import Metrics
-from pipeline.effects.contract import EffectCall, EffectStage
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit, Processor
-from pipeline.processors.event_building import Event, State
-from pipeline.runtime.shared_decodes import SharedDecodes
-from schemas.codec import encode
-from schemas.errors import EventDecodeError
-from schemas.events import make_event
-from schemas.topics import dlq_topic, record_key, topic_name
+from orl.connectors.event_log.base import ConsumedRecord, OutgoingRecord
+from orl.connectors.metrics import Metrics
+from orl.pipeline.effects.contract import EffectCall, EffectStage
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit, Processor
+from orl.pipeline.processors.event_building import Event, State
+from orl.pipeline.runtime.shared_decodes import SharedDecodes
+from orl.schemas.codec import encode
+from orl.schemas.errors import EventDecodeError
+from orl.schemas.events import make_event
+from orl.schemas.topics import dlq_topic, record_key, topic_name
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class ProcessorHost:
     def handle(self, record: ConsumedRecord, state_of: Callable[[str], State | None]) -> Step:
         """One input record; `state_of(key)` is the session's stored state (None: nothing stored).
 
-        The state key is the record key (the session id), else the event's key (schemas.topics.record_key).
+        The state key is the record key (the session id), else the event's key (orl.schemas.topics.record_key).
         """
         try:
             decodes = self.decodes if self.decodes is not None else self._private_decodes()  # it has a len()
@@ -154,7 +154,7 @@ class ProcessorHost:
         return changed, emits_all
 
     def encode(self, emits: list[Emit]) -> list[Output]:
-        """The emits as records keyed by session id (schemas.topics.record_key), on their full topic names."""
+        """The emits as records keyed by session id (orl.schemas.topics.record_key), on their full topic names."""
         if not emits:
             return []
         out = []

@@ -15,17 +15,15 @@ import logging
 import signal
 from typing import Any
 
-from prometheus_client import start_http_server
-
-from connectors.event_log.base import EventLog
-from connectors.event_log.factory import open_event_log
-from connectors.metrics import Metrics
-from pipeline.effects.contract import EffectStage
-from pipeline.effects.judge_stage import JudgeStage
-from pipeline.effects.judging import JudgeConfig
-from pipeline.effects.rule_judges import load_hint_extractor, load_rule_judge
-from pipeline.effects.teacher_stage import TEACHER_KINDS, TeacherStage
-from pipeline.processors.config import (
+from orl.connectors.event_log.base import EventLog
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.metrics import Metrics
+from orl.pipeline.effects.contract import EffectStage
+from orl.pipeline.effects.judge_stage import JudgeStage
+from orl.pipeline.effects.judging import JudgeConfig
+from orl.pipeline.effects.rule_judges import load_hint_extractor, load_rule_judge
+from orl.pipeline.effects.teacher_stage import TEACHER_KINDS, TeacherStage
+from orl.pipeline.processors.config import (
     GroupConfig,
     HintSelectionConfig,
     LinkerConfig,
@@ -34,15 +32,16 @@ from pipeline.processors.config import (
     SampleConfig,
     TallyConfig,
 )
-from pipeline.processors.contract import Processor
-from pipeline.processors.registry import PURE_PROCESSORS
-from pipeline.processors.topology import STAGES
-from pipeline.runtime.gc_tuning import tuned_for_streams
-from pipeline.runtime.settings import PipelineSettings
-from pipeline.runtime.shared_decodes import SharedDecodes
-from pipeline.runtime.stream_runner import StreamRunner
-from schemas.errors import ConfigError, OrlError
-from schemas.top_k import check_opd_topk
+from orl.pipeline.processors.contract import Processor
+from orl.pipeline.processors.registry import PURE_PROCESSORS
+from orl.pipeline.processors.topology import STAGES
+from orl.pipeline.runtime.gc_tuning import tuned_for_streams
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.pipeline.runtime.shared_decodes import SharedDecodes
+from orl.pipeline.runtime.stream_runner import StreamRunner
+from orl.schemas.errors import ConfigError, OrlError
+from orl.schemas.top_k import check_opd_topk
+from prometheus_client import start_http_server
 
 logger = logging.getLogger(__name__)
 Stage = Processor | EffectStage
@@ -269,7 +268,7 @@ def run(settings: PipelineSettings) -> int:
 
 
 def _run_faust(settings: PipelineSettings) -> int:
-    from pipeline.runtime.faust_runtime import run_worker
+    from orl.pipeline.runtime.faust_runtime import run_worker
 
     log_url = settings.effective_log_url()
     if not log_url.startswith("kafka://"):

@@ -16,10 +16,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit, Processor
-from pipeline.runtime.host import ProcessorHost
-from schemas.topics import record_key
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit, Processor
+from orl.pipeline.runtime.host import ProcessorHost
+from orl.schemas.topics import record_key
 
 
 class MemoryRunner:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from connectors.settings import ConnectionSettings, setting
+from orl.connectors.settings import ConnectionSettings, setting
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.event_log.base import ConsumedRecord
-from schemas.codec import decode
+from orl.connectors.event_log.base import ConsumedRecord
+from orl.schemas.codec import decode
 
 RecordId = tuple[str, int, int]
 # Of encoded values: decoded events are several times larger. Readers in one process are at most a
@@ -51,7 +51,7 @@ class SharedDecodes:
             self.readers[topic] = self.readers.get(topic, 0) + 1
 
     def decode(self, record: ConsumedRecord) -> dict[str, Any]:
-        """The record's event; raises EventDecodeError like schemas.codec.decode (failures are not kept)."""
+        """The record's event; raises EventDecodeError like orl.schemas.codec.decode (failures are not kept)."""
         record_id = (record.topic, record.partition, record.offset)
         entry = self._entries.get(record_id)
         if entry is not None:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.event_log.base import (
+from orl.connectors.event_log.base import (
     ConsumedRecord,
     Consumer,
     EventLog,
@@ -43,14 +43,21 @@ from connectors.event_log.base import (
     TopicPartition,
     TopicSpec,
 )
-from connectors.event_log.reading import reached, read_to_end
-from connectors.metrics import Metrics
-from pipeline.effects.contract import EffectCall, EffectStage
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit, Processor
-from pipeline.runtime.host import Output, ProcessorHost, Step, state_bytes, state_from_bytes, wall_clock_ms
-from pipeline.runtime.shared_decodes import SharedDecodes
-from schemas.errors import ServiceUnavailable
+from orl.connectors.event_log.reading import reached, read_to_end
+from orl.connectors.metrics import Metrics
+from orl.pipeline.effects.contract import EffectCall, EffectStage
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit, Processor
+from orl.pipeline.runtime.host import (
+    Output,
+    ProcessorHost,
+    Step,
+    state_bytes,
+    state_from_bytes,
+    wall_clock_ms,
+)
+from orl.pipeline.runtime.shared_decodes import SharedDecodes
+from orl.schemas.errors import ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 EFFECT_CALLS_PER_ROUND = 8  # rounds of this many calls per concurrent slot

@@ -7,8 +7,8 @@ OpenAI messages to the prompt token ids both take. Backends are imported from th
 that importing this package does not load torch.
 """
 
-from schemas.errors import CheckpointError
-from serving.policy.base import (
+from orl.schemas.errors import CheckpointError
+from orl.serving.policy.base import (
     Generation,
     GenerationStream,
     PolicyBackend,

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from orl.serving.policy.base import FinishReason, Generation, GenerationStream, SamplingParams, TokenStep
+from orl.serving.policy.detokenizer import IncrementalDecoder
+from orl.serving.policy.prefix_cache import PrefixCache
 from transformers import DynamicCache
-
-from serving.policy.base import FinishReason, Generation, GenerationStream, SamplingParams, TokenStep
-from serving.policy.detokenizer import IncrementalDecoder
-from serving.policy.prefix_cache import PrefixCache
 
 
 @dataclass(eq=False)  # rows are compared by identity

@@ -2,7 +2,7 @@
 
 Both backends take token ids, so the server tokenizes once, here, and records exactly those ids.
 Templates that do not know tools (SmolLM2 ships plain ChatML) still get sensible prompts
-(`schemas.messages.plain_template_messages`: tool definitions in the system message, assistant tool
+(`orl.schemas.messages.plain_template_messages`: tool definitions in the system message, assistant tool
 calls as `<tool_call>` JSON blocks, tool results as user turns in `<tool_response>`).
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from schemas.messages import Message, UnsupportedContentError, plain_template_messages, prompt_text
-from serving.policy.base import PolicyError
+from orl.schemas.messages import Message, UnsupportedContentError, plain_template_messages, prompt_text
+from orl.serving.policy.base import PolicyError
 
 
 class ChatTemplate:
@@ -72,7 +72,7 @@ class ChatTemplate:
 
 
 def _prompt_content_text(content: Any) -> str:
-    """OpenAI content as the model sees it (`schemas.messages.prompt_text`); a bad content is a PolicyError."""
+    """OpenAI content as the model sees it (`orl.schemas.messages.prompt_text`); a bad content is a PolicyError."""
     try:
         return prompt_text(content)
     except UnsupportedContentError as error:
@@ -86,7 +86,7 @@ def _plain_content(message: Message) -> Message:
 def _plain_template_messages(
     messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None
 ) -> list[Message]:
-    """`schemas.messages.plain_template_messages`; a bad message is a PolicyError."""
+    """`orl.schemas.messages.plain_template_messages`; a bad message is a PolicyError."""
     try:
         return plain_template_messages(messages, tools)
     except UnsupportedContentError as error:

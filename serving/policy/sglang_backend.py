@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from schemas.errors import CheckpointError, OrlError, ServiceUnavailable
-from serving.policy.base import (
+from orl.schemas.errors import CheckpointError, OrlError, ServiceUnavailable
+from orl.serving.policy.base import (
     CheckpointKind,
     Generation,
     GenerationStream,
@@ -47,9 +46,9 @@ from serving.policy.base import (
     check_top_k,
     effective_temperature,
 )
-from serving.policy.chat_template import ChatTemplate
-from serving.policy.detokenizer import IncrementalDecoder
-from serving.policy.sglang_replies import (
+from orl.serving.policy.chat_template import ChatTemplate
+from orl.serving.policy.detokenizer import IncrementalDecoder
+from orl.serving.policy.sglang_replies import (
     finish_reason,
     ids_and_logprobs,
     new_output_entries,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.policy.base import FinishReason, PolicyError
+from orl.serving.policy.base import FinishReason, PolicyError
 
 
 def ids_and_logprobs(entries: Any, field: str) -> tuple[list[int], list[float]]:

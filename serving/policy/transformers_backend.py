@@ -6,14 +6,14 @@ the rows running on the old weights have drained; requests that arrive meanwhile
 refused). Tokens reach each request's asyncio stream through `call_soon_threadsafe`.
 
 Weights: an fp32 master copy, run under bf16 autocast where the hardware runs bf16 natively and in
-fp32 elsewhere (`connectors.compute.choose_numerics`; the caller passes the dtype). Threads: the
-worker sets its torch threads before every step from the core board (`connectors.compute.CoreBoard`),
+fp32 elsewhere (`orl.connectors.compute.choose_numerics`; the caller passes the dtype). Threads: the
+worker sets its torch threads before every step from the core board (`orl.connectors.compute.CoreBoard`),
 so the server shares the cores fairly with a trainer computing on the same machine. The base weights stay loaded, frozen, for
 `score(use_base=True)`; a "full" checkpoint is a folder with `model.safetensors`, a "lora"
 checkpoint is a peft adapter folder merged into a copy of the base. Both are built off the hot path
 (in a thread) and swapped in at a batch boundary. Reads checkpoint folders; writes nothing.
 
-Prefix cache (`serving.policy.prefix_cache.PrefixCache`): prompts' KV is kept, up to `prefix_cache_bytes`, so a
+Prefix cache (`orl.serving.policy.prefix_cache.PrefixCache`): prompts' KV is kept, up to `prefix_cache_bytes`, so a
 client that resends its conversation prefills only the new tokens; a swap empties it. SmolLM2-135M
 keeps 45 KiB per token (30 layers x keys and values x 3 heads x 64 x fp32, under bf16 autocast too),
 so 1 GiB holds about 23k tokens: two or three 8k-token agent prompts.
@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from connectors.compute import CoreBoard, available_cores
-from schemas.errors import CheckpointError, ConfigError
-from serving.policy.base import (
+from orl.connectors.compute import CoreBoard, available_cores
+from orl.schemas.errors import CheckpointError, ConfigError
+from orl.serving.policy.base import (
     CheckpointKind,
     GenerationStream,
     PolicyBackend,
@@ -46,9 +45,9 @@ from serving.policy.base import (
     check_top_k,
     effective_temperature,
 )
-from serving.policy.batch_engine import ActiveBatch, Row, hidden_states, lm_logits
-from serving.policy.chat_template import ChatTemplate
-from serving.policy.detokenizer import IncrementalDecoder
+from orl.serving.policy.batch_engine import ActiveBatch, Row, hidden_states, lm_logits
+from orl.serving.policy.chat_template import ChatTemplate
+from orl.serving.policy.detokenizer import IncrementalDecoder
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Chat turns on the real app are in the spool before their response leaves the server.
 
-Runs `serving.app.build_app` over the zero-cost echo backend (benchmarks/echo_backend.py) and the real
+Runs `orl.serving.app.build_app` over the zero-cost echo backend (benchmarks/echo_backend.py) and the real
 SmolLM2 tokenizer, with a real recorder and spool file; a spool failure is a real SQLite failure (a
 trigger in the spool file aborts inserts of one topic).
 """
@@ -15,15 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
+from orl.connectors.metrics import Metrics
+from orl.schemas.codec import decode
+from orl.serving.app import ServerState, build_app
+from orl.serving.capture import EventRecorder
+from orl.serving.policy.chat_template import ChatTemplate
+from orl.serving.settings import ServeSettings
+from orl.serving.spool import EventSpool
 
 from benchmarks.echo_backend import ECHO_TEXT, EchoBackend
-from connectors.metrics import Metrics
-from schemas.codec import decode
-from serving.app import ServerState, build_app
-from serving.capture import EventRecorder
-from serving.policy.chat_template import ChatTemplate
-from serving.settings import ServeSettings
-from serving.spool import EventSpool
 from tests.unit.openclaw_requests import SYSTEM_PROMPT, body, internal_context, resent_assistant, user
 
 KEY = "chat-key"

@@ -12,20 +12,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from orl.connectors.checkpoint_store import latest_checkpoint, publish_checkpoint
+from orl.connectors.event_log.base import Consumer, OutgoingRecord, TopicPartition, TopicSpec
+from orl.connectors.event_log.sqlite_log import SqliteEventLog, SqliteStore
+from orl.connectors.metrics import Metrics
+from orl.connectors.object_store.base import ObjectStoreError
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.schemas.codec import decode, encode
+from orl.serving.capture import EventRecorder
+from orl.serving.checkpoint_follower import CheckpointFollower
+from orl.serving.policy.base import CheckpointKind
+from orl.serving.spool import EventSpool
+from orl.trainer.resume import append_step_events
+
 from benchmarks.echo_backend import EchoBackend
-from connectors.checkpoint_store import latest_checkpoint, publish_checkpoint
-from connectors.event_log.base import Consumer, OutgoingRecord, TopicPartition, TopicSpec
-from connectors.event_log.sqlite_log import SqliteEventLog, SqliteStore
-from connectors.metrics import Metrics
-from connectors.object_store.base import ObjectStoreError
-from connectors.object_store.local_store import LocalObjectStore
-from schemas.codec import decode, encode
-from serving.capture import EventRecorder
-from serving.checkpoint_follower import CheckpointFollower
-from serving.policy.base import CheckpointKind
-from serving.spool import EventSpool
 from tests.unit.event_examples import example_event
-from trainer.resume import append_step_events
 
 NAMESPACE, RUN, SERVER = "ns", "run", "srv"
 TOPIC = f"{NAMESPACE}.checkpoints"

@@ -12,16 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from orl.connectors.event_log.reading import read_to_end
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.turn_linker import TURN_LINKER
+from orl.pipeline.runtime.main import build_stages, pipeline_config
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.pipeline.runtime.stream_runner import EFFECT_CALLS_PER_ROUND, StreamRunner
+from orl.schemas.codec import decode
+from orl.schemas.topics import topic_name
 
-from connectors.event_log.reading import read_to_end
-from connectors.event_log.sqlite_log import SqliteEventLog
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.turn_linker import TURN_LINKER
-from pipeline.runtime.main import build_stages, pipeline_config
-from pipeline.runtime.settings import PipelineSettings
-from pipeline.runtime.stream_runner import EFFECT_CALLS_PER_ROUND, StreamRunner
-from schemas.codec import decode
-from schemas.topics import topic_name
 from tests.component.test_stream_runner_restart import append
 from tests.unit.pipeline_streams import NAMESPACE, Conversation
 

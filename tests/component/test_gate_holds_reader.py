@@ -1,4 +1,4 @@
-"""The trainer's reader of the gate's decisions (trainer.gate_holds.follow_gate) on the real SQLite log:
+"""The trainer's reader of the gate's decisions (orl.trainer.gate_holds.follow_gate) on the real SQLite log:
 it reads every decision, survives a log it cannot reach at first, and says when it has caught up."""
 
 from __future__ import annotations
@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from connectors.event_log.base import Consumer, EventLogError, OutgoingRecord, TopicSpec
-from connectors.event_log.sqlite_log import SqliteEventLog
-from schemas.codec import encode
-from schemas.gate_decisions import GateDecisions
+from orl.connectors.event_log.base import Consumer, EventLogError, OutgoingRecord, TopicSpec
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.schemas.codec import encode
+from orl.schemas.gate_decisions import GateDecisions
+from orl.trainer.gate_holds import follow_gate, restore_for
+
 from tests.unit.event_examples import example_event
-from trainer.gate_holds import follow_gate, restore_for
 
 TOPIC = "ns.checkpoints"
 

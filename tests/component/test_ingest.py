@@ -1,6 +1,6 @@
 """The ingest routes on the real app: feedback, rewards, observations, webhooks, sessions.
 
-Runs `serving.app.build_app` with a real recorder and spool (no model: the ingest routes never
+Runs `orl.serving.app.build_app` with a real recorder and spool (no model: the ingest routes never
 touch the policy) and reads the spooled NextStateObserved events back through the codec.
 """
 
@@ -11,20 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.connectors.environment.api import Observation, Outcome
+from orl.connectors.environment.outcome_events import observation_to_json
+from orl.connectors.environment.webhook import webhook_mappings
+from orl.connectors.metrics import Metrics
+from orl.schemas.codec import decode
+from orl.serving.app import ServerState, build_app
+from orl.serving.capture import EventRecorder
+from orl.serving.ingest import ingest_routes
+from orl.serving.session_tracker import SessionTracker
+from orl.serving.settings import ServeSettings
+from orl.serving.spool import EventSpool
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
-
-from connectors.environment.api import Observation, Outcome
-from connectors.environment.outcome_events import observation_to_json
-from connectors.environment.webhook import webhook_mappings
-from connectors.metrics import Metrics
-from schemas.codec import decode
-from serving.app import ServerState, build_app
-from serving.capture import EventRecorder
-from serving.ingest import ingest_routes
-from serving.session_tracker import SessionTracker
-from serving.settings import ServeSettings
-from serving.spool import EventSpool
 
 KEY = "ingest-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -11,13 +11,13 @@ import asyncio
 import itertools
 from typing import Any
 
+from orl.pipeline.effects.judge_stage import JudgeStage
+from orl.pipeline.effects.judging import JudgeConfig
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from pipeline.effects.judge_stage import JudgeStage
-from pipeline.effects.judging import JudgeConfig
 from tests.fixtures.fake_sglang import free_port, serve_in_thread
 from tests.unit.test_pipeline_judge_rules import call as reward_call
 

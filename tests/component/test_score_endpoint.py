@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.serving.policy.chat_template import ChatTemplate
 
-from serving.policy.chat_template import ChatTemplate
 from tests.component.test_capture_chat import KEY, Server, template  # noqa: F401 - template is a fixture
 
 HI = [{"role": "user", "content": "hi"}]

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from orl.schemas.errors import CheckpointError, ServiceUnavailable
+from orl.serving.policy.base import PolicyError, SamplingParams
+from orl.serving.policy.sglang_backend import SGLangBackend
 
-from schemas.errors import CheckpointError, ServiceUnavailable
-from serving.policy.base import PolicyError, SamplingParams
-from serving.policy.sglang_backend import SGLangBackend
 from tests.fixtures.fake_sglang import (
     EOS_ID,
     FakeSGLang,

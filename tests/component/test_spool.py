@@ -10,10 +10,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
-from connectors.event_log.base import TopicSpec
-from connectors.event_log.sqlite_log import SqliteEventLog
-from serving.spool import EventSpool, SpoolDrainer, SpoolError
+from orl.connectors.event_log.base import TopicSpec
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.serving.spool import EventSpool, SpoolDrainer, SpoolError
 
 
 def rows(spool: EventSpool) -> list[tuple[str, bytes | None, bytes]]:

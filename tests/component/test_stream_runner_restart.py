@@ -12,14 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from orl.connectors.event_log.base import OutgoingRecord
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.turn_linker import TURN_LINKER
+from orl.pipeline.runtime.stream_runner import StreamRunner
+from orl.schemas.codec import encode
+from orl.schemas.topics import topic_for_event, topic_name
 
-from connectors.event_log.base import OutgoingRecord
-from connectors.event_log.sqlite_log import SqliteEventLog
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.turn_linker import TURN_LINKER
-from pipeline.runtime.stream_runner import StreamRunner
-from schemas.codec import encode
-from schemas.topics import topic_for_event, topic_name
 from tests.unit.pipeline_streams import NAMESPACE, Conversation
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """Streamed chat turns with tools offered: text arrives token by token, calls as they close, and the
 stream adds up to the response that is recorded.
 
-Runs `serving.app.build_app` over a backend that returns a fixed reply in several tokens (the echo
+Runs `orl.serving.app.build_app` over a backend that returns a fixed reply in several tokens (the echo
 benchmark backend, one text piece per token) and the real SmolLM2 tokenizer, with a real recorder and
 spool file.
 """
@@ -15,17 +15,17 @@ from typing import Any
 
 import httpx
 import pytest
+from orl.connectors.metrics import Metrics
+from orl.schemas.codec import decode
+from orl.serving.app import ServerState, build_app
+from orl.serving.capture import EventRecorder
+from orl.serving.policy.base import Generation, GenerationStream, SamplingParams, TokenStep
+from orl.serving.policy.chat_template import ChatTemplate
+from orl.serving.settings import ServeSettings
+from orl.serving.spool import EventSpool
+from orl.serving.tool_calls import forced_call, merged_tool_calls, parse_reply
 
 from benchmarks.echo_backend import EchoBackend
-from connectors.metrics import Metrics
-from schemas.codec import decode
-from serving.app import ServerState, build_app
-from serving.capture import EventRecorder
-from serving.policy.base import Generation, GenerationStream, SamplingParams, TokenStep
-from serving.policy.chat_template import ChatTemplate
-from serving.settings import ServeSettings
-from serving.spool import EventSpool
-from serving.tool_calls import forced_call, merged_tool_calls, parse_reply
 
 KEY = "chat-key"
 QUESTION = [{"role": "user", "content": "What is 1 plus 2?"}]

@@ -9,15 +9,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from orl.pipeline.effects.contract import EffectCall
+from orl.pipeline.effects.teacher_stage import TeacherStage
+from orl.schemas.codec import decode, encode
+from orl.schemas.events import make_event
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from pipeline.effects.contract import EffectCall
-from pipeline.effects.teacher_stage import TeacherStage
-from schemas.codec import decode, encode
-from schemas.events import make_event
 from tests.fixtures.fake_sglang import free_port, serve_in_thread
 
 RESPONSE_IDS = [11, 12, 13]

@@ -16,8 +16,8 @@ import argparse
 import asyncio
 import sys
 
-from connectors.event_log.base import OutgoingRecord
-from connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.event_log.base import OutgoingRecord
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
 
 VALUE_BYTES = 1024
 

@@ -12,8 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-
-from connectors.event_log.base import (
+from orl.connectors.event_log.base import (
     ConsumedRecord,
     Consumer,
     EventLog,
@@ -23,11 +22,11 @@ from connectors.event_log.base import (
     TopicPartition,
     TopicSpec,
 )
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.partitioner import partition_for_key
-from connectors.event_log.reading import read_to_end
-from connectors.event_log.sqlite_log import SqliteEventLog
-from connectors.event_log.topic_policy import TopicPolicy
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.partitioner import partition_for_key
+from orl.connectors.event_log.reading import read_to_end
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.event_log.topic_policy import TopicPolicy
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from connectors.event_log.factory import open_event_log
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.sqlite_log import SqliteEventLog
-from schemas.errors import ConfigError
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.schemas.errors import ConfigError
 
 
 def test_sqlite_absolute_and_relative_paths() -> None:

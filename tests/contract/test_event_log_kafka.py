@@ -13,12 +13,12 @@ import uuid
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from orl.connectors.event_log.base import OutgoingRecord, RecordRefused, TopicSpec
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.reading import read_to_end
+from orl.connectors.event_log.topic_policy import TopicPolicy
+from orl.schemas.errors import ServiceUnavailable
 
-from connectors.event_log.base import OutgoingRecord, RecordRefused, TopicSpec
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.reading import read_to_end
-from connectors.event_log.topic_policy import TopicPolicy
-from schemas.errors import ServiceUnavailable
 from tests.fixtures.kafka_broker import free_port
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given
 from hypothesis import strategies as st
-
-from connectors.event_log.base import TopicPartition
-from connectors.event_log.partitioner import Partitioner, deal_partitions, murmur2, partition_for_key
+from orl.connectors.event_log.base import TopicPartition
+from orl.connectors.event_log.partitioner import Partitioner, deal_partitions, murmur2, partition_for_key
 
 
 @given(st.binary(max_size=64), st.integers(min_value=1, max_value=256))

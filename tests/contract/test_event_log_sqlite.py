@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from orl.connectors.event_log.base import ConsumedRecord, OutgoingRecord, TopicPartition, TopicSpec
+from orl.connectors.event_log.sqlite_log import SqliteEventLog, decode_headers, encode_headers
 
-from connectors.event_log.base import ConsumedRecord, OutgoingRecord, TopicPartition, TopicSpec
-from connectors.event_log.sqlite_log import SqliteEventLog, decode_headers, encode_headers
 from tests.contract.sqlite_log_process import parse_value, record_value
 
 pytestmark = pytest.mark.timeout(90)

@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from connectors.object_store.base import ObjectNotFound, ObjectStore, ObjectStoreError
-from connectors.object_store.local_store import LocalObjectStore
-from connectors.object_store.s3_store import S3ObjectStore
+from orl.connectors.object_store.base import ObjectNotFound, ObjectStore, ObjectStoreError
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.connectors.object_store.s3_store import S3ObjectStore
 
 LARGE_FILE_BYTES = 20 * 1024 * 1024 + 12345  # several multipart parts, and a ragged last one
 BAD_KEYS = ["", "/abs", "a/../b", "..", "a//b", "a/", "./a", "a\\b", "a/\x00b", "a/.orl-tmp-x"]

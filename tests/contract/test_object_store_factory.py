@@ -6,11 +6,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from orl.connectors.object_store.factory import open_object_store
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.connectors.object_store.s3_store import S3ObjectStore
+from orl.schemas.errors import ConfigError
 
-from connectors.object_store.factory import open_object_store
-from connectors.object_store.local_store import LocalObjectStore
-from connectors.object_store.s3_store import S3ObjectStore
-from schemas.errors import ConfigError
 from tests.fixtures.s3_server import S3Server
 
 
@@ -68,8 +68,7 @@ def test_bad_urls_raise_config_error(url: str) -> None:
 
 def test_a_minio_whose_private_put_changed_is_refused_at_start_with_the_pin() -> None:
     from minio import Minio
-
-    from connectors.object_store.s3_store import check_minio_internals
+    from orl.connectors.object_store.s3_store import check_minio_internals
 
     check_minio_internals(Minio)  # the installed, pinned minio fits
 

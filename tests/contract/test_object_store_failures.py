@@ -13,11 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from orl.connectors.object_store.base import ObjectStoreError
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.connectors.object_store.s3_store import S3ObjectStore
+from orl.schemas.errors import ServiceUnavailable
 
-from connectors.object_store.base import ObjectStoreError
-from connectors.object_store.local_store import LocalObjectStore
-from connectors.object_store.s3_store import S3ObjectStore
-from schemas.errors import ServiceUnavailable
 from tests.fixtures.s3_server import S3Server
 
 UNREACHABLE_BOUND_S = 15.0
@@ -29,7 +29,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from connectors.object_store.local_store import LocalObjectStore
+    from orl.connectors.object_store.local_store import LocalObjectStore
     store = LocalObjectStore(Path(sys.argv[1]))
     payloads = [b"a" * int(sys.argv[2]), b"b" * int(sys.argv[2])]
     i = 0

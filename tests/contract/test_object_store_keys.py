@@ -8,9 +8,8 @@ from urllib.parse import unquote, urlsplit
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from connectors.object_store.base import ObjectStoreError, check_key
-from connectors.object_store.local_store import LocalObjectStore
+from orl.connectors.object_store.base import ObjectStoreError, check_key
+from orl.connectors.object_store.local_store import LocalObjectStore
 
 SEGMENT = st.sampled_from(["a", "b.c", ".", "..", "", "\\", "/", "x\x01", ".orl-tmp-1", "é"])
 KEYS = st.lists(SEGMENT, min_size=1, max_size=5).map("".join)

@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 
 import pytest
+from orl.connectors.event_log.factory import open_event_log
+from orl.pipeline.runtime.settings import PipelineSettings
 
-from connectors.event_log.factory import open_event_log
 from orl.cli import main
-from pipeline.runtime.settings import PipelineSettings
 from tests.e2e.test_turns_to_samples import _wait_for_spool, chat, run_stages
 from tests.fixtures.model import test_cache_dir
 from tests.integration.serve_process import API_KEY, serve_process

@@ -15,19 +15,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from orl.connectors.event_log.base import OutgoingRecord
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.schemas.codec import encode
+from orl.schemas.events import make_event
+from orl.trainer.main import train
+from orl.trainer.settings import TrainSettings
 
-from connectors.event_log.base import OutgoingRecord
-from connectors.event_log.factory import open_event_log
-from connectors.object_store.local_store import LocalObjectStore
-from pipeline.runtime.settings import PipelineSettings
-from schemas.codec import encode
-from schemas.events import make_event
 from tests.e2e.test_turns_to_samples import chat, run_stages
 from tests.fixtures.model import test_cache_dir
 from tests.integration.log_reading import read_events
 from tests.integration.serve_process import ADMIN_KEY, API_KEY, serve_process
-from trainer.main import train
-from trainer.settings import TrainSettings
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 RUN = "swap-run"

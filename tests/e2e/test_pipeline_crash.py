@@ -16,12 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-from connectors.event_log.base import OutgoingRecord
-from connectors.event_log.catalog import create_catalog_topics
-from connectors.event_log.factory import open_event_log
-from connectors.event_log.reading import read_to_end
-from schemas.codec import encode
-from schemas.topics import topic_for_event, topic_name
+from orl.connectors.event_log.base import OutgoingRecord
+from orl.connectors.event_log.catalog import create_catalog_topics
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.event_log.reading import read_to_end
+from orl.schemas.codec import encode
+from orl.schemas.topics import topic_for_event, topic_name
+
 from tests.unit.pipeline_streams import NAMESPACE, Conversation
 
 SESSIONS = 3000  # long enough that the pipeline is still at work when it is killed

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.connectors.event_log.factory import open_event_log
+from orl.pipeline.runtime.main import build_stages, pipeline_config
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.pipeline.runtime.stream_runner import StreamRunner
 
-from connectors.event_log.factory import open_event_log
-from pipeline.runtime.main import build_stages, pipeline_config
-from pipeline.runtime.settings import PipelineSettings
-from pipeline.runtime.stream_runner import StreamRunner
 from tests.integration.log_reading import read_events
 from tests.integration.serve_process import API_KEY, ServeProcess, serve_process
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.connectors.environment.tool_env import ToolEnvironment
 
-from connectors.environment.tool_env import ToolEnvironment
 from tests.e2e.test_reference_agent import wait_for
 from tests.integration.log_reading import read_events
 from tests.integration.serve_process import API_KEY, ServeProcess, serve_process

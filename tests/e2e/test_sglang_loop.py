@@ -29,14 +29,14 @@ from typing import Any
 
 import httpx
 import pytest
+from orl.connectors.checkpoint_store import TRAINER_STATE_DIR, Manifest, publish_checkpoint
+from orl.connectors.event_log.base import OutgoingRecord
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.schemas.codec import encode
+from orl.schemas.events import make_event
 
-from connectors.checkpoint_store import TRAINER_STATE_DIR, Manifest, publish_checkpoint
-from connectors.event_log.base import OutgoingRecord
-from connectors.event_log.factory import open_event_log
-from connectors.object_store.local_store import LocalObjectStore
-from pipeline.runtime.settings import PipelineSettings
-from schemas.codec import encode
-from schemas.events import make_event
 from tests.e2e.test_loop_hot_swap import ClientLoop, policy, wait_for
 from tests.e2e.test_turns_to_samples import chat, run_stages
 from tests.fixtures.fake_sglang import Call, FakeSGLang, folder_digest, write_checkpoint_folder

@@ -23,14 +23,14 @@ from typing import Any
 
 import httpx
 import pytest
+from orl.connectors.checkpoint_store import Manifest, incomplete_checkpoints, latest_checkpoint
+from orl.connectors.event_log.base import ConsumedRecord, OutgoingRecord, TopicSpec
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.schemas.codec import decode, encode
+from orl.schemas.events import make_event
+from orl.schemas.topics import topic_name
 
-from connectors.checkpoint_store import Manifest, incomplete_checkpoints, latest_checkpoint
-from connectors.event_log.base import ConsumedRecord, OutgoingRecord, TopicSpec
-from connectors.event_log.sqlite_log import SqliteEventLog
-from connectors.object_store.local_store import LocalObjectStore
-from schemas.codec import decode, encode
-from schemas.events import make_event
-from schemas.topics import topic_name
 from tests.integration.serve_process import ADMIN_KEY, serve_process
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

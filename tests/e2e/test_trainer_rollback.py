@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.connectors.checkpoint_store import Manifest
+from orl.connectors.event_log.base import OutgoingRecord
+from orl.connectors.event_log.catalog import create_catalog_topics
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.schemas.codec import decode, encode
+from orl.schemas.topics import topic_name
 from safetensors.torch import load_file
 
-from connectors.checkpoint_store import Manifest
-from connectors.event_log.base import OutgoingRecord
-from connectors.event_log.catalog import create_catalog_topics
-from connectors.event_log.sqlite_log import SqliteEventLog
-from connectors.object_store.local_store import LocalObjectStore
-from schemas.codec import decode, encode
-from schemas.topics import topic_name
 from tests.e2e.test_trainer_resume import (
     NAMESPACE,
     RUN,

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+from orl.schemas.ids import held_out_session
 
-from schemas.ids import held_out_session
 from tests.e2e.up_stack import running_up
 from tests.integration.log_reading import read_events
 

@@ -16,21 +16,22 @@ import os
 import sys
 from typing import Any
 
-import trainer.main
-from connectors.object_store.base import ObjectStore
+import orl.trainer.main
+from orl.connectors.object_store.base import ObjectStore
+from orl.trainer.settings import TrainSettings
+
 from orl.settings_binding import add_settings_arguments, build_settings
 from tests.support.crashing_store import CRASH_POINTS, CrashingStore
-from trainer.settings import TrainSettings
 
 
 def crash_on_checkpoint_writes(run_id: str, point: str, version: int) -> None:
-    """Make `trainer.main` publish through a CrashingStore around the store it opens."""
-    open_real_store = trainer.main.open_object_store
+    """Make `orl.trainer.main` publish through a CrashingStore around the store it opens."""
+    open_real_store = orl.trainer.main.open_object_store
 
     def open_crashing_store(url: str, **credentials: Any) -> ObjectStore:
         return CrashingStore(open_real_store(url, **credentials), run_id, point, version)
 
-    trainer.main.open_object_store = open_crashing_store  # type: ignore[assignment]
+    orl.trainer.main.open_object_store = open_crashing_store  # type: ignore[assignment]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = build_settings(TrainSettings, args, os.environ)  # reads the settings' fields only
     if args.fault_after:
         crash_on_checkpoint_writes(settings.run_id, args.fault_after, args.fault_version)
-    return trainer.main.train(settings)
+    return orl.trainer.main.train(settings)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.checkpoint_store import CheckpointRejected, complete_versions, download_and_verify
-from connectors.object_store.factory import open_object_store
-from schemas.gate_decisions import PROMOTED
+from orl.connectors.checkpoint_store import CheckpointRejected, complete_versions, download_and_verify
+from orl.connectors.object_store.factory import open_object_store
+from orl.schemas.gate_decisions import PROMOTED
+
 from tests.faults.harness import COMPONENTS, NAMESPACE, FaultRun
 from tests.integration.log_reading import read_events
 

@@ -29,6 +29,15 @@ import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from orl.connectors.metrics import Metrics
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.serving.admin import admin_routes
+from orl.serving.app import ServerState, build_app
+from orl.serving.capture import EventRecorder
+from orl.serving.checkpoint_follower import CheckpointFollower
+from orl.serving.policy.chat_template import ChatTemplate
+from orl.serving.settings import ServeSettings
+from orl.serving.spool import EventSpool
 from schemathesis import BaseSchema, Case, GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.config._checks import NegativeDataRejectionConfig
@@ -43,15 +52,6 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from benchmarks.echo_backend import EchoBackend
-from connectors.metrics import Metrics
-from connectors.object_store.local_store import LocalObjectStore
-from serving.admin import admin_routes
-from serving.app import ServerState, build_app
-from serving.capture import EventRecorder
-from serving.checkpoint_follower import CheckpointFollower
-from serving.policy.chat_template import ChatTemplate
-from serving.settings import ServeSettings
-from serving.spool import EventSpool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

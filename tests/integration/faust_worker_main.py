@@ -4,7 +4,7 @@
         --app-id ns-pipeline --data-dir DIR --processors turn_linker [--clock-ms MS] ...
 
 Every worker given the same --app-id joins one consumer group. Reads and writes what
-pipeline.runtime.faust_runtime's app reads and writes.
+orl.pipeline.runtime.faust_runtime's app reads and writes.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import argparse
 import dataclasses
 from collections.abc import Callable
 
-from pipeline.processors.config import LinkerConfig, PipelineConfig
-from pipeline.processors.registry import PURE_PROCESSORS
-from pipeline.runtime.faust_runtime import GUARANTEES, run_worker
-from pipeline.runtime.host import wall_clock_ms
+from orl.pipeline.processors.config import LinkerConfig, PipelineConfig
+from orl.pipeline.processors.registry import PURE_PROCESSORS
+from orl.pipeline.runtime.faust_runtime import GUARANTEES, run_worker
+from orl.pipeline.runtime.host import wall_clock_ms
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from connectors.event_log.factory import open_event_log
-from connectors.event_log.reading import read_to_end
-from schemas.codec import decode
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.event_log.reading import read_to_end
+from orl.schemas.codec import decode
 
 
 async def read_events(log_url: str, topic: str) -> list[dict[str, Any]]:

@@ -7,15 +7,16 @@ import base64
 import json
 from pathlib import Path
 
-from connectors.event_log.base import EventLog
-from connectors.event_log.factory import open_event_log
-from connectors.object_store.local_store import LocalObjectStore
-from pipeline.history.archive import archive_namespace, archived_topics, restore
-from pipeline.history.export import export_namespace
-from pipeline.history.namespace_io import NamespaceWriter, namespace_topics, partition_count, read_batches
-from pipeline.history.replay import REUSE_TOPICS, ReplayPlan, archive_source, replay
-from pipeline.runtime.main import build_stages, pipeline_config
-from schemas.events import make_event
+from orl.connectors.event_log.base import EventLog
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.pipeline.history.archive import archive_namespace, archived_topics, restore
+from orl.pipeline.history.export import export_namespace
+from orl.pipeline.history.namespace_io import NamespaceWriter, namespace_topics, partition_count, read_batches
+from orl.pipeline.history.replay import REUSE_TOPICS, ReplayPlan, archive_source, replay
+from orl.pipeline.runtime.main import build_stages, pipeline_config
+from orl.schemas.events import make_event
+
 from tests.integration.test_replay import (
     SOURCE,
     by_turn,
@@ -100,8 +101,8 @@ def test_export_writes_one_decoded_event_per_line(tmp_path: Path) -> None:
                 source_topic=f"{SOURCE}.requests", source_partition=0, source_offset=0,
                 original_bytes=b"\x00\xffbad", error="bad marker",
             )  # fmt: skip
-            from connectors.event_log.base import OutgoingRecord, TopicSpec
-            from schemas.codec import encode
+            from orl.connectors.event_log.base import OutgoingRecord, TopicSpec
+            from orl.schemas.codec import encode
 
             await log.create_topics([TopicSpec(f"{SOURCE}.requests.dlq")])
             await log.append(f"{SOURCE}.requests.dlq", OutgoingRecord(encode(dead)))

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.connectors.event_log.factory import open_event_log
+from orl.pipeline.history.namespace_io import NamespaceWriter
+from orl.schemas.events import make_event
 
-from connectors.event_log.factory import open_event_log
 from orl.history import AuditSettings, run_audit
-from pipeline.history.namespace_io import NamespaceWriter
-from schemas.events import make_event
 from tests.integration.test_replay import SOURCE, events_of, record, recorded_settings
 from tests.unit.pipeline_streams import Conversation
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from connectors.event_log.factory import open_event_log
-from connectors.object_store.local_store import LocalObjectStore
-from pipeline.history.audit import audit_id, audit_session, render_chain
-from pipeline.history.audit_index import AuditIndex
-from pipeline.history.namespace_io import NamespaceWriter
-from schemas.events import make_event
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.pipeline.history.audit import audit_id, audit_session, render_chain
+from orl.pipeline.history.audit_index import AuditIndex
+from orl.pipeline.history.namespace_io import NamespaceWriter
+from orl.schemas.events import make_event
+
 from tests.integration.test_audit import train_step
 from tests.integration.test_replay import SOURCE, events_of, record, recorded_settings
 from tests.unit.test_checkpoint_lineage import key, publish

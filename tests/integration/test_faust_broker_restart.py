@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.pipeline.processors.event_building import Event
+from orl.pipeline.processors.turn_linker import TURN_LINKER
+from orl.pipeline.runtime.faust_runtime import create_pipeline_topics
+from orl.schemas.codec import encode
 
-from connectors.event_log.kafka_log import KafkaEventLog
-from pipeline.processors.event_building import Event
-from pipeline.processors.turn_linker import TURN_LINKER
-from pipeline.runtime.faust_runtime import create_pipeline_topics
-from schemas.codec import encode
 from tests.fixtures.kafka_broker import KafkaCluster, start_kafka_cluster
 from tests.integration.test_faust_multiworker import (
     Worker,

@@ -12,7 +12,7 @@ faust-streaming 0.15.3 drops records it fetched while a rebalance seeks the part
 commits past them (its commit tolerates a missing record at the committed offset, and checks
 nothing in a partition with no committed offset): about half the runs of this test lost one to 25
 outputs that way. The agents now learn every fetched offset and read records fetched but never
-handled back from the broker (pipeline.runtime.faust_patches.InputProgress); the workers log each repair.
+handled back from the broker (orl.pipeline.runtime.faust_patches.InputProgress); the workers log each repair.
 
 The test's shape comes from noida-db 0.2.3, the test broker until 2026-12-01, and still holds on
 Apache Kafka. What noida-db could not do, so this test does not ask it (probed with plain aiokafka consumers
@@ -39,13 +39,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.partitioner import partition_for_key
+from orl.pipeline.processors.event_building import Event
+from orl.pipeline.processors.turn_linker import TURN_LINKER
+from orl.pipeline.runtime.faust_runtime import create_pipeline_topics
+from orl.schemas.codec import decode, encode
 
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.partitioner import partition_for_key
-from pipeline.processors.event_building import Event
-from pipeline.processors.turn_linker import TURN_LINKER
-from pipeline.runtime.faust_runtime import create_pipeline_topics
-from schemas.codec import decode, encode
 from tests.integration.test_faust_runtime import (
     GUARANTEE,
     PARTITIONS,

@@ -22,18 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from orl.connectors.event_log.base import EventLog, OutgoingRecord
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Processor
+from orl.pipeline.processors.event_building import Event, event_type_of
+from orl.pipeline.processors.turn_linker import TURN_LINKER
+from orl.pipeline.runtime.faust_runtime import create_pipeline_topics
+from orl.pipeline.runtime.stream_runner import StreamRunner
+from orl.schemas.codec import decode, encode
+from orl.schemas.topics import dlq_topic, topic_for_event, topic_name
 
-from connectors.event_log.base import EventLog, OutgoingRecord
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.sqlite_log import SqliteEventLog
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Processor
-from pipeline.processors.event_building import Event, event_type_of
-from pipeline.processors.turn_linker import TURN_LINKER
-from pipeline.runtime.faust_runtime import create_pipeline_topics
-from pipeline.runtime.stream_runner import StreamRunner
-from schemas.codec import decode, encode
-from schemas.topics import dlq_topic, topic_for_event, topic_name
 from tests.unit.pipeline_streams import T0_MS, Conversation, tool_call
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
+from orl.connectors.event_log.base import OutgoingRecord, TopicSpec
+from orl.connectors.event_log.kafka_log import KafkaEventLog, stop_client
 
-from connectors.event_log.base import OutgoingRecord, TopicSpec
-from connectors.event_log.kafka_log import KafkaEventLog, stop_client
 from tests.fixtures.kafka_broker import KafkaCluster, start_kafka_cluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -12,11 +12,11 @@ import asyncio
 import uuid
 
 import pytest
+from orl.connectors.event_log.base import OutgoingRecord, TopicSpec
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.reading import read_to_end
+from orl.schemas.errors import OrlError
 
-from connectors.event_log.base import OutgoingRecord, TopicSpec
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.reading import read_to_end
-from schemas.errors import OrlError
 from tests.contract.test_event_log_kafka import topic_configs
 from tests.fixtures.kafka_broker import KafkaCluster
 

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from orl.connectors.event_log.base import OutgoingRecord, TopicSpec
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.event_log.reading import read_to_end
 
-from connectors.event_log.base import OutgoingRecord, TopicSpec
-from connectors.event_log.factory import open_event_log
-from connectors.event_log.reading import read_to_end
 from tests.fixtures.kafka_broker import KafkaCluster, start_kafka_cluster
 from tests.fixtures.kafka_relay import KafkaRelay, client_id_of
 

@@ -2,7 +2,7 @@
 
 Each run launches real processes: `torchrun --standalone --nproc-per-node N -m
 tests.support.megatron_cpu ...` (the worker with the two test-only CPU patches of megatron-core).
-The torch backend's reference is `trainer.loop.train_step` on `trainer.policy_model` (kind "full",
+The torch backend's reference is `orl.trainer.loop.train_step` on `orl.trainer.policy_model` (kind "full",
 fp32, no autocast), with the same AdamW and gradient clipping.
 
 - A tiny random Llama (4 heads, 2 KV heads, tied embeddings) at TP=2 x DP=2, two steps, rollout
@@ -32,19 +32,18 @@ from typing import Any
 
 import pytest
 import torch
+from orl.connectors.checkpoint_store import download_and_verify, latest_checkpoint
+from orl.connectors.event_log.base import TopicPartition
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.serving.policy.base import SamplingParams
+from orl.serving.policy.transformers_backend import TransformersBackend
+from orl.trainer.batching import Batch, TrainingSample
+from orl.trainer.logprobs import response_logprobs
+from orl.trainer.loop import train_step
+from orl.trainer.megatron_backend.batch_file import write_samples
+from orl.trainer.policy_model import PolicyModel, load_policy
+from orl.trainer.settings import TrainSettings
 from safetensors.torch import load_file
-
-from connectors.checkpoint_store import download_and_verify, latest_checkpoint
-from connectors.event_log.base import TopicPartition
-from connectors.object_store.local_store import LocalObjectStore
-from serving.policy.base import SamplingParams
-from serving.policy.transformers_backend import TransformersBackend
-from trainer.batching import Batch, TrainingSample
-from trainer.logprobs import response_logprobs
-from trainer.loop import train_step
-from trainer.megatron_backend.batch_file import write_samples
-from trainer.policy_model import PolicyModel, load_policy
-from trainer.settings import TrainSettings
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

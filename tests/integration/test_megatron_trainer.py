@@ -24,21 +24,21 @@ from typing import Any
 
 import pytest
 import torch
+from orl.connectors.checkpoint_store import Manifest, download_and_verify, sample_ids_digest, version_prefix
+from orl.connectors.event_log.base import ConsumedRecord, OutgoingRecord, TopicSpec
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.schemas.codec import decode, encode
+from orl.schemas.errors import ConfigError
+from orl.schemas.events import make_event
+from orl.schemas.topics import topic_name
+from orl.trainer.loop import run_trainer
+from orl.trainer.settings import TrainSettings, check_settings
 from safetensors.torch import load_file
 
-from connectors.checkpoint_store import Manifest, download_and_verify, sample_ids_digest, version_prefix
-from connectors.event_log.base import ConsumedRecord, OutgoingRecord, TopicSpec
-from connectors.event_log.sqlite_log import SqliteEventLog
-from connectors.object_store.local_store import LocalObjectStore
 from orl.cli import build_parser
 from orl.cli import main as orl_main
 from orl.settings_binding import build_settings
-from schemas.codec import decode, encode
-from schemas.errors import ConfigError
-from schemas.events import make_event
-from schemas.topics import topic_name
-from trainer.loop import run_trainer
-from trainer.settings import TrainSettings, check_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "mt"

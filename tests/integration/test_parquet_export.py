@@ -11,15 +11,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from orl.connectors.event_log.base import OutgoingRecord, TopicSpec
+from orl.connectors.event_log.factory import open_event_log
+from orl.pipeline.history.namespace_io import catalog_topics, read_batches
+from orl.pipeline.history.parquet_export import export_parquet
+from orl.schemas.codec import decode, encode
+from orl.schemas.errors import ConfigError
+from orl.schemas.events import make_event
 
-from connectors.event_log.base import OutgoingRecord, TopicSpec
-from connectors.event_log.factory import open_event_log
 from orl.history import ExportSettings, run_export
-from pipeline.history.namespace_io import catalog_topics, read_batches
-from pipeline.history.parquet_export import export_parquet
-from schemas.codec import decode, encode
-from schemas.errors import ConfigError
-from schemas.events import make_event
 from tests.integration.test_replay import SOURCE, record, recorded_settings
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 import torch
+from orl.serving.policy.base import Generation, SamplingParams
+from orl.serving.policy.prefix_cache import common_prefix_length
+from orl.serving.policy.transformers_backend import TransformersBackend
 
-from serving.policy.base import Generation, SamplingParams
-from serving.policy.prefix_cache import common_prefix_length
-from serving.policy.transformers_backend import TransformersBackend
 from tests.integration.test_transformers_backend import AGREEMENT, diffs, save_perturbed
 from tests.unit.openclaw_requests import TOOLS, internal_context, user
 
@@ -53,7 +53,7 @@ async def run_conversation(
 async def test_cached_and_uncached_conversations_agree(
     base_model_dir: Path, precision: str, temperature: float
 ):
-    from connectors.compute import choose_numerics
+    from orl.connectors.compute import choose_numerics
 
     autocast = choose_numerics(precision).autocast_dtype
     params = SamplingParams(temperature=temperature, max_tokens=12, seed=11)

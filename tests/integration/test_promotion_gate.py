@@ -19,18 +19,18 @@ from typing import Any
 
 import pytest
 import torch
+from orl.connectors.checkpoint_store import latest_checkpoint, publish_checkpoint
+from orl.connectors.event_log.catalog import create_catalog_topics
+from orl.connectors.event_log.reading import read_to_end
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.pipeline.history.audit import audit_id
+from orl.pipeline.history.audit_index import AuditIndex, index_path
+from orl.schemas.codec import decode
+from orl.trainer.resume import append_step_events
 from safetensors.torch import load_file, save_file
 
-from connectors.checkpoint_store import latest_checkpoint, publish_checkpoint
-from connectors.event_log.catalog import create_catalog_topics
-from connectors.event_log.reading import read_to_end
-from connectors.event_log.sqlite_log import SqliteEventLog
-from connectors.object_store.local_store import LocalObjectStore
 from orl.gate import GateSettings, run_gate_loop
-from pipeline.history.audit import audit_id
-from pipeline.history.audit_index import AuditIndex, index_path
-from schemas.codec import decode
-from trainer.resume import append_step_events
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 NAMESPACE, RUN = "gate", "live"

@@ -13,15 +13,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from orl.connectors.event_log.base import EventLog, TopicSpec
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.reading import read_to_end
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.event_log.topic_policy import TopicPolicy
+from orl.connectors.metrics import Metrics
+from orl.serving.spool import EventSpool, SpoolDrainer
 
-from connectors.event_log.base import EventLog, TopicSpec
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.reading import read_to_end
-from connectors.event_log.sqlite_log import SqliteEventLog
-from connectors.event_log.topic_policy import TopicPolicy
-from connectors.metrics import Metrics
 from orl.cli import main as orl_main
-from serving.spool import EventSpool, SpoolDrainer
 
 pytestmark = pytest.mark.timeout(120)
 LIMIT = TopicPolicy(max_record_bytes=4096)

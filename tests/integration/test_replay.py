@@ -14,19 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.connectors.event_log.base import EventLog
+from orl.connectors.event_log.factory import open_event_log
+from orl.pipeline.history import replay_shard
+from orl.pipeline.history.namespace_io import NamespaceWriter, read_events
+from orl.pipeline.history.replay import REJUDGE_TOPICS, REUSE_TOPICS, ReplayPlan, log_source, replay
+from orl.pipeline.history.replay_shard import shard_of
+from orl.pipeline.runtime.main import build_stages, pipeline_config
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.pipeline.runtime.stream_runner import StreamRunner
+from orl.schemas.codec import encode
+from orl.schemas.errors import ConfigError
+from orl.schemas.topics import topic_name
 
-from connectors.event_log.base import EventLog
-from connectors.event_log.factory import open_event_log
-from pipeline.history import replay_shard
-from pipeline.history.namespace_io import NamespaceWriter, read_events
-from pipeline.history.replay import REJUDGE_TOPICS, REUSE_TOPICS, ReplayPlan, log_source, replay
-from pipeline.history.replay_shard import shard_of
-from pipeline.runtime.main import build_stages, pipeline_config
-from pipeline.runtime.settings import PipelineSettings
-from pipeline.runtime.stream_runner import StreamRunner
-from schemas.codec import encode
-from schemas.errors import ConfigError
-from schemas.topics import topic_name
 from tests.unit.pipeline_streams import Conversation, task_session, teacher_event
 
 SOURCE = "rec"
@@ -312,8 +312,9 @@ def test_openclaw_import_replays_into_off_policy_samples(
 
 
 def test_a_strict_import_of_a_bad_file_writes_nothing(tmp_path: Path, base_model_dir: Path) -> None:
+    from orl.pipeline.history.openclaw_import import ImportFailed
+
     from orl.history import run_replay
-    from pipeline.history.openclaw_import import ImportFailed
 
     settings = import_settings(tmp_path, base_model_dir, strict=True, target_namespace="strict")
     with pytest.raises(ImportFailed, match=r"qwen3_4b_record.jsonl:4"):
@@ -325,8 +326,8 @@ def test_a_strict_import_of_a_bad_file_writes_nothing(tmp_path: Path, base_model
 
 @pytest.mark.model
 def test_imported_old_logprobs_can_be_recomputed_by_the_base_model(base_model_dir: Path) -> None:
-    from pipeline.history.import_tokens import HFImportTokenizer, scorer_for
-    from pipeline.history.openclaw_import import ImportOptions, build_events, parse_files
+    from orl.pipeline.history.import_tokens import HFImportTokenizer, scorer_for
+    from orl.pipeline.history.openclaw_import import ImportOptions, build_events, parse_files
 
     parsed = parse_files([GOLDEN / "qwen3_4b_record.jsonl"])
     options = ImportOptions("imp", str(base_model_dir), temperature=1.0)
@@ -346,8 +347,8 @@ def test_imported_tool_turns_get_the_token_ids_serving_records(base_model_dir: P
     """An imported conversation with tool calls and a tool result is tokenized as the server renders
     it (SmolLM2's template knows no tool roles: Hermes-style blocks), and its tool-call response as
     the assistant turn serving would render after it."""
-    from pipeline.history.import_tokens import HFImportTokenizer
-    from serving.policy.chat_template import ChatTemplate
+    from orl.pipeline.history.import_tokens import HFImportTokenizer
+    from orl.serving.policy.chat_template import ChatTemplate
 
     call = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}
     messages = [

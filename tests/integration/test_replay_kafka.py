@@ -13,12 +13,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from orl.connectors.event_log.factory import open_event_log
+from orl.pipeline.history.audit import audit_id
+from orl.pipeline.history.audit_index import AuditIndex
+from orl.pipeline.history.replay import REUSE_TOPICS, ReplayPlan, log_source, replay
+from orl.pipeline.runtime.main import build_stages, pipeline_config
 
-from connectors.event_log.factory import open_event_log
-from pipeline.history.audit import audit_id
-from pipeline.history.audit_index import AuditIndex
-from pipeline.history.replay import REUSE_TOPICS, ReplayPlan, log_source, replay
-from pipeline.runtime.main import build_stages, pipeline_config
 from tests.integration.test_replay import by_turn, comparable, events_of, record, recorded_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]

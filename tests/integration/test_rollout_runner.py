@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.connectors.environment.tool_env import ToolEnvironment
 
-from connectors.environment.tool_env import ToolEnvironment
 from orl.cli import main
 from orl.rollout import RolloutResult, summary, wilson_interval
 

@@ -1,6 +1,6 @@
 """POST /v1/orl/score with `top_k` on the real SmolLM2 model (the teacher of top-K distillation).
 
-The app (`serving.app.build_app`) runs in-process over the real `TransformersBackend`; the top-K ids
+The app (`orl.serving.app.build_app`) runs in-process over the real `TransformersBackend`; the top-K ids
 and logprobs it returns are checked against one fp32 forward of the same model at the same temperature.
 """
 
@@ -13,13 +13,12 @@ from typing import Any
 import httpx
 import pytest
 import torch
-
-from connectors.metrics import Metrics
-from serving.app import ServerState, build_app
-from serving.capture import EventRecorder
-from serving.policy.transformers_backend import TransformersBackend
-from serving.settings import ServeSettings
-from serving.spool import EventSpool
+from orl.connectors.metrics import Metrics
+from orl.serving.app import ServerState, build_app
+from orl.serving.capture import EventRecorder
+from orl.serving.policy.transformers_backend import TransformersBackend
+from orl.serving.settings import ServeSettings
+from orl.serving.spool import EventSpool
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """SkippedRecordReader on the Kafka test broker: the records of an offset range, never markers or aborted ones.
 
 A faust agent calls it for records its consumer fetched and its stream never delivered
-(pipeline.runtime.faust_patches.InputProgress), so it must return exactly the committed records of the
+(orl.pipeline.runtime.faust_patches.InputProgress), so it must return exactly the committed records of the
 range: the range may also hold transaction markers (no record) or records of aborted
 transactions (never handled). Writes the topic `sr.records` on the session's test broker.
 """
@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-from connectors.event_log.base import ConsumedRecord
-from pipeline.runtime.faust_patches import SkippedRecordReader
+from orl.connectors.event_log.base import ConsumedRecord
+from orl.pipeline.runtime.faust_patches import SkippedRecordReader
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 

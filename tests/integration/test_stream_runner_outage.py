@@ -17,15 +17,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from orl.connectors.event_log.base import EventLogError, OutgoingRecord, TopicPartition
+from orl.connectors.event_log.kafka_log import KafkaEventLog
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.metrics import Metrics
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.turn_linker import TURN_LINKER
+from orl.pipeline.runtime.stream_runner import StreamRunner
+from orl.schemas.codec import encode
 
-from connectors.event_log.base import EventLogError, OutgoingRecord, TopicPartition
-from connectors.event_log.kafka_log import KafkaEventLog
-from connectors.event_log.sqlite_log import SqliteEventLog
-from connectors.metrics import Metrics
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.turn_linker import TURN_LINKER
-from pipeline.runtime.stream_runner import StreamRunner
-from schemas.codec import encode
 from tests.fixtures.kafka_broker import start_kafka_cluster
 from tests.integration.test_faust_runtime import (
     PARTITIONS,

@@ -17,14 +17,17 @@ from typing import Any
 
 import pytest
 import torch
+from orl.connectors.checkpoint_store import Manifest, download_and_verify, publish_checkpoint, version_prefix
+from orl.connectors.event_log.base import TopicSpec
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.schemas.errors import ConfigError
+from orl.schemas.topics import topic_name
+from orl.trainer.logprobs import response_logprobs
+from orl.trainer.loop import load_resumed_policy, prepare_resume, run_trainer
+from orl.trainer.settings import TrainSettings, check_settings
 from safetensors.torch import load_file
 
-from connectors.checkpoint_store import Manifest, download_and_verify, publish_checkpoint, version_prefix
-from connectors.event_log.base import TopicSpec
-from connectors.event_log.sqlite_log import SqliteEventLog
-from connectors.object_store.local_store import LocalObjectStore
-from schemas.errors import ConfigError
-from schemas.topics import topic_name
 from tests.integration.test_trainer_loop import (
     NAMESPACE,
     QUESTIONS,
@@ -34,9 +37,6 @@ from tests.integration.test_trainer_loop import (
     sample_event,
     settings_for,
 )
-from trainer.logprobs import response_logprobs
-from trainer.loop import load_resumed_policy, prepare_resume, run_trainer
-from trainer.settings import TrainSettings, check_settings
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "openclaw"
 GOLDEN_FILES = tuple(

@@ -1,4 +1,4 @@
-"""trainer.logprobs and trainer.policy_model on the real SmolLM2-135M model (CPU, fp32 weights)."""
+"""orl.trainer.logprobs and orl.trainer.policy_model on the real SmolLM2-135M model (CPU, fp32 weights)."""
 
 from __future__ import annotations
 
@@ -6,19 +6,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from connectors.model_files import prepare_base_model
-from tests.fixtures.model import test_cache_dir as model_cache_dir
-from trainer.logprobs import (
+from orl.connectors.model_files import prepare_base_model
+from orl.trainer.logprobs import (
     LogprobInputError,
     collate_optional,
     collate_samples,
     pad_right,
     response_logprobs,
 )
-from trainer.losses import total_loss
-from trainer.policy_model import LoraSettings, PolicyModel, default_lr, load_policy
+from orl.trainer.losses import total_loss
+from orl.trainer.policy_model import LoraSettings, PolicyModel, default_lr, load_policy
+from safetensors.torch import load_file
+
+from tests.fixtures.model import test_cache_dir as model_cache_dir
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

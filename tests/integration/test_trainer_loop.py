@@ -16,18 +16,17 @@ from typing import Any
 
 import pytest
 import torch
-
-from connectors.checkpoint_store import Manifest, download_and_verify, sample_ids_digest, version_prefix
-from connectors.event_log.base import ConsumedRecord, OutgoingRecord, TopicSpec
-from connectors.event_log.sqlite_log import SqliteEventLog
-from connectors.object_store.local_store import LocalObjectStore
-from schemas.codec import decode, encode
-from schemas.events import make_event
-from schemas.topics import topic_name
-from trainer.logprobs import response_logprobs
-from trainer.loop import run_trainer
-from trainer.policy_model import load_policy
-from trainer.settings import TrainSettings
+from orl.connectors.checkpoint_store import Manifest, download_and_verify, sample_ids_digest, version_prefix
+from orl.connectors.event_log.base import ConsumedRecord, OutgoingRecord, TopicSpec
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.schemas.codec import decode, encode
+from orl.schemas.events import make_event
+from orl.schemas.topics import topic_name
+from orl.trainer.logprobs import response_logprobs
+from orl.trainer.loop import run_trainer
+from orl.trainer.policy_model import load_policy
+from orl.trainer.settings import TrainSettings
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

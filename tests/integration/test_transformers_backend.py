@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-
-from serving.policy.base import Generation, SamplingParams
-from serving.policy.transformers_backend import TransformersBackend
+from orl.serving.policy.base import Generation, SamplingParams
+from orl.serving.policy.transformers_backend import TransformersBackend
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -72,8 +71,8 @@ async def test_server_and_trainer_logprobs_agree(base_model_dir: Path, reference
     """The server's sampled logprobs and scores against the trainer's recomputation, in the same numerics.
 
     bf16 runs here even on a CPU that emulates it (slowly): a machine with native bf16 picks it."""
-    from connectors.compute import choose_numerics
-    from trainer.logprobs import response_logprobs
+    from orl.connectors.compute import choose_numerics
+    from orl.trainer.logprobs import response_logprobs
 
     numerics = choose_numerics(precision)
     b = TransformersBackend(base_model_dir, autocast_dtype=numerics.autocast_dtype)
@@ -100,7 +99,7 @@ async def test_server_and_trainer_logprobs_agree(base_model_dir: Path, reference
 async def test_the_backend_marks_itself_busy_on_the_core_board_while_it_computes(
     base_model_dir: Path, tmp_path: Path
 ):
-    from connectors.compute import CoreBoard
+    from orl.connectors.compute import CoreBoard
 
     board_dir = tmp_path / "cores"
     b = TransformersBackend(base_model_dir, core_board=CoreBoard(board_dir, 2))
@@ -229,7 +228,7 @@ async def test_hot_swap_lora_adapter_keeps_base_for_reference(
 
 
 def test_chat_template_renders_tool_turns_as_text(base_model_dir: Path):
-    from serving.policy.chat_template import ChatTemplate
+    from orl.serving.policy.chat_template import ChatTemplate
 
     template = ChatTemplate.from_dir(base_model_dir)
     tools = [{"type": "function", "function": {"name": "run_shell", "parameters": {"type": "object"}}}]
@@ -257,8 +256,8 @@ def test_chat_template_renders_tool_turns_as_text(base_model_dir: Path):
 
 
 def test_incremental_decoder_never_splits_characters(base_model_dir: Path):
-    from serving.policy.chat_template import ChatTemplate
-    from serving.policy.detokenizer import IncrementalDecoder
+    from orl.serving.policy.chat_template import ChatTemplate
+    from orl.serving.policy.detokenizer import IncrementalDecoder
 
     template = ChatTemplate.from_dir(base_model_dir)
     text = "Héllo 🌍 wörld, 世界! done."

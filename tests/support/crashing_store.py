@@ -6,7 +6,7 @@ It wraps the real store the trainer opened and watches the writes under one vers
 - after_step: before the version's first upload (the optimizer stepped, nothing uploaded yet);
 - mid_upload: after the version's first file upload (the second file, or the manifest, never lands);
 - after_manifest: once the manifest is written (TrainStepCompleted / CheckpointPublished not appended).
-The trainer writes a version's files and then its manifest (connectors.checkpoint_store.publish_checkpoint)
+The trainer writes a version's files and then its manifest (orl.connectors.checkpoint_store.publish_checkpoint)
 right after its step and appends the step's events right after the manifest, so the store sees all
 three points. SIGKILL, not an exception: no `finally`, no flush, no goodbye, exactly like `kill -9`.
 """
@@ -19,8 +19,8 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-from connectors.checkpoint_store import MANIFEST_NAME, run_prefix
-from connectors.object_store.base import ObjectStore
+from orl.connectors.checkpoint_store import MANIFEST_NAME, run_prefix
+from orl.connectors.object_store.base import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 megatron-core is written for CUDA devices. Its local (non-Transformer-Engine) layers compute on
 whatever device their tensors live on, except in two places, patched here and nowhere else. The
 trainer's GPU code path never imports this module; `python -m tests.support.megatron_cpu` is a
-drop-in replacement for `python -m trainer.megatron_backend.worker` that applies the patches first
+drop-in replacement for `python -m orl.trainer.megatron_backend.worker` that applies the patches first
 (the tests launch it under torchrun with `--device cpu`).
 
 1. `torch.cuda.current_device` returns "cpu". megatron allocates working buffers with
@@ -42,7 +42,7 @@ def apply_cpu_patches() -> None:
 def main() -> int:
     """The megatron worker's entry point with the CPU patches applied (for torchrun in tests)."""
     apply_cpu_patches()
-    from trainer.megatron_backend.worker import main as worker_main
+    from orl.trainer.megatron_backend.worker import main as worker_main
 
     return worker_main(sys.argv[1:])
 

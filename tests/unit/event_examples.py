@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from schemas.events import make_event
+from orl.schemas.events import make_event
 
 NAMESPACE = "live"
 SESSION_ID = "sess-7f3a"

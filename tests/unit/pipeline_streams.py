@@ -3,7 +3,7 @@
 `Conversation` plays an OpenAI client talking to orl's server and records the events serving
 would write (RequestReceived, ResponseGenerated, SessionClosed). The vote / hint / teacher builders
 play the judge and teacher effect stages. `run_processor` feeds events to one processor;
-`PipelineDriver` routes every emit to the stages that read its topic (per pipeline.processors.topology),
+`PipelineDriver` routes every emit to the stages that read its topic (per orl.pipeline.processors.topology),
 with scripted judge and teacher effects, so a recorded stream can run end to end without a runtime.
 """
 
@@ -14,21 +14,27 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.effects.judging import (
+from orl.pipeline.effects.judging import (
     build_hint_judge_messages,
     build_reward_judge_messages,
     parse_hint_vote,
     parse_reward_vote,
 )
-from pipeline.effects.rule_judges import outcome_judge
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit, Processor
-from pipeline.processors.event_building import Event, event_type_of, occurred_at_of, session_id_of, turn_id_of
-from pipeline.processors.next_state_text import render_response
-from pipeline.processors.registry import PURE_PROCESSORS
-from pipeline.processors.topology import STAGES
-from schemas.events import make_event
-from schemas.topics import record_key, topic_for_event
+from orl.pipeline.effects.rule_judges import outcome_judge
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit, Processor
+from orl.pipeline.processors.event_building import (
+    Event,
+    event_type_of,
+    occurred_at_of,
+    session_id_of,
+    turn_id_of,
+)
+from orl.pipeline.processors.next_state_text import render_response
+from orl.pipeline.processors.registry import PURE_PROCESSORS
+from orl.pipeline.processors.topology import STAGES
+from orl.schemas.events import make_event
+from orl.schemas.topics import record_key, topic_for_event
 
 NAMESPACE = "test"
 SERVING = "serving/0.1.0"

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from connectors.environment.episode import Environment, Episode
+from orl.connectors.environment.episode import Environment, Episode
+
 from orl.cli import build_parser
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"

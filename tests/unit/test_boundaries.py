@@ -1,4 +1,8 @@
-"""The folder boundaries of DESIGN.md, enforced: which of our packages each package may import."""
+"""The folder boundaries of DESIGN.md, enforced: which of our packages each package may import.
+
+orl installs one import package, `orl`: the top-level folders are its subpackages (`pipeline/` is
+`orl.pipeline`, pyproject.toml's package-dir), and the modules of `orl/` itself are the application
+layer above them (the CLI, `orl up`, the demo). A module's package is the folder it lives in."""
 
 import ast
 from pathlib import Path
@@ -6,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS = {"schemas", "connectors", "serving", "pipeline", "trainer", "orl"}
+SUBPACKAGES = ("schemas", "connectors", "serving", "pipeline", "trainer")
+OURS = {*SUBPACKAGES, "orl"}
 ALLOWED = {
     "schemas": {"schemas"},
     "connectors": {"schemas", "connectors"},
@@ -17,15 +22,28 @@ ALLOWED = {
 }
 
 
+def package_of(module: str) -> str | None:
+    """Which of our packages an absolute module name belongs to ("orl.pipeline.x" -> "pipeline",
+    "orl.cli" -> "orl"); a bare old top-level name ("pipeline.x") is reported as itself, so that an
+    import the move to `orl` missed shows as a violation; None: not ours."""
+    parts = module.split(".")
+    if parts[0] == "orl":
+        return parts[1] if len(parts) > 1 and parts[1] in SUBPACKAGES else "orl"
+    return f"{parts[0]} (not under orl)" if parts[0] in SUBPACKAGES else None
+
+
 def imported_packages(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    names: set[str] = set()
+    modules: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            modules.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names & OURS
+            if node.module == "orl":  # `from orl import pipeline` imports the subpackage
+                modules.extend(f"orl.{alias.name}" for alias in node.names)
+            else:
+                modules.append(node.module)
+    return {package for module in modules if (package := package_of(module)) is not None}
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
@@ -39,13 +57,27 @@ def test_package_imports_only_what_it_may(package: str) -> None:
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("import trainer.loop\nfrom serving import server\nfrom . import sibling\n")
-    assert imported_packages(bad) == {"trainer", "serving"}
+    bad.write_text(
+        "import orl.trainer.loop\nfrom orl.serving import server\nfrom . import sibling\n"
+        "from orl import cli\nimport pipeline.runtime\n"
+    )
+    assert imported_packages(bad) == {"trainer", "serving", "orl", "pipeline (not under orl)"}
+
+
+def test_the_tests_benchmarks_and_scripts_import_our_code_only_through_orl() -> None:
+    old = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for folder in ("tests", "benchmarks", "scripts", "examples")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for name in sorted(imported_packages(path))
+        if name.endswith("(not under orl)")
+    ]
+    assert not old, "old top-level imports:\n" + "\n".join(old)
 
 
 # pipeline/'s four layers: each may import the layers before it, never one after it.
 PIPELINE_LAYERS = ("processors", "effects", "runtime", "history")
-# What a pure processor may import besides schemas and pipeline.processors: standard-library modules
+# What a pure processor may import besides schemas and orl.pipeline.processors: standard-library modules
 # that do no I/O, read no clock, draw no randomness and start nothing (logging is diagnostics only).
 PURE_STDLIB = {
     "__future__", "abc", "base64", "bisect", "collections", "copy", "dataclasses", "enum", "functools",
@@ -70,7 +102,8 @@ def imported_modules(path: Path) -> set[str]:
 
 def pipeline_layer(module: str) -> str | None:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[0] == "pipeline" and parts[1] in PIPELINE_LAYERS else None
+    inside = parts[:2] == ["orl", "pipeline"] and len(parts) > 2 and parts[2] in PIPELINE_LAYERS
+    return parts[2] if inside else None
 
 
 @pytest.mark.parametrize("layer", PIPELINE_LAYERS)
@@ -80,8 +113,8 @@ def test_pipeline_layers_import_only_earlier_layers(layer: str) -> None:
     for path in sorted((ROOT / "pipeline" / layer).rglob("*.py")):
         for module in sorted(imported_modules(path)):
             used = pipeline_layer(module)
-            if module.startswith("pipeline") and (
-                used is None and module != "pipeline" or used not in allowed
+            if module.startswith("orl.pipeline") and (
+                used is None and module != "orl.pipeline" or used not in allowed
             ):
                 violations.append(f"{path.relative_to(ROOT)} imports {module}")
     assert not violations, "layer violations:\n" + "\n".join(violations)
@@ -95,7 +128,10 @@ def impurities(path: Path) -> list[str]:
     found = []
     for module in sorted(imported_modules(path)):
         top = module.split(".")[0]
-        if top == "schemas" or module.startswith("pipeline.processors") or top in PURE_STDLIB:
+        ours_and_pure = module == "orl.schemas" or module.startswith(
+            ("orl.schemas.", "orl.pipeline.processors")
+        )
+        if ours_and_pure or top in PURE_STDLIB:
             continue
         found.append(f"imports {module}")
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -106,7 +142,7 @@ def impurities(path: Path) -> list[str]:
 
 
 def test_processors_are_pure() -> None:
-    """Processors do no I/O, read no clock and start no runtime: they import schemas, pipeline.processors
+    """Processors do no I/O, read no clock and start no runtime: they import schemas, orl.pipeline.processors
     and side-effect-free standard modules only, and call no I/O builtin."""
     violations = [
         f"{path.relative_to(ROOT)} {what}"
@@ -119,9 +155,9 @@ def test_processors_are_pure() -> None:
 def test_the_purity_check_sees_clock_io_and_runtime(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
-        "import time\nfrom datetime import datetime\nfrom pipeline.runtime.host import ProcessorHost\n"
-        "import json\nfrom schemas.codec import encode\nopen('x')\n"
+        "import time\nfrom datetime import datetime\nfrom orl.pipeline.runtime.host import ProcessorHost\n"
+        "import json\nfrom orl.schemas.codec import encode\nopen('x')\n"
     )
     assert impurities(bad) == [
-        "imports datetime", "imports pipeline.runtime.host", "imports time", "calls open() on line 6",
+        "imports datetime", "imports orl.pipeline.runtime.host", "imports time", "calls open() on line 6",
     ]  # fmt: skip

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from connectors.checkpoint_store import (
+from orl.connectors.checkpoint_store import (
     checkpoint_ancestors,
     checkpoint_descendants,
     publish_checkpoint,
     version_prefix,
 )
-from connectors.object_store.local_store import LocalObjectStore
+from orl.connectors.object_store.local_store import LocalObjectStore
 
 
 def key(run_id: str, version: int) -> str:

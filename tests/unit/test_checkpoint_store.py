@@ -1,4 +1,4 @@
-"""The checkpoint protocol (connectors.checkpoint_store) over the real local object store."""
+"""The checkpoint protocol (orl.connectors.checkpoint_store) over the real local object store."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-
-from connectors import checkpoint_store
-from connectors.checkpoint_store import (
+from orl.connectors import checkpoint_store
+from orl.connectors.checkpoint_store import (
     CheckpointError,
     CheckpointRejected,
     Manifest,
@@ -22,8 +21,8 @@ from connectors.checkpoint_store import (
     sample_ids_digest,
     version_prefix,
 )
-from connectors.object_store.local_store import LocalObjectStore
-from schemas.errors import ServiceUnavailable
+from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.schemas.errors import ServiceUnavailable
 
 RUN = "run-a"
 OFFSETS = [

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from orl.schemas.codec import HEADER_LEN, MARKER, decode, encode, event_type_of
+from orl.schemas.errors import EventDecodeError, EventEncodeError, UnknownEventTypeError
+from orl.schemas.events import EVENT_TYPES
+from orl.schemas.registry import default_registry
 
-from schemas.codec import HEADER_LEN, MARKER, decode, encode, event_type_of
-from schemas.errors import EventDecodeError, EventEncodeError, UnknownEventTypeError
-from schemas.events import EVENT_TYPES
-from schemas.registry import default_registry
 from tests.unit.event_examples import EXAMPLES, example_event, response_generated
 
 

@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from orl.schemas.codec import Codec
+from orl.schemas.errors import EventDecodeError, SchemaCompatibilityError
+from orl.schemas.freeze import freeze
+from orl.schemas.registry import AVRO_DIR, HISTORY_DIR, load_registry
 
-from schemas.codec import Codec
-from schemas.errors import EventDecodeError, SchemaCompatibilityError
-from schemas.freeze import freeze
-from schemas.registry import AVRO_DIR, HISTORY_DIR, load_registry
 from tests.unit.event_examples import example_event
 
 NEW_FIELDS: list[dict[str, object]] = [

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from connectors.compute import (
+from orl.connectors.compute import (
     CoreBoard,
     _cgroup_quota_cores,
     available_cores,
@@ -22,7 +21,7 @@ from connectors.compute import (
     describe_machine,
     fair_share,
 )
-from schemas.errors import ConfigError
+from orl.schemas.errors import ConfigError
 
 AVX2_EPYC = frozenset(["fpu", "sse", "sse2", "avx", "f16c", "fma", "avx2", "bmi2", "sha_ni"])
 SAPPHIRE_RAPIDS = AVX2_EPYC | {"avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"}
@@ -98,7 +97,7 @@ def test_fair_share_never_drops_below_one_thread() -> None:
 def _busy_process(folder: Path) -> subprocess.Popen[bytes]:
     """Another process that marks itself busy on the board and waits."""
     code = (
-        "import sys, time; from pathlib import Path; from connectors.compute import CoreBoard;"
+        "import sys, time; from pathlib import Path; from orl.connectors.compute import CoreBoard;"
         "b = CoreBoard(Path(sys.argv[1]), 2); b.busy(); print('busy', flush=True); time.sleep(60)"
     )
     process = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE)

@@ -7,8 +7,7 @@ import threading
 import time
 
 import pytest
-
-from connectors.environment.api import (
+from orl.connectors.environment.api import (
     ERROR_KIND,
     Connector,
     Observation,
@@ -18,7 +17,7 @@ from connectors.environment.api import (
     load_connector,
     run_connector,
 )
-from connectors.environment.outcome_events import (
+from orl.connectors.environment.outcome_events import (
     PayloadError,
     check_source,
     observation_from_json,
@@ -26,8 +25,8 @@ from connectors.environment.outcome_events import (
     outcome_event,
     outcome_from_json,
 )
-from schemas.codec import decode, encode
-from schemas.errors import ConfigError
+from orl.schemas.codec import decode, encode
+from orl.schemas.errors import ConfigError
 
 CONTEXT = TurnContext(session_id="s-1", turn_id="s-1/t0", response_text="four")
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 PROBE = """
 import json
-from connectors.environment.api import TurnContext, discover_connectors, load_connector, run_connector
+from orl.connectors.environment.api import TurnContext, discover_connectors, load_connector, run_connector
 connector = load_connector("word_count")
 observation = run_connector(connector, TurnContext("s", "s/t0", response_text="one two three"), timeout_s=10)
 print(json.dumps({"names": sorted(discover_connectors()), "content": observation.content,
@@ -48,5 +48,5 @@ def test_an_installed_plugin_is_discovered_and_runs(installed_plugin: None) -> N
 
 
 def test_after_uninstalling_the_plugin_is_gone(tmp_path: Path) -> None:
-    code = "from connectors.environment.api import discover_connectors as d; print(sorted(d()))"
+    code = "from orl.connectors.environment.api import discover_connectors as d; print(sorted(d()))"
     assert "word_count" not in last_line_printed(code)

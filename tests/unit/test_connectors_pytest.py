@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from connectors.environment.api import TurnContext
-from connectors.environment.pytest_runner import PytestConnector, TestVerdict, read_junit
+from orl.connectors.environment.api import TurnContext
+from orl.connectors.environment.pytest_runner import PytestConnector, TestVerdict, read_junit
 
 pytestmark = pytest.mark.slow
 

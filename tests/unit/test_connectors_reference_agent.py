@@ -8,8 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-from connectors.environment.api import Connector, TurnContext, run_connector
+from orl.connectors.environment.api import Connector, TurnContext, run_connector
 
 PATH = Path(__file__).resolve().parents[2] / "examples" / "calculator_agent.py"
 

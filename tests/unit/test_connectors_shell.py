@@ -8,9 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from connectors.environment.api import TurnContext, run_connector
-from connectors.environment.shell import KILLED_EXIT_CODE, ShellConnector, run_command
+from orl.connectors.environment.api import TurnContext, run_connector
+from orl.connectors.environment.shell import KILLED_EXIT_CODE, ShellConnector, run_command
 
 
 def context(**payload: object) -> TurnContext:

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from connectors.environment.api import Connector, TurnContext, run_connector
+from orl.connectors.environment.api import Connector, TurnContext, run_connector
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "connectors.md"
 

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-
-from connectors.environment.outcome_events import PayloadError
-from connectors.environment.webhook import WebhookMapping, load_webhook_mappings, resolve_path
-from schemas.errors import ConfigError
+from orl.connectors.environment.outcome_events import PayloadError
+from orl.connectors.environment.webhook import WebhookMapping, load_webhook_mappings, resolve_path
+from orl.schemas.errors import ConfigError
 
 BODY = {"data": {"session": "s-9", "turn": "s-9/t2", "message": "build failed", "score": -1, "runs": [5, 7]}}
 MAPPING = WebhookMapping(

@@ -254,8 +254,9 @@ def test_merging_refuses_a_seed_twice_other_scenarios_and_foreign_files(tmp_path
 
 
 def test_orl_demo_merge_writes_the_report_where_asked_and_needs_a_place(tmp_path: Path) -> None:
+    from orl.schemas.errors import ConfigError
+
     from orl.demo.run import DemoSettings, run_demo
-    from schemas.errors import ConfigError
 
     part = report(tmp_path / "binary", {"binary": RUNS["binary"]}).results
     with pytest.raises(ConfigError, match="--merge needs --out-dir"):

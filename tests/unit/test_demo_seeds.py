@@ -6,6 +6,7 @@ import itertools
 import json
 
 import pytest
+from orl.schemas.errors import ConfigError
 
 from orl.cli import build_parser
 from orl.demo.run import (
@@ -21,7 +22,6 @@ from orl.demo.run import (
 )
 from orl.demo.scenarios import STUDENT
 from orl.settings_binding import build_settings
-from schemas.errors import ConfigError
 
 
 def parsed(argv: list[str], environ: dict[str, str]) -> DemoSettings:

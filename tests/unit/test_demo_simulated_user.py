@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from orl.pipeline.effects.reply_rules import user_hint_extractor
+from orl.schemas.errors import ConfigError
 
 from orl.demo.scenarios import HELD_OUT_COUNT, SCENARIOS, STUDENT, TEACHER, get_scenario, split_prompts
 from orl.demo.scoring import LENGTH, OFF_TOPIC, keywords, parse_grading_prompt
 from orl.demo.simulated_user import SATISFIED_REPLIES, react, redo_variants
-from pipeline.effects.reply_rules import user_hint_extractor
-from schemas.errors import ConfigError
 
 PROMPT = "Why does the Moon have phases?"
 GOOD = "We see different parts of the Moon's sunlit half as it orbits Earth."

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
-from pipeline.effects.judge_stage import JudgeStage
-from pipeline.effects.judging import JudgeConfig
-from pipeline.effects.teacher_stage import TeacherStage, messages_with_hint
-from pipeline.processors.config import PipelineConfig
-from schemas.events import make_event
+from orl.pipeline.effects.judge_stage import JudgeStage
+from orl.pipeline.effects.judging import JudgeConfig
+from orl.pipeline.effects.teacher_stage import TeacherStage, messages_with_hint
+from orl.pipeline.processors.config import PipelineConfig
+from orl.schemas.events import make_event
+
 from tests.unit.pipeline_streams import Conversation
 
 CONFIG = PipelineConfig()

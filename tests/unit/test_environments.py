@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from connectors.environment.episode import (
+from orl.connectors.environment.episode import (
     Environment,
     Episode,
     Task,
@@ -15,15 +14,15 @@ from connectors.environment.episode import (
     load_environment,
     run_tool_calls,
 )
-from connectors.environment.terminal_env import TerminalEnvironment
-from connectors.environment.tool_env import (
+from orl.connectors.environment.terminal_env import TerminalEnvironment
+from orl.connectors.environment.tool_env import (
     ToolEnvironment,
     ToolResultEnvironment,
     calculate,
     final_number,
     format_number,
 )
-from schemas.errors import ConfigError
+from orl.schemas.errors import ConfigError
 
 
 def call(name: str, arguments: object, call_id: str = "call_1") -> dict:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 PROBE = """
 import json
-from connectors.environment.episode import Environment, discover_environments, load_environment
+from orl.connectors.environment.episode import Environment, discover_environments, load_environment
 env = load_environment("echo_word")
 [task] = env.tasks("eval", 1, seed=0)
 episode = env.start(task)
@@ -49,7 +49,7 @@ def test_an_installed_environment_is_discovered_and_runs(installed_plugin: None)
 
 def test_without_the_package_the_name_is_unknown() -> None:
     code = (
-        "from connectors.environment.episode import load_environment\n"
+        "from orl.connectors.environment.episode import load_environment\n"
         "try:\n    load_environment('echo_word')\nexcept Exception as e:\n    print(type(e).__name__, e)"
     )
     assert (

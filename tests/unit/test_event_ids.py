@@ -8,8 +8,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from schemas.ids import deterministic_id
+from orl.schemas.ids import deterministic_id
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),

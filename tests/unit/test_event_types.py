@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.schemas.event_types import EVENT_CLASSES, Envelope
+from orl.schemas.events import EVENT_TYPES
+from orl.schemas.registry import default_registry
 
-from schemas.event_types import EVENT_CLASSES, Envelope
-from schemas.events import EVENT_TYPES
-from schemas.registry import default_registry
 from tests.unit.event_examples import example_event
 
 ROOT = Path(__file__).resolve().parents[2]

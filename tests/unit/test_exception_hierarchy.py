@@ -16,10 +16,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from orl.schemas.errors import OrlError
 
-from schemas.errors import OrlError
-
-PACKAGES = ("schemas", "connectors", "serving", "pipeline", "trainer", "orl")
+PACKAGES = ("orl.schemas", "orl.connectors", "orl.serving", "orl.pipeline", "orl.trainer", "orl")
 
 
 def module_names(package: str) -> Iterator[str]:
@@ -74,7 +73,7 @@ def test_the_checker_sees_a_bare_exception(tmp_path: Path, monkeypatch: pytest.M
     (package / "__init__.py").write_text("")
     (package / "inner" / "__init__.py").write_text("")
     (package / "inner" / "mod.py").write_text(
-        "from schemas.errors import ConfigError\n\n"
+        "from orl.schemas.errors import ConfigError\n\n"
         "class Fine(ConfigError):\n    pass\n\n"
         "class Bare(ValueError):\n    pass\n\n"
         "Imported = KeyError\n"

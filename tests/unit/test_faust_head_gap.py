@@ -11,8 +11,7 @@ from collections import defaultdict
 
 from faust.types import TP
 from intervaltree import IntervalTree
-
-from pipeline.runtime.faust_patches import PipelineConsumer
+from orl.pipeline.runtime.faust_patches import PipelineConsumer
 
 PARTITION = TP("live.requests", 0)
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
-
-from pipeline.runtime.faust_patches import FAUST_STREAMING_VERSION, check_faust_version
-from schemas.errors import ConfigError
+from orl.pipeline.runtime.faust_patches import FAUST_STREAMING_VERSION, check_faust_version
+from orl.schemas.errors import ConfigError
 
 
 def test_the_installed_faust_streaming_is_the_patched_version() -> None:

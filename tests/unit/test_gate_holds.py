@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.gate_decisions import GateDecisions
+from orl.schemas.gate_decisions import GateDecisions
+from orl.trainer.gate_holds import ahead_of_gate, restore_for
+
 from tests.unit.event_examples import example_event
-from trainer.gate_holds import ahead_of_gate, restore_for
 
 
 def gated(version: int, decision: str, run_id: str = "run-1") -> dict[str, Any]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from orl.schemas.ids import held_out_session
+
 from orl.gate import GateLog, answer_seed, scenario_prompts, scenario_user
-from schemas.ids import held_out_session
 from tests.unit.event_examples import example_event
 
 

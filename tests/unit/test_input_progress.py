@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.runtime.faust_patches import InputProgress
+from orl.pipeline.runtime.faust_patches import InputProgress
 
 
 def handled_in_order(progress: InputProgress, offsets: list[int]) -> None:

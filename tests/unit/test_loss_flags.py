@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from schemas.errors import ConfigError
-from trainer.megatron_backend.settings import MegatronSettings, check_megatron_settings
-from trainer.settings import TrainSettings, check_settings
+from orl.schemas.errors import ConfigError
+from orl.trainer.megatron_backend.settings import MegatronSettings, check_megatron_settings
+from orl.trainer.settings import TrainSettings, check_settings
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""trainer.losses against hand-computed values, plus hypothesis invariants."""
+"""orl.trainer.losses against hand-computed values, plus hypothesis invariants."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from trainer.losses import (
+from orl.trainer.losses import (
     LossInputError,
     binary_advantages,
     center_rewards,

@@ -1,6 +1,6 @@
-"""trainer.megatron_backend.hf_conversion: the HF <-> megatron weight mapping, pure tensors, no megatron.
+"""orl.trainer.megatron_backend.hf_conversion: the HF <-> megatron weight mapping, pure tensors, no megatron.
 
-Also the samples file the megatron worker reads (trainer.megatron_backend.batch_file).
+Also the samples file the megatron worker reads (orl.trainer.megatron_backend.batch_file).
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from schemas.errors import ConfigError
-from trainer.megatron_backend.batch_file import read_samples, sample_to_json, write_samples
-from trainer.megatron_backend.hf_conversion import (
+from orl.schemas.errors import ConfigError
+from orl.trainer.megatron_backend.batch_file import read_samples, sample_to_json, write_samples
+from orl.trainer.megatron_backend.hf_conversion import (
     EMBEDDING,
     OUTPUT_LAYER,
     LlamaArch,

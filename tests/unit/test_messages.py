@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from schemas.errors import OrlError
-from schemas.messages import (
+from orl.schemas.errors import OrlError
+from orl.schemas.messages import (
     UnsupportedContentError,
     content_text,
     conversation_key,
@@ -135,7 +134,7 @@ def test_a_string_and_its_text_parts_match(texts: list[str]) -> None:
 
 
 def test_a_template_without_tool_roles_gets_hermes_blocks() -> None:
-    from schemas.messages import plain_template_messages
+    from orl.schemas.messages import plain_template_messages
 
     call = {"id": "c1", "function": {"name": "ls", "arguments": '{"path": "."}'}}
     tool = {"type": "function", "function": {"name": "ls"}}

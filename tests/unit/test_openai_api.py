@@ -3,9 +3,8 @@
 import json
 
 import pytest
-
-from serving.openai_api import ApiError, parse_chat_request
-from serving.tool_calls import forced_call, parse_reply
+from orl.serving.openai_api import ApiError, parse_chat_request
+from orl.serving.tool_calls import forced_call, parse_reply
 
 
 def parse(body: object, limit: int = 1024):

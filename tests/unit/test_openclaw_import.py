@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.pipeline.history.import_tokens import PlaceholderScorer
+from orl.pipeline.history.openclaw_import import ImportFailed, ImportOptions, build_events, parse_files
+from orl.schemas.codec import decode, encode
 
-from pipeline.history.import_tokens import PlaceholderScorer
-from pipeline.history.openclaw_import import ImportFailed, ImportOptions, build_events, parse_files
-from schemas.codec import decode, encode
 from tests.unit.pipeline_streams import token_ids
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "openclaw"

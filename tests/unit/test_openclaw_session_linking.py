@@ -7,11 +7,11 @@ import json
 from typing import Any
 
 import pytest
+from orl.pipeline.processors.next_state_text import next_state_role
+from orl.schemas.messages import conversation_link_keys, tool_call_reference
+from orl.serving.openai_api import parse_chat_request
+from orl.serving.session_tracker import SessionTracker, TurnAssignment
 
-from pipeline.processors.next_state_text import next_state_role
-from schemas.messages import conversation_link_keys, tool_call_reference
-from serving.openai_api import parse_chat_request
-from serving.session_tracker import SessionTracker, TurnAssignment
 from tests.unit.openclaw_requests import (
     SYSTEM_PROMPT,
     body,

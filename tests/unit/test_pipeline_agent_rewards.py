@@ -10,19 +10,19 @@ import itertools
 import math
 
 import pytest
-
-from pipeline.processors.config import (
+from orl.pipeline.processors.config import (
     GroupConfig,
     LinkerConfig,
     PipelineConfig,
     RewardRuleConfig,
     SampleConfig,
 )
-from pipeline.processors.event_building import Event, emitted_by, event_type_of, turn_id_of
-from pipeline.processors.group_advantage import normalised_buckets
-from pipeline.processors.sample_builder import SAMPLE_BUILDER
-from schemas.errors import ConfigError
-from schemas.topics import topic_for_event
+from orl.pipeline.processors.event_building import Event, emitted_by, event_type_of, turn_id_of
+from orl.pipeline.processors.group_advantage import normalised_buckets
+from orl.pipeline.processors.sample_builder import SAMPLE_BUILDER
+from orl.schemas.errors import ConfigError
+from orl.schemas.topics import topic_for_event
+
 from tests.unit.pipeline_streams import (
     Conversation,
     PipelineDriver,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from orl.pipeline.history.namespace_io import VOTE_TYPES, envelope_keys, vote_fields
+from orl.schemas.codec import encode
+from orl.schemas.registry import default_registry
 
-from pipeline.history.namespace_io import VOTE_TYPES, envelope_keys, vote_fields
-from schemas.codec import encode
-from schemas.registry import default_registry
 from tests.unit.event_examples import EXAMPLES
 
 ENVELOPE_LAYOUT = [

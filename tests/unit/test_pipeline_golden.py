@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.pipeline.processors.config import LinkerConfig, PipelineConfig, SampleConfig
+from orl.schemas.codec import decode, encode
 
-from pipeline.processors.config import LinkerConfig, PipelineConfig, SampleConfig
-from schemas.codec import decode, encode
 from tests.unit.pipeline_streams import PipelineDriver, ScriptedEffects
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

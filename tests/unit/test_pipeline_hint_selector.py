@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from orl.pipeline.processors.config import HintSelectionConfig, PipelineConfig
+from orl.pipeline.processors.event_building import Event
+from orl.pipeline.processors.hint_selector import HINT_SELECTOR
+from orl.schemas.codec import encode
 
-from pipeline.processors.config import HintSelectionConfig, PipelineConfig
-from pipeline.processors.event_building import Event
-from pipeline.processors.hint_selector import HINT_SELECTOR
-from schemas.codec import encode
 from tests.unit.pipeline_streams import of_type, run_processor, vote_event
 from tests.unit.test_pipeline_vote_tally import NEXT_STATE
 

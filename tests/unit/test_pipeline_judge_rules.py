@@ -6,9 +6,9 @@ import asyncio
 import time
 from typing import Any
 
-from pipeline.effects.contract import EffectCall
-from pipeline.effects.judge_stage import JudgeStage
-from pipeline.effects.judging import JudgeConfig
+from orl.pipeline.effects.contract import EffectCall
+from orl.pipeline.effects.judge_stage import JudgeStage
+from orl.pipeline.effects.judging import JudgeConfig
 
 
 def call(index: int = 0, judge_id: str = "prm:test") -> EffectCall:

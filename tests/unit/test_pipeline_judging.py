@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from pipeline.effects.judging import (
+from orl.pipeline.effects.judging import (
     JudgeConfig,
     build_hint_judge_messages,
     build_reward_judge_messages,
@@ -16,8 +15,8 @@ from pipeline.effects.judging import (
     parse_reward_vote,
     vote_seed,
 )
-from pipeline.effects.rule_judges import load_rule_judge, outcome_judge
-from schemas.errors import ConfigError
+from orl.pipeline.effects.rule_judges import load_rule_judge, outcome_judge
+from orl.schemas.errors import ConfigError
 
 REQUEST: list[dict[str, Any]] = [
     {"role": "system", "content": "You are helpful." * 100},

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.processors.config import PipelineConfig
-from pipeline.processors.contract import Emit
-from pipeline.runtime.memory_runner import MemoryRunner
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit
+from orl.pipeline.runtime.memory_runner import MemoryRunner
 
 Event = dict[str, Any]
 

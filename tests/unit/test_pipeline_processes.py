@@ -7,13 +7,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from orl.connectors.settings import settings_env
+from orl.pipeline.runtime.main import build_stages
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.schemas.errors import ConfigError
 
-from connectors.settings import settings_env
 from orl.settings_binding import build_settings
 from orl.up import UpSettings, pipeline_roles, stack_launches
-from pipeline.runtime.main import build_stages
-from pipeline.runtime.settings import PipelineSettings
-from schemas.errors import ConfigError
 
 
 def test_two_cores_split_the_pipeline_into_upstream_and_downstream_processes() -> None:

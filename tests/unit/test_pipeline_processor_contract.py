@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orl.pipeline.effects.judge_stage import JudgeStage
+from orl.pipeline.effects.judging import JudgeConfig
+from orl.pipeline.effects.teacher_stage import TeacherStage
+from orl.pipeline.processors.config import LinkerConfig, PipelineConfig, RewardRuleConfig, SampleConfig
+from orl.pipeline.processors.event_building import Event, event_type_of, occurred_at_of
+from orl.pipeline.processors.registry import PURE_PROCESSORS
+from orl.schemas.topics import record_key, topic_for_event
 
-from pipeline.effects.judge_stage import JudgeStage
-from pipeline.effects.judging import JudgeConfig
-from pipeline.effects.teacher_stage import TeacherStage
-from pipeline.processors.config import LinkerConfig, PipelineConfig, RewardRuleConfig, SampleConfig
-from pipeline.processors.event_building import Event, event_type_of, occurred_at_of
-from pipeline.processors.registry import PURE_PROCESSORS
-from schemas.topics import record_key, topic_for_event
 from tests.unit.pipeline_streams import PipelineDriver, ScriptedEffects, task_session
 
 INPUT = Path(__file__).resolve().parents[1] / "golden" / "pipeline_input.json"

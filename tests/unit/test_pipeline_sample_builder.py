@@ -8,14 +8,14 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from orl.pipeline.processors.config import PipelineConfig, SampleConfig
+from orl.pipeline.processors.contract import Emit
+from orl.pipeline.processors.event_building import Event, event_type_of
+from orl.pipeline.processors.sample_builder import SAMPLE_BUILDER
+from orl.pipeline.processors.topology import stage_named
+from orl.schemas.codec import encode
+from orl.schemas.top_k import top_k_rows_aligned
 
-from pipeline.processors.config import PipelineConfig, SampleConfig
-from pipeline.processors.contract import Emit
-from pipeline.processors.event_building import Event, event_type_of
-from pipeline.processors.sample_builder import SAMPLE_BUILDER
-from pipeline.processors.topology import stage_named
-from schemas.codec import encode
-from schemas.top_k import top_k_rows_aligned
 from tests.unit.pipeline_streams import (
     Conversation,
     PipelineDriver,

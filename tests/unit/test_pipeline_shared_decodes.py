@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from orl.connectors.event_log.base import ConsumedRecord
+from orl.pipeline.runtime.shared_decodes import SharedDecodes
+from orl.schemas.codec import encode
+from orl.schemas.errors import EventDecodeError
 
-from connectors.event_log.base import ConsumedRecord
-from pipeline.runtime.shared_decodes import SharedDecodes
-from schemas.codec import encode
-from schemas.errors import EventDecodeError
 from tests.unit.pipeline_streams import Conversation
 
 

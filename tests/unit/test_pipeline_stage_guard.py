@@ -10,8 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from pipeline.runtime.main import StageStopped, run_until_stopped
+from orl.pipeline.runtime.main import StageStopped, run_until_stopped
 
 
 @dataclass

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from pipeline.processors.contract import Processor
-from pipeline.processors.registry import PURE_PROCESSORS
-from pipeline.processors.topology import (
+from orl.pipeline.processors.contract import Processor
+from orl.pipeline.processors.registry import PURE_PROCESSORS
+from orl.pipeline.processors.topology import (
     STAGES,
     consumers_by_topic,
     pipeline_topics,
     unconsumed_topics,
     unproduced_topics,
 )
-from schemas.topics import TOPICS
+from orl.schemas.topics import TOPICS
 
 
 def test_every_produced_topic_has_a_consumer() -> None:

@@ -7,12 +7,12 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from orl.pipeline.processors.config import LinkerConfig, PipelineConfig
+from orl.pipeline.processors.contract import Emit
+from orl.pipeline.processors.event_building import Event
+from orl.pipeline.processors.turn_linker import CLOSE_GRACE_S, SESSION_END_CONTENT, TURN_LINKER
+from orl.schemas.codec import encode
 
-from pipeline.processors.config import LinkerConfig, PipelineConfig
-from pipeline.processors.contract import Emit
-from pipeline.processors.event_building import Event
-from pipeline.processors.turn_linker import CLOSE_GRACE_S, SESSION_END_CONTENT, TURN_LINKER
-from schemas.codec import encode
 from tests.unit.pipeline_streams import Conversation, of_type, run_processor, tick_processor, tool_call
 
 CONFIG = PipelineConfig(linker=LinkerConfig(idle_timeout_s=60, closed_retention_s=120))
@@ -116,7 +116,7 @@ def test_idle_session_is_closed_by_tick_with_a_deterministic_event() -> None:
 def test_a_connector_next_state_replaces_the_session_end_state() -> None:
     c, (_, _, t2) = tool_conversation()
     states, _ = run_processor(TURN_LINKER, c.events, CONFIG)
-    from schemas.events import make_event
+    from orl.schemas.events import make_event
 
     feedback = make_event(
         "NextStateObserved", namespace="test", producer="connectors.feedback/1", occurred_at_ms=c.tick(),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline.processors.turn_memory import complete_turn, new_turn_memory, remember_turn_event
+from orl.pipeline.processors.turn_memory import complete_turn, new_turn_memory, remember_turn_event
+
 from tests.unit.pipeline_streams import Conversation
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 18/24?"}]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from orl.pipeline.processors.config import PipelineConfig, TallyConfig
+from orl.pipeline.processors.event_building import Event
+from orl.pipeline.processors.turn_linker import TURN_LINKER
+from orl.pipeline.processors.vote_tally import VOTE_TALLY, majority
+from orl.schemas.codec import encode
 
-from pipeline.processors.config import PipelineConfig, TallyConfig
-from pipeline.processors.event_building import Event
-from pipeline.processors.turn_linker import TURN_LINKER
-from pipeline.processors.vote_tally import VOTE_TALLY, majority
-from schemas.codec import encode
 from tests.unit.pipeline_streams import Conversation, of_type, run_processor, tick_processor, vote_event
 
 CONFIG = PipelineConfig(tally=TallyConfig(votes_per_judgement=3, vote_timeout_s=60, retention_s=120))

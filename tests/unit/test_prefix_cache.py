@@ -1,11 +1,10 @@
-"""PrefixCache (serving.policy.batch_engine): longest-common-prefix lookup, byte budget, supersession."""
+"""PrefixCache (orl.serving.policy.batch_engine): longest-common-prefix lookup, byte budget, supersession."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-
-from serving.policy.prefix_cache import PrefixCache, common_prefix_length
+from orl.serving.policy.prefix_cache import PrefixCache, common_prefix_length
 
 
 def test_common_prefix_length():

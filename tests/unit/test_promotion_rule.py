@@ -1,13 +1,12 @@
-"""The promotion gate's decision (serving.promotion_rule) and the held-out split (schemas.ids)."""
+"""The promotion gate's decision (orl.serving.promotion_rule) and the held-out split (orl.schemas.ids)."""
 
 from __future__ import annotations
 
 import pytest
-
-from schemas.errors import ConfigError
-from schemas.gate_decisions import HELD, PROMOTED
-from schemas.ids import held_out_session
-from serving.promotion_rule import (
+from orl.schemas.errors import ConfigError
+from orl.schemas.gate_decisions import HELD, PROMOTED
+from orl.schemas.ids import held_out_session
+from orl.serving.promotion_rule import (
     VersionScore,
     falls_below,
     gate_decision,

@@ -5,16 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from pipeline.history.replay_shard import RecordedVotes, shard_of, split_by_shard
-from pipeline.history.replay_workers import (
+from orl.pipeline.history.replay_shard import RecordedVotes, shard_of, split_by_shard
+from orl.pipeline.history.replay_workers import (
     DEFAULT_MAX_WORKERS,
     ReplayWorkerError,
     WorkerShard,
     shard_pool,
     workers_for,
 )
-from pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.config import PipelineConfig
 
 
 def test_a_key_always_lands_in_one_shard_and_order_is_kept_within_it() -> None:

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
+from orl.pipeline.effects.reply_rules import user_hint_extractor, user_reply_judge
 
 from orl.demo.scenarios import STUDENT, TEACHER, Scenario
 from orl.demo.scoring import (
@@ -20,7 +21,6 @@ from orl.demo.scoring import (
     TEMPLATE,
 )
 from orl.demo.simulated_user import DIRECTIVES, SATISFIED_REPLIES, redo_variants
-from pipeline.effects.reply_rules import user_hint_extractor, user_reply_judge
 
 STUDENT_VIOLATIONS = (LENGTH, BOLD, LIST, HEADER, FINAL_ANSWER, OFF_TOPIC)
 TEACHER_VIOLATIONS = (LENGTH, BOLD, LIST, HEADER, TEMPLATE, NOT_SPECIFIC, NOT_FRIENDLY)

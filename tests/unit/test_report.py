@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from orl.connectors.metrics import Metrics
 
-from connectors.metrics import Metrics
 from orl.demo.scoring import student_score
 from orl.report import export_metrics, render_markdown, version_figures
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orl.pipeline.effects.judging import ParseWatch
+from orl.pipeline.effects.rule_judges import load_hint_extractor, load_rule_judge, reaction_judge
+
 from orl.samples import VoteSummary, vote_summary
 from orl.up import UpSettings, component_env, reward_signal
-from pipeline.effects.judging import ParseWatch
-from pipeline.effects.rule_judges import load_hint_extractor, load_rule_judge, reaction_judge
 
 
 def test_without_a_judge_endpoint_the_stack_judges_by_rules_and_says_so() -> None:

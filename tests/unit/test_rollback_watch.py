@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.rollback import Rollback, RollbackWatch
+from orl.trainer.rollback import Rollback, RollbackWatch
 
 
 def judged(watch: RollbackWatch, version: int, rewards: list[float]) -> None:

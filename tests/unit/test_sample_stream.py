@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
-from connectors.event_log.base import ConsumedRecord, Consumer, TopicPartition
-from trainer.sample_stream import SampleStream
+from orl.connectors.event_log.base import ConsumedRecord, Consumer, TopicPartition
+from orl.trainer.sample_stream import SampleStream
 
 TOPIC = "live.samples"
 P0, P1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)

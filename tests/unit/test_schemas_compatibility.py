@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from schemas.compatibility import evolution_problems, incompatibilities
+from orl.schemas.compatibility import evolution_problems, incompatibilities
 
 
 def record(*fields: dict[str, Any], name: str = "Thing", **extra: Any) -> dict[str, Any]:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from schemas.codec import decode, encode
-from schemas.errors import EventEncodeError, UnknownEventTypeError
-from schemas.events import EVENT_TYPES, make_event
-from schemas.ids import deterministic_id
-from schemas.registry import default_registry
+from orl.schemas.codec import decode, encode
+from orl.schemas.errors import EventEncodeError, UnknownEventTypeError
+from orl.schemas.events import EVENT_TYPES, make_event
+from orl.schemas.ids import deterministic_id
+from orl.schemas.registry import default_registry
 
 
 def closed(**overrides: object) -> dict[str, object]:

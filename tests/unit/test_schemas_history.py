@@ -6,18 +6,17 @@ import itertools
 import json
 
 from fastavro import parse_schema
-
-from schemas.compatibility import evolution_problems, incompatibilities
-from schemas.events import EVENT_TYPES
-from schemas.freeze import main as freeze_main
-from schemas.registry import AVRO_DIR, HISTORY_DIR, default_registry
-from schemas.topics import TOPICS
+from orl.schemas.compatibility import evolution_problems, incompatibilities
+from orl.schemas.events import EVENT_TYPES
+from orl.schemas.freeze import main as freeze_main
+from orl.schemas.registry import AVRO_DIR, HISTORY_DIR, default_registry
+from orl.schemas.topics import TOPICS
 
 
 def test_current_schemas_equal_their_latest_frozen_version() -> None:
     unfrozen = default_registry().unfrozen()
     assert unfrozen == (), (
-        f"schemas changed without a frozen version: {unfrozen}; run `python -m schemas.freeze`"
+        f"schemas changed without a frozen version: {unfrozen}; run `python -m orl.schemas.freeze`"
     )
 
 

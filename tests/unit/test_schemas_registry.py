@@ -7,10 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from schemas.errors import SchemaDefinitionError, UnknownEventTypeError
-from schemas.freeze import main as freeze_main
-from schemas.registry import AVRO_DIR, default_registry, load_registry
+from orl.schemas.errors import SchemaDefinitionError, UnknownEventTypeError
+from orl.schemas.freeze import main as freeze_main
+from orl.schemas.registry import AVRO_DIR, default_registry, load_registry
 
 
 def test_shared_types_are_expanded_once_per_event() -> None:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from schemas.errors import ConfigError, UnknownEventTypeError
-from schemas.topics import TOPICS, dlq_topic, topic_for_event, topic_name
+from orl.schemas.errors import ConfigError, UnknownEventTypeError
+from orl.schemas.topics import TOPICS, dlq_topic, topic_for_event, topic_name
 
 
 def test_topic_name_and_dlq() -> None:

@@ -2,7 +2,7 @@
 
 import itertools
 
-from serving.session_tracker import SessionTracker, conversation_key
+from orl.serving.session_tracker import SessionTracker, conversation_key
 
 
 def tracker() -> SessionTracker:

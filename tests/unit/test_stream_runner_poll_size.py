@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.runtime.stream_runner import next_poll_size
+from orl.pipeline.runtime.stream_runner import next_poll_size
 
 FLOOR, CAP = 2000, 16000
 

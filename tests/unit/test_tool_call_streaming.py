@@ -10,8 +10,7 @@ import json
 
 from hypothesis import given
 from hypothesis import strategies as st
-
-from serving.tool_calls import (
+from orl.serving.tool_calls import (
     ForcedCallStream,
     PlainReplyStream,
     ReplyDelta,

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
-from connectors.event_log.topic_policy import (
+from orl.connectors.event_log.topic_policy import (
     RECORD_OVERHEAD_BYTES,
     TopicPolicy,
     power_cut_warning,
 )
-from connectors.settings import ConnectionSettings
-from schemas.errors import ConfigError
+from orl.connectors.settings import ConnectionSettings
+from orl.schemas.errors import ConfigError
 
 
 @pytest.mark.parametrize(("brokers", "replicas", "min_insync"), [(1, 1, 1), (2, 2, 1), (3, 3, 2), (5, 3, 2)])

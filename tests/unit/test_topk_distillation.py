@@ -8,9 +8,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from trainer.logprobs import LogprobInputError, response_and_top_k_logprobs, response_logprobs
-from trainer.losses import LossInputError, topk_reverse_kl, with_tail_bin
+from orl.trainer.logprobs import LogprobInputError, response_and_top_k_logprobs, response_logprobs
+from orl.trainer.losses import LossInputError, topk_reverse_kl, with_tail_bin
 
 
 def top_k_of(logits_V: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,13 +8,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from orl.connectors.event_log.base import TopicPartition
+from orl.trainer.batch_loss import LossConfig, advantages, batch_loss, method_weights
+from orl.trainer.batching import TrainingSample
+from orl.trainer.logprobs import response_logprobs
+from orl.trainer.policy_model import PolicyModel
 from transformers import LlamaConfig, LlamaForCausalLM
-
-from connectors.event_log.base import TopicPartition
-from trainer.batch_loss import LossConfig, advantages, batch_loss, method_weights
-from trainer.batching import TrainingSample
-from trainer.logprobs import response_logprobs
-from trainer.policy_model import PolicyModel
 
 PROMPT, RESPONSE = (1, 5, 9, 3), (7, 2, 11)
 

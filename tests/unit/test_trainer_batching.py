@@ -5,11 +5,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from connectors.event_log.base import ConsumedRecord, TopicPartition
-from schemas.codec import encode
-from schemas.ids import held_out_session
+from orl.connectors.event_log.base import ConsumedRecord, TopicPartition
+from orl.schemas.codec import encode
+from orl.schemas.ids import held_out_session
+from orl.trainer.batching import SampleBatcher
+
 from tests.unit.event_examples import sample_ready, sample_rejected
-from trainer.batching import SampleBatcher
 
 TOPIC = "test.samples"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from orl.connectors.compute import available_cores, cpu_model_name
+from orl.schemas.errors import ConfigError
 
-from connectors.compute import available_cores, cpu_model_name
 from orl.up import UpSettings, component_env, compute_budget, stack_cores
-from schemas.errors import ConfigError
 
 
 def test_every_torch_process_gets_the_budget_and_passive_waits(

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from orl.schemas.errors import ConfigError
+from orl.serving.settings import ServeSettings
+from orl.trainer.settings import TrainSettings, check_settings
 
 from orl.gate import GateSettings
 from orl.up import UpSettings, component_env, stack_launches
-from schemas.errors import ConfigError
-from serving.settings import ServeSettings
-from trainer.settings import TrainSettings, check_settings
 
 
 def test_the_gate_is_started_and_the_children_told(tmp_path: Path) -> None:

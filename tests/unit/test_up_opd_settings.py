@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from orl.pipeline.runtime.settings import PipelineSettings
+from orl.schemas.errors import ConfigError
+from orl.trainer.settings import TrainSettings, check_settings
 
 from orl.up import UpSettings, component_env
-from pipeline.runtime.settings import PipelineSettings
-from schemas.errors import ConfigError
-from trainer.settings import TrainSettings, check_settings
 
 
 def test_the_children_get_the_opd_settings_and_read_them_back(tmp_path: Path) -> None:

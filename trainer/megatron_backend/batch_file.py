@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from connectors.event_log.base import TopicPartition
-from schemas.errors import ConfigError
-from trainer.batching import METHODS, TrainingSample
+from orl.connectors.event_log.base import TopicPartition
+from orl.schemas.errors import ConfigError
+from orl.trainer.batching import METHODS, TrainingSample
 
 _SOURCE = TopicPartition("samples-file", 0)
 

@@ -1,12 +1,12 @@
 """Export the trained GPTModel as a full Hugging Face checkpoint folder and publish it.
 
 The tensor-parallel shards of data-parallel replica 0 are gathered on global rank 0, merged back to
-Hugging Face names (`trainer.megatron_backend.hf_conversion.megatron_to_hf`) and written as the same
+Hugging Face names (`orl.trainer.megatron_backend.hf_conversion.megatron_to_hf`) and written as the same
 folder `PolicyModel.save` writes for `kind="full"`: `model.safetensors` (fp32, no `lm_head.weight`
 when the embeddings are tied) plus the base folder's config, generation config, tokenizer and chat
-template. `GatheredCheckpoint` is that folder-to-be on rank 0, in the shape `trainer.loop.publish_step`
+template. `GatheredCheckpoint` is that folder-to-be on rank 0, in the shape `orl.trainer.loop.publish_step`
 saves (what `orl train --backend megatron` publishes per step); `publish_export` (the samples-file
-worker) hands the folder to `connectors.checkpoint_store.publish_checkpoint` directly. Either way
+worker) hands the folder to `orl.connectors.checkpoint_store.publish_checkpoint` directly. Either way
 every file goes first and the manifest last, so serving's checkpoint follower verifies and loads it
 like a torch-backend checkpoint. Writes `checkpoints/<run>/<version>/` in the object store.
 """
@@ -21,14 +21,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from orl.connectors.checkpoint_store import Manifest, publish_checkpoint
+from orl.connectors.object_store.base import ObjectStore
+from orl.trainer.megatron_backend.hf_conversion import LlamaArch, megatron_to_hf
+from orl.trainer.megatron_backend.model import MegatronPolicy, weights_state
+from orl.trainer.megatron_backend.parallel import tp_group
+from orl.trainer.policy_model import _copy_non_weight_files
 from torch import Tensor
-
-from connectors.checkpoint_store import Manifest, publish_checkpoint
-from connectors.object_store.base import ObjectStore
-from trainer.megatron_backend.hf_conversion import LlamaArch, megatron_to_hf
-from trainer.megatron_backend.model import MegatronPolicy, weights_state
-from trainer.megatron_backend.parallel import tp_group
-from trainer.policy_model import _copy_non_weight_files
 
 WEIGHTS_FILE = "model.safetensors"
 

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from orl.schemas.errors import OrlError
 from torch import Tensor
-
-from schemas.errors import OrlError
 
 _HF = "model.layers.{i}."
 _MG = "decoder.layers.{i}."

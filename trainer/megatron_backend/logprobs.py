@@ -1,6 +1,6 @@
 """Per-token logprobs of the exact sampled response ids from a tensor-parallel GPTModel.
 
-The megatron twin of `trainer.logprobs.response_logprobs`, with the same contract: the sampled ids
+The megatron twin of `orl.trainer.logprobs.response_logprobs`, with the same contract: the sampled ids
 scored as they are, each sample at its own temperature (T == 0 scored at 1), one batched forward
 over right-padded rows, fp32 log-softmax, gradients following the caller's context. The difference:
 each tensor-parallel rank holds only its slice of the vocabulary, so the log-softmax and the pick of
@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
+from orl.trainer.logprobs import LogprobInputError, effective_temperature
 from torch import Tensor, nn
-
-from trainer.logprobs import LogprobInputError, effective_temperature
 
 _PAD_ID = 0  # right padding sits after every real token: a causal model never attends to it
 
@@ -109,7 +108,7 @@ def vocab_parallel_log_softmax(logits_N_Vp: Tensor) -> Tensor:
 
 def exact_kl_tp(logits_N_Vp: Tensor, ref_logits_N_Vp: Tensor) -> Tensor:
     """KL(pi || ref) over the whole vocabulary at each of the N positions `[N]`, from both models'
-    vocabulary slices (`trainer.losses.exact_kl`'s twin); gradient through `logits_N_Vp` only. The
+    vocabulary slices (`orl.trainer.losses.exact_kl`'s twin); gradient through `logits_N_Vp` only. The
     slices' sums are added with megatron's reduce (identity backward): the KL is the same on every
     rank and used the same way after it."""
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region

@@ -1,10 +1,10 @@
 """`orl train --backend megatron`: the torch backend's training loop, with every step taken by a torchrun job.
 
 Rank 0 owns the event log and the object store. It finds the resume point
-(`trainer.loop.prepare_resume`: topics, the newest verified checkpoint, its events re-emitted if
-missing) and runs `trainer.loop.consume_and_train`, the torch backend's loop: the same SampleStream
+(`orl.trainer.loop.prepare_resume`: topics, the newest verified checkpoint, its events re-emitted if
+missing) and runs `orl.trainer.loop.consume_and_train`, the torch backend's loop: the same SampleStream
 and SampleBatcher (skip reasons, staleness, the partial-batch rule), the same publish protocol
-(`trainer.loop.publish_step`: files, then the manifest with the consumed offsets), the same step
+(`orl.trainer.loop.publish_step`: files, then the manifest with the consumed offsets), the same step
 events and metrics. Its `MegatronStepRunner` drives the other ranks through a command channel
 (`parallel.broadcast_json`: JSON in a uint8 tensor, never pickle):
 
@@ -12,7 +12,7 @@ events and metrics. Its `MegatronStepRunner` drives the other ranks through a co
   on its node read the same folder, and on every other node the local rank 0 downloads and verifies
   the same manifest. Every rank then loads its shard (version 0: the base model). `error` instead
   when rank 0 could not resume: every rank stops with its message.
-- `step`: the batch's samples. Every rank takes the step (`trainer.megatron_backend.step`) and joins
+- `step`: the batch's samples. Every rank takes the step (`orl.trainer.megatron_backend.step`) and joins
   the gather of the tensor-parallel shards to rank 0, which writes and publishes the checkpoint.
 - `wait`: sent every KEEPALIVE_S (at most a quarter of the timeout) while no batch is ready, so no
   rank waits in one collective long enough to hit the process-group timeout, however long the
@@ -37,15 +37,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from connectors.checkpoint_store import Manifest, download_and_verify
-from connectors.event_log.factory import open_event_log
-from connectors.metrics import Metrics
-from connectors.model_files import resolve_model
-from connectors.object_store.base import ObjectStore
-from connectors.object_store.factory import open_object_store
-from trainer.batching import Batch
-from trainer.loop import (
+from orl.connectors.checkpoint_store import Manifest, download_and_verify
+from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.metrics import Metrics
+from orl.connectors.model_files import resolve_model
+from orl.connectors.object_store.base import ObjectStore
+from orl.connectors.object_store.factory import open_object_store
+from orl.trainer.batching import Batch
+from orl.trainer.loop import (
     StepResult,
     check_resumable,
     consume_and_train,
@@ -55,21 +54,21 @@ from trainer.loop import (
     publish_step,
     restore_optimizer,
 )
-from trainer.megatron_backend.batch_file import sample_from_json, sample_to_json
-from trainer.megatron_backend.export import gather_checkpoint
-from trainer.megatron_backend.hf_conversion import MegatronBackendError
-from trainer.megatron_backend.launch import TorchrunJob
-from trainer.megatron_backend.model import MegatronPolicy, load_megatron_policy
-from trainer.megatron_backend.parallel import (
+from orl.trainer.megatron_backend.batch_file import sample_from_json, sample_to_json
+from orl.trainer.megatron_backend.export import gather_checkpoint
+from orl.trainer.megatron_backend.hf_conversion import MegatronBackendError
+from orl.trainer.megatron_backend.launch import TorchrunJob
+from orl.trainer.megatron_backend.model import MegatronPolicy, load_megatron_policy
+from orl.trainer.megatron_backend.parallel import (
     ParallelContext,
     broadcast_json,
     gather_bytes,
     init_parallel,
     shutdown_parallel,
 )
-from trainer.megatron_backend.step import train_step
-from trainer.resume import ResumePoint
-from trainer.settings import TrainSettings
+from orl.trainer.megatron_backend.step import train_step
+from orl.trainer.resume import ResumePoint
+from orl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,13 @@
 """megatron-core's GPTModel built from a Hugging Face Llama folder: config, construction, weights.
 
 Reads `config.json` and the `*.safetensors` weights of a local Hugging Face model folder (the base
-model `connectors.model_files.resolve_model` gives). Each tensor-parallel rank reads only the
+model `orl.connectors.model_files.resolve_model` gives). Each tensor-parallel rank reads only the
 tensors it needs through a lazy safetensors mapping and slices its shard with
-`trainer.megatron_backend.hf_conversion`. The model is built with megatron's local layer spec (plain
+`orl.trainer.megatron_backend.hf_conversion`. The model is built with megatron's local layer spec (plain
 torch modules, no Transformer Engine), dropout 0 (as the torch backend's Llama), fp32 master weights;
 the frozen reference for the KL term is a second GPTModel with the base weights. The policy starts
 from the base weights or, on resume, from a checkpoint folder's.
-Needs `megatron.core.parallel_state` initialised (`trainer.megatron_backend.parallel`).
+Needs `megatron.core.parallel_state` initialised (`orl.trainer.megatron_backend.parallel`).
 Reads and writes no topics or object keys.
 """
 
@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from orl.trainer.megatron_backend.hf_conversion import LlamaArch, MegatronBackendError, hf_to_megatron_shard
+from orl.trainer.megatron_backend.parallel import ParallelContext
 from torch import Tensor, nn
-
-from trainer.megatron_backend.hf_conversion import LlamaArch, MegatronBackendError, hf_to_megatron_shard
-from trainer.megatron_backend.parallel import ParallelContext
 
 _EXTRA_STATE = "_extra_state"
 
@@ -114,7 +113,7 @@ def build_gpt_model(arch: LlamaArch, tp_size: int) -> nn.Module:
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
-        parallel_output=True,  # logits stay vocab-sharded: trainer.megatron_backend.logprobs reduces them
+        parallel_output=True,  # logits stay vocab-sharded: orl.trainer.megatron_backend.logprobs reduces them
         share_embeddings_and_output_weights=arch.tied_embeddings,
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,  # a float base, as transformers uses it

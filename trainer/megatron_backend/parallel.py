@@ -20,9 +20,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from orl.schemas.errors import ConfigError
 from torch import Tensor, nn
-
-from schemas.errors import ConfigError
 
 DEFAULT_TIMEOUT_S = 600.0
 

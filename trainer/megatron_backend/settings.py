@@ -1,8 +1,8 @@
-"""Settings of the megatron worker (`python -m trainer.megatron_backend.worker`, under torchrun).
+"""Settings of the megatron worker (`python -m orl.trainer.megatron_backend.worker`, under torchrun).
 
-Each field is one command-line flag (`--name-with-dashes`); `trainer.megatron_backend.worker`
+Each field is one command-line flag (`--name-with-dashes`); `orl.trainer.megatron_backend.worker`
 builds the parser from these fields, so `--help` lists them all. Loss defaults are the torch
-backend's (`trainer.settings.TrainSettings`), except two: the learning rate is the full fine-tuning
+backend's (`orl.trainer.settings.TrainSettings`), except two: the learning rate is the full fine-tuning
 one (1e-5), since this backend trains every weight, and every sample is scored at its own
 temperature (`orl train` defaults to `--train-temperature 1.0`; this worker has no such flag yet).
 Reads nothing from the environment.
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import ConfigError
-from trainer.batch_loss import LossConfig
-from trainer.policy_model import default_lr
-from trainer.settings import loss_flag_problems
+from orl.schemas.errors import ConfigError
+from orl.trainer.batch_loss import LossConfig
+from orl.trainer.policy_model import default_lr
+from orl.trainer.settings import loss_flag_problems
 
 
 def flag(default: Any, help: str) -> Any:

@@ -1,7 +1,7 @@
 """One optimizer step of the megatron backend: the torch backend's loss, over TP x DP ranks.
 
-The objective is not re-implemented: advantages come from `trainer.batch_loss.advantages` and the
-loss from `trainer.losses.total_loss`, fed with logprobs from `trainer.megatron_backend.logprobs`.
+The objective is not re-implemented: advantages come from `orl.trainer.batch_loss.advantages` and the
+loss from `orl.trainer.losses.total_loss`, fed with logprobs from `orl.trainer.megatron_backend.logprobs`.
 What the parallel layout adds, and why the result equals the torch backend's on the whole batch:
 
 - Data parallel: DP rank r scores samples r, r + D, r + 2D, ... of the batch. The torch loss is a
@@ -11,7 +11,7 @@ What the parallel layout adds, and why the result equals the torch backend's on 
   replicas without a sample: they contribute zero gradients (and still join every reduction).
 - Reward centring (an option) subtracts the mean over the whole batch, so it is applied to the
   batch's rewards before the split, never per rank.
-- Gradient clipping uses the global norm over all shards (`trainer.megatron_backend.parallel`).
+- Gradient clipping uses the global norm over all shards (`orl.trainer.megatron_backend.parallel`).
 - The loss itself runs on CPU: the `[B, T]` logprobs come back from the device with their graph
   (a few KB), and the pure loss functions build their per-sample weights as CPU tensors.
 
@@ -27,17 +27,20 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
+from orl.trainer.batch_loss import LossConfig, advantages, method_weights, rewards_after_baselines
+from orl.trainer.batching import Batch, TrainingSample
+from orl.trainer.logprobs import collate_samples, pad_right
+from orl.trainer.loop import TrainingError, step_metrics
+from orl.trainer.losses import LossStats, total_loss
+from orl.trainer.megatron_backend.hf_conversion import MegatronBackendError
+from orl.trainer.megatron_backend.logprobs import (
+    exact_kl_tp,
+    scaled_response_logits_tp,
+    vocab_parallel_logprobs,
+)
+from orl.trainer.megatron_backend.model import MegatronPolicy
+from orl.trainer.megatron_backend.parallel import ParallelContext, clip_gradients, dp_sum, sync_gradients
 from torch import Tensor
-
-from trainer.batch_loss import LossConfig, advantages, method_weights, rewards_after_baselines
-from trainer.batching import Batch, TrainingSample
-from trainer.logprobs import collate_samples, pad_right
-from trainer.loop import TrainingError, step_metrics
-from trainer.losses import LossStats, total_loss
-from trainer.megatron_backend.hf_conversion import MegatronBackendError
-from trainer.megatron_backend.logprobs import exact_kl_tp, scaled_response_logits_tp, vocab_parallel_logprobs
-from trainer.megatron_backend.model import MegatronPolicy
-from trainer.megatron_backend.parallel import ParallelContext, clip_gradients, dp_sum, sync_gradients
 
 _LOSS_STATS = ("loss", "pg_loss", "kl")  # reduced like the loss (per token or per sample)
 _TOKEN_STATS = ("clip_fraction", "advantage_mean")  # always token means
@@ -68,7 +71,7 @@ def _scored(
 ) -> tuple[Tensor, Tensor | None]:
     """(logprobs `[B, T]` on the CPU, this rank's logits slice `[N, V/tp]` / T at the batch's N response
     positions when the exact KL needs it, else None). Each sample at its own temperature, or all at
-    `train_temperature` (as `trainer.batch_loss`)."""
+    `train_temperature` (as `orl.trainer.batch_loss`)."""
     prompts = [list(s.prompt_ids) for s in samples]
     responses = [list(s.response_ids) for s in samples]
     temps = [s.temperature if config.train_temperature is None else config.train_temperature for s in samples]
@@ -108,7 +111,7 @@ def _batch_stats(
         stats[name] = summed[i] / max(total_tokens, 1.0)
     stats["tokens"] = total_tokens
     stats["opd_advantage_mean"] = opd_sum / opd_count if opd_count else float("nan")
-    stats["distill_kl"] = float("nan")  # top-K distillation is torch-backend only (trainer.settings)
+    stats["distill_kl"] = float("nan")  # top-K distillation is torch-backend only (orl.trainer.settings)
     return stats
 
 
@@ -131,7 +134,7 @@ def _local_loss(
             kl_N = exact_kl_tp(logits_N_Vp, ref_logits_N_Vp).cpu()
             exact_kl_B_T, _ = pad_right(list(kl_N.split([len(s.response_ids) for s in local])))
     old_B_T = logprobs_B_T.detach() if config.old_logprobs == "recompute" else collated.rollout_logprobs_B_T
-    # The OPD baseline stays at the teacher's (the sample's) temperature, as in trainer.batch_loss.
+    # The OPD baseline stays at the teacher's (the sample's) temperature, as in orl.trainer.batch_loss.
     opd_old_B_T = old_B_T if config.train_temperature is None else collated.rollout_logprobs_B_T
     adv_B_T, opd_mean = advantages(
         local,
@@ -208,7 +211,7 @@ def train_step(
 ) -> StepResult:
     """Loss, backward, DP gradient sum, global-norm clip, optimizer step; every rank calls it.
 
-    The metrics are `trainer.loop.step_metrics`' (the torch backend's keys) plus the layout.
+    The metrics are `orl.trainer.loop.step_metrics`' (the torch backend's keys) plus the layout.
     """
     started = time.perf_counter()
     samples = batch.samples

@@ -1,18 +1,18 @@
 """The megatron backend on a samples file (a parity and benchmark tool): one process per device under torchrun.
 
-The trainer of the live loop is `orl train --backend megatron` (`trainer.megatron_backend.loop`:
+The trainer of the live loop is `orl train --backend megatron` (`orl.trainer.megatron_backend.loop`:
 it consumes the samples topic and publishes a checkpoint per step). This worker runs the same step
 on a JSON-lines file and exports once at the end, which is what the parity tests compare with the
 torch backend:
 
-    torchrun --nproc-per-node 8 -m trainer.megatron_backend.worker \\
+    torchrun --nproc-per-node 8 -m orl.trainer.megatron_backend.worker \\
         --model-dir MODEL_DIR --samples-file samples.jsonl --tensor-parallel 2 \\
         --batch-size 16 --store-url file:///path/to/objects --run-id megatron
 
 Every rank loads its shard of the Hugging Face base model into megatron's GPTModel (plus a frozen
 reference when beta_kl > 0), then for each batch of `--batch-size` samples of the samples file
-(`trainer.megatron_backend.batch_file`) computes the torch backend's loss
-(`trainer.megatron_backend.step`), steps AdamW and logs the step. At the end rank 0 writes the
+(`orl.trainer.megatron_backend.batch_file`) computes the torch backend's loss
+(`orl.trainer.megatron_backend.step`), steps AdamW and logs the step. At the end rank 0 writes the
 weights as a full Hugging Face folder (`--export-dir`) and/or publishes them as
 `checkpoints/<run-id>/<version>/` with the manifest last (`--store-url`), and writes `--report-file`.
 Reads the model folder and the samples file; writes the object store, the export folder, the report.
@@ -33,16 +33,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from connectors.object_store.factory import open_object_store
-from schemas.errors import OrlError
-from trainer.batching import Batch, TrainingSample
-from trainer.megatron_backend.batch_file import read_samples
-from trainer.megatron_backend.export import export_hf_checkpoint, publish_export
-from trainer.megatron_backend.model import MegatronPolicy, load_megatron_policy
-from trainer.megatron_backend.parallel import ParallelContext, dp_group, init_parallel, shutdown_parallel
-from trainer.megatron_backend.settings import MegatronSettings, check_megatron_settings
-from trainer.megatron_backend.step import StepResult, local_indices, train_step
+from orl.connectors.object_store.factory import open_object_store
+from orl.schemas.errors import OrlError
+from orl.trainer.batching import Batch, TrainingSample
+from orl.trainer.megatron_backend.batch_file import read_samples
+from orl.trainer.megatron_backend.export import export_hf_checkpoint, publish_export
+from orl.trainer.megatron_backend.model import MegatronPolicy, load_megatron_policy
+from orl.trainer.megatron_backend.parallel import ParallelContext, dp_group, init_parallel, shutdown_parallel
+from orl.trainer.megatron_backend.settings import MegatronSettings, check_megatron_settings
+from orl.trainer.megatron_backend.step import StepResult, local_indices, train_step
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ log = logging.getLogger(__name__)
 def build_parser() -> argparse.ArgumentParser:
     """One flag per MegatronSettings field (booleans as --x / --no-x)."""
     parser = argparse.ArgumentParser(
-        prog="trainer.megatron_backend.worker", description=__doc__.split("\n\n")[0]
+        prog="orl.trainer.megatron_backend.worker", description=__doc__.split("\n\n")[0]
     )
     hints = typing.get_type_hints(MegatronSettings)
     for f in dataclasses.fields(MegatronSettings):
