@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-from orl.connectors.compute import describe_machine
+from orl.compute.machine import describe_machine
 from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
 from orl.connectors.settings import ConnectionSettings
 from orl.serving.policy.batch_engine import hidden_states, lm_logits

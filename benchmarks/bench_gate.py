@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orl.compute.machine import available_cores, describe_machine
 from orl.connectors.checkpoint_store import MANIFEST_NAME, complete_versions, read_manifest, version_prefix
-from orl.connectors.compute import available_cores, describe_machine
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.object_store.local_store import LocalObjectStore

@@ -25,7 +25,7 @@ import random
 import time
 
 import torch
-from orl.connectors.compute import describe_machine
+from orl.compute.machine import describe_machine
 from orl.connectors.settings import ConnectionSettings
 from orl.pipeline.effects.reply_rules import user_hint_extractor
 from orl.pipeline.effects.teacher_stage import messages_with_hint

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from orl.connectors.compute import describe_machine
+from orl.compute.machine import describe_machine
 from orl.connectors.settings import ConnectionSettings
 from orl.serving.policy.base import SamplingParams
 from orl.serving.policy.transformers_backend import TransformersBackend

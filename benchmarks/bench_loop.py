@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orl.connectors.compute import available_cores, choose_numerics, describe_machine
+from orl.compute.machine import available_cores, choose_numerics, describe_machine
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.event_log.reading import read_to_end
 from orl.schemas.codec import decode

@@ -16,7 +16,7 @@ import os
 import time
 
 import torch
-from orl.connectors.compute import (
+from orl.compute.machine import (
     available_cores,
     bf16_speedup,
     choose_numerics,

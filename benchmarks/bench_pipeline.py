@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orl.connectors.compute import available_cores
+from orl.compute.machine import available_cores
 from orl.connectors.event_log.base import EventLog, OutgoingRecord
 from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.settings import settings_env

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orl.connectors.compute import PRECISIONS, choose_numerics
+from orl.compute.machine import PRECISIONS, choose_numerics
 from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
 from orl.serving.policy.base import Generation, SamplingParams
 from orl.serving.policy.transformers_backend import TransformersBackend

@@ -1,4 +1,4 @@
-"""How two torch processes share one machine's cores: the alternatives behind `orl.connectors.compute`.
+"""How two torch processes share one machine's cores: the alternatives behind `orl.compute.machine`.
 
 Usage: python -m benchmarks.bench_threads [--seconds 40] [--cache-dir ~/.cache/orl/models]
 
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from orl.connectors.compute import available_cores, choose_numerics
+from orl.compute.machine import available_cores, choose_numerics
 
 
 def train_loop(model_dir: Path, threads: int, seconds: float, precision: str) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from orl.connectors.compute import PRECISIONS, choose_numerics
+from orl.compute.machine import PRECISIONS, choose_numerics
 from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
 
 EPS_LOW, EPS_HIGH, BETA, LR = 0.2, 0.28, 0.02, {"lora": 5e-4, "full": 1e-5}

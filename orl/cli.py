@@ -189,7 +189,7 @@ def build_parser(
 
 def main(argv: Sequence[str] | None = None) -> int:
     # Before torch loads (the commands import it lazily): idle OpenMP threads sleep instead of spinning
-    # on the cores that another torch process of the stack needs (connectors/compute.py has the numbers).
+    # on the cores that another torch process of the stack needs (compute/machine.py has the numbers).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = sys.argv[1:] if argv is None else argv
     chosen = chosen_command(argv)

@@ -22,7 +22,7 @@ base model, beyond the margin and the noise. A version that republishes the prom
   replies to each answer, so the demo's rule judge scores the gate's answers as it scores live ones.
 
 The gate's state is the log: on a restart it re-reads `checkpoints` and goes on where it stopped.
-It runs its own model copy on its fair share of the cores (`orl.connectors.compute.CoreBoard`).
+It runs its own model copy on its fair share of the cores (`orl.compute.machine.CoreBoard`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from orl.compute.machine import CoreBoard, available_cores, resolved_numerics
 from orl.connectors.checkpoint_store import MANIFEST_NAME, download_and_verify, read_manifest, version_prefix
-from orl.connectors.compute import CoreBoard, available_cores, resolved_numerics
 from orl.connectors.event_log.base import EventLog, OutgoingRecord
 from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.event_log.factory import open_event_log

@@ -5,7 +5,7 @@ object-store directory live there), so a crash of one is survivable: the supervi
 and it resumes from its committed offsets / latest checkpoint. Logs go to <data-dir>/logs/.
 Keys: if none are given, random ones are generated once and kept in <data-dir>/keys.json.
 Compute: every torch process (server, trainer) gets `--cores` threads to use while it computes alone
-and shares them fairly while both compute (`orl.connectors.compute.CoreBoard`); OpenMP threads wait
+and shares them fairly while both compute (`orl.compute.machine.CoreBoard`); OpenMP threads wait
 passively; numerics follow `--precision`. The choice is logged at start.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orl.connectors.compute import available_cores, check_precision, cpu_model_name, resolved_numerics
+from orl.compute.machine import available_cores, check_precision, cpu_model_name, resolved_numerics
 from orl.connectors.settings import ConnectionSettings, setting
 from orl.pipeline.runtime.main import method_stage_names
 from orl.schemas.errors import ConfigError

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import uvicorn
-from orl.connectors.compute import CoreBoard, available_cores, check_precision, resolved_numerics
+from orl.compute.machine import CoreBoard, available_cores, check_precision, resolved_numerics
 from orl.connectors.event_log.base import EventLog
 from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.event_log.factory import open_event_log

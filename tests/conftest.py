@@ -2,7 +2,7 @@
 
 Under pytest-xdist (`scripts/check.sh` runs two workers) each worker is pinned to its own share of
 the cores before any test runs. The processes a test starts (servers, trainers, brokers) inherit the
-pin, and orl sizes torch's threads from the cores it may run on (`orl.connectors.compute.available_cores`),
+pin, and orl sizes torch's threads from the cores it may run on (`orl.compute.machine.available_cores`),
 so two workers' torch threads never oversubscribe the machine.
 
 The slow folders' files are handed out first (`SLOW_FIRST`, with `--no-loadscope-reorder` in

@@ -4,14 +4,14 @@ A training step on a CPU runs for seconds per phase (forwards, backward). Re-fit
 only between phases left the trainer on every core for seconds after a server on the same machine
 started generating, with more threads than cores. Hooks on every decoder layer re-fit them before
 each layer's forward and before its backward (a hook on the layer's output gradient), so the share
-changes within one layer's time. Reads and writes nothing but the board (`orl.connectors.compute`).
+changes within one layer's time. Reads and writes nothing but the board (`orl.compute.machine`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from orl.connectors.compute import CoreBoard
+from orl.compute.machine import CoreBoard
 from torch import Tensor, nn
 
 

@@ -18,6 +18,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from orl.compute.sampling import effective_temperature
 from orl.schemas.errors import OrlError
 from torch import Tensor, nn
 
@@ -44,11 +45,6 @@ def _check_inputs(
             raise LogprobInputError(f"sample {index}: empty prompt (the first response token needs context)")
         if temperature < 0:
             raise LogprobInputError(f"sample {index}: negative temperature {temperature}")
-
-
-def effective_temperature(temperature: float) -> float:
-    """The temperature logprobs are computed at: the sampled one, or 1.0 for greedy (T == 0)."""
-    return 1.0 if temperature == 0 else float(temperature)
 
 
 def _right_padded_inputs(
@@ -81,7 +77,7 @@ def response_logprobs(
     scored. Gradients follow the caller's context: wrap in `torch.no_grad()` for old / reference /
     teacher logprobs, leave enabled for the policy's. `autocast` runs the forward in bf16 (the
     prototype's setting: about 0.05 nats of noise, well under the learning signal); use it only where the
-    hardware runs bf16 natively (`orl.connectors.compute.choose_numerics`).
+    hardware runs bf16 natively (`orl.compute.machine.choose_numerics`).
     """
     no_top_k: list[None] = [None] * len(prompt_ids)
     scored = response_and_top_k_logprobs(

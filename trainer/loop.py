@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from orl.compute.machine import CoreBoard, available_cores, resolved_numerics
 from orl.connectors.checkpoint_store import (
     MANIFEST_NAME,
     TRAINER_STATE_DIR,
@@ -46,7 +47,6 @@ from orl.connectors.checkpoint_store import (
     read_manifest,
     version_prefix,
 )
-from orl.connectors.compute import CoreBoard, available_cores, resolved_numerics
 from orl.connectors.event_log.base import EventLog, OutgoingRecord, TopicPartition
 from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.metrics import Metrics

@@ -59,7 +59,7 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-from orl.connectors.compute import PRECISIONS
+from orl.compute.machine import PRECISIONS
 from orl.connectors.settings import ConnectionSettings, setting
 from orl.schemas.errors import ConfigError
 

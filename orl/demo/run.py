@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from orl.connectors.compute import describe_machine, resolved_numerics
+from orl.compute.machine import describe_machine, resolved_numerics
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.settings import ConnectionSettings, setting

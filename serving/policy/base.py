@@ -219,11 +219,6 @@ class PolicyBackend(abc.ABC):
         """Hot-swap to the checkpoint at `path` ("full" safetensors folder or "lora" peft adapter)."""
 
 
-def effective_temperature(temperature: float) -> float:
-    """The temperature logprobs are taken at: greedy (0) reports T = 1 logprobs."""
-    return temperature if temperature > 0 else 1.0
-
-
 def check_top_k(top_k: int) -> None:
     """Refuse a top-K outside 1..MAX_TOP_K."""
     if not 1 <= top_k <= MAX_TOP_K:

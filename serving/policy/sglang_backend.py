@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from orl.compute.sampling import effective_temperature
 from orl.schemas.errors import CheckpointError, OrlError, ServiceUnavailable
 from orl.serving.policy.base import (
     CheckpointKind,
@@ -44,7 +45,6 @@ from orl.serving.policy.base import (
     TopKScores,
     check_prompt,
     check_top_k,
-    effective_temperature,
 )
 from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.policy.detokenizer import IncrementalDecoder

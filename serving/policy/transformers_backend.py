@@ -6,8 +6,8 @@ the rows running on the old weights have drained; requests that arrive meanwhile
 refused). Tokens reach each request's asyncio stream through `call_soon_threadsafe`.
 
 Weights: an fp32 master copy, run under bf16 autocast where the hardware runs bf16 natively and in
-fp32 elsewhere (`orl.connectors.compute.choose_numerics`; the caller passes the dtype). Threads: the
-worker sets its torch threads before every step from the core board (`orl.connectors.compute.CoreBoard`),
+fp32 elsewhere (`orl.compute.machine.choose_numerics`; the caller passes the dtype). Threads: the
+worker sets its torch threads before every step from the core board (`orl.compute.machine.CoreBoard`),
 so the server shares the cores fairly with a trainer computing on the same machine. The base weights stay loaded, frozen, for
 `score(use_base=True)`; a "full" checkpoint is a folder with `model.safetensors`, a "lora"
 checkpoint is a peft adapter folder merged into a copy of the base. Both are built off the hot path
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from orl.connectors.compute import CoreBoard, available_cores
+from orl.compute.machine import CoreBoard, available_cores
+from orl.compute.sampling import effective_temperature
 from orl.schemas.errors import CheckpointError, ConfigError
 from orl.serving.policy.base import (
     CheckpointKind,
@@ -43,7 +44,6 @@ from orl.serving.policy.base import (
     TopKScores,
     check_prompt,
     check_top_k,
-    effective_temperature,
 )
 from orl.serving.policy.batch_engine import ActiveBatch, Row, hidden_states, lm_logits
 from orl.serving.policy.chat_template import ChatTemplate

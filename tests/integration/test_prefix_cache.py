@@ -53,7 +53,7 @@ async def run_conversation(
 async def test_cached_and_uncached_conversations_agree(
     base_model_dir: Path, precision: str, temperature: float
 ):
-    from orl.connectors.compute import choose_numerics
+    from orl.compute.machine import choose_numerics
 
     autocast = choose_numerics(precision).autocast_dtype
     params = SamplingParams(temperature=temperature, max_tokens=12, seed=11)

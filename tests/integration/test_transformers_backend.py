@@ -71,7 +71,7 @@ async def test_server_and_trainer_logprobs_agree(base_model_dir: Path, reference
     """The server's sampled logprobs and scores against the trainer's recomputation, in the same numerics.
 
     bf16 runs here even on a CPU that emulates it (slowly): a machine with native bf16 picks it."""
-    from orl.connectors.compute import choose_numerics
+    from orl.compute.machine import choose_numerics
     from orl.trainer.logprobs import response_logprobs
 
     numerics = choose_numerics(precision)
@@ -99,7 +99,7 @@ async def test_server_and_trainer_logprobs_agree(base_model_dir: Path, reference
 async def test_the_backend_marks_itself_busy_on_the_core_board_while_it_computes(
     base_model_dir: Path, tmp_path: Path
 ):
-    from orl.connectors.compute import CoreBoard
+    from orl.compute.machine import CoreBoard
 
     board_dir = tmp_path / "cores"
     b = TransformersBackend(base_model_dir, core_board=CoreBoard(board_dir, 2))

@@ -10,14 +10,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBPACKAGES = ("schemas", "connectors", "serving", "pipeline", "trainer")
+SUBPACKAGES = ("schemas", "compute", "connectors", "serving", "pipeline", "trainer")
 OURS = {*SUBPACKAGES, "orl"}
+# compute/ is the torch processes' shared runtime (numerics, cores, sampling rules): no connector,
+# so the pure-Python pipeline has no use for it.
 ALLOWED = {
     "schemas": {"schemas"},
+    "compute": {"schemas", "compute"},
     "connectors": {"schemas", "connectors"},
-    "serving": {"schemas", "connectors", "serving"},
+    "serving": {"schemas", "compute", "connectors", "serving"},
     "pipeline": {"schemas", "connectors", "pipeline"},
-    "trainer": {"schemas", "connectors", "trainer"},
+    "trainer": {"schemas", "compute", "connectors", "trainer"},
     "orl": OURS,
 }
 

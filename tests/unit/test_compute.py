@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from orl.connectors.compute import (
+from orl.compute.machine import (
     CoreBoard,
     _cgroup_quota_cores,
     available_cores,
@@ -97,7 +97,7 @@ def test_fair_share_never_drops_below_one_thread() -> None:
 def _busy_process(folder: Path) -> subprocess.Popen[bytes]:
     """Another process that marks itself busy on the board and waits."""
     code = (
-        "import sys, time; from pathlib import Path; from orl.connectors.compute import CoreBoard;"
+        "import sys, time; from pathlib import Path; from orl.compute.machine import CoreBoard;"
         "b = CoreBoard(Path(sys.argv[1]), 2); b.busy(); print('busy', flush=True); time.sleep(60)"
     )
     process = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE)

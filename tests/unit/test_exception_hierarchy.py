@@ -18,7 +18,15 @@ from types import ModuleType
 import pytest
 from orl.schemas.errors import OrlError
 
-PACKAGES = ("orl.schemas", "orl.connectors", "orl.serving", "orl.pipeline", "orl.trainer", "orl")
+PACKAGES = (
+    "orl.schemas",
+    "orl.compute",
+    "orl.connectors",
+    "orl.serving",
+    "orl.pipeline",
+    "orl.trainer",
+    "orl",
+)
 
 
 def module_names(package: str) -> Iterator[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from orl.connectors.compute import available_cores, cpu_model_name
+from orl.compute.machine import available_cores, cpu_model_name
 from orl.schemas.errors import ConfigError
 
 from orl.up import UpSettings, component_env, compute_budget, stack_cores

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
-from orl.trainer.logprobs import LogprobInputError, effective_temperature
+from orl.compute.sampling import effective_temperature
+from orl.trainer.logprobs import LogprobInputError
 from torch import Tensor, nn
 
 _PAD_ID = 0  # right padding sits after every real token: a causal model never attends to it
