@@ -38,8 +38,8 @@ from orl.connectors.checkpoint_store import MANIFEST_NAME, complete_versions, re
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.rules.gate_decisions import PROMOTED
 from orl.schemas.codec import decode
-from orl.schemas.gate_decisions import PROMOTED
 from orl.serving.promotion_rule import VersionScore, gate_decision
 from orl.trainer.rollback import RollbackWatch
 

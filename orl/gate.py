@@ -60,11 +60,11 @@ from orl.pipeline.effects.rule_judges import load_rule_judge
 from orl.pipeline.processors.vote_tally import majority
 from orl.pipeline.runtime.main import judge_configs
 from orl.pipeline.runtime.settings import PipelineSettings
+from orl.rules.gate_decisions import HELD, PROMOTED, GateDecisions
 from orl.schemas.codec import decode, encode
 from orl.schemas.errors import CheckpointError, ConfigError
 from orl.schemas.event_types import PolicyGated, RequestReceived
 from orl.schemas.events import make_event
-from orl.schemas.gate_decisions import HELD, PROMOTED, GateDecisions
 from orl.schemas.ids import held_out_session
 from orl.schemas.messages import Message, prompt_text
 from orl.schemas.topics import topic_name

@@ -26,8 +26,8 @@ from pathlib import Path
 from orl.compute.machine import available_cores, check_precision, cpu_model_name, resolved_numerics
 from orl.connectors.settings import ConnectionSettings, setting
 from orl.pipeline.runtime.main import method_stage_names
+from orl.rules.top_k import check_opd_topk
 from orl.schemas.errors import ConfigError
-from orl.schemas.top_k import check_opd_topk
 from orl.supervised import SUPERVISOR_PID_ENV
 from orl.trainer.settings import OPD_LOSSES
 

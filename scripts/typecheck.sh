@@ -11,10 +11,10 @@ mkdir -p "$tree/orl"
 for entry in orl/*; do
     ln -s "$PWD/$entry" "$tree/orl/"
 done
-for package in schemas compute connectors serving pipeline trainer; do
+for package in schemas rules compute connectors serving pipeline trainer; do
     ln -s "$PWD/$package" "$tree/orl/$package"
 done
 status=0
 MYPYPATH="$tree" .venv/bin/mypy --config-file pyproject.toml "$tree/orl" "$@" >"$tree/report.txt" 2>&1 || status=$?
-sed -E -e "s#^$tree/orl/(schemas|compute|connectors|serving|pipeline|trainer)/#\1/#" -e "s#^$tree/orl/#orl/#" "$tree/report.txt"
+sed -E -e "s#^$tree/orl/(schemas|rules|compute|connectors|serving|pipeline|trainer)/#\1/#" -e "s#^$tree/orl/#orl/#" "$tree/report.txt"
 exit "$status"

@@ -31,10 +31,10 @@ from orl.connectors.checkpoint_store import (
 from orl.connectors.event_log.base import EventLog
 from orl.connectors.metrics import Metrics
 from orl.connectors.object_store.base import ObjectStore
+from orl.rules.gate_decisions import GateDecisions
 from orl.schemas.codec import decode
 from orl.schemas.errors import CheckpointError, EventDecodeError
 from orl.schemas.event_types import CheckpointPublished
-from orl.schemas.gate_decisions import GateDecisions
 from orl.schemas.topics import topic_name
 from orl.serving.capture import EventRecorder
 from orl.serving.policy.base import PolicyBackend

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from orl.rules.top_k import MAX_TOP_K
 from orl.schemas.errors import OrlError
-from orl.schemas.top_k import MAX_TOP_K
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_SEQUENCES = 4

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from orl.connectors.environment.api import ROLES as OBSERVATION_ROLES
 from orl.connectors.environment.outcome_events import MAX_CONTENT_CHARS
-from orl.schemas.top_k import MAX_TOP_K
+from orl.rules.top_k import MAX_TOP_K
 from orl.serving.openai_api import MAX_STOP_SEQUENCES, ROLES
 
 if TYPE_CHECKING:

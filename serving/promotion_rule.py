@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orl.schemas.gate_decisions import HELD, PROMOTED
+from orl.rules.gate_decisions import HELD, PROMOTED
 
 Z_95_ONE_SIDED = 1.645
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from orl.connectors.event_log.base import ConsumedRecord, TopicPartition
+from orl.rules.top_k import top_k_rows_aligned
 from orl.schemas.codec import decode
 from orl.schemas.errors import EventDecodeError, UnknownEventTypeError
 from orl.schemas.event_types import SampleReady
 from orl.schemas.ids import held_out_session
-from orl.schemas.top_k import top_k_rows_aligned
 
 METHODS = ("binary", "opd", "combined")
 SEEN_IDS_KEPT = 100_000  # duplicate detection window (sample ids); far more than any redelivery spans

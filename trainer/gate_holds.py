@@ -8,7 +8,7 @@ the promoted version's weights as its next version (as a rollback does) and trai
 the gate promotes that one (the same weights as the served version), and fresh samples follow.
 Nor does the trainer run ahead of a slow gate (`ahead_of_gate`): it waits while its samples' version
 would soon be too old to train on.
-`orl.schemas.gate_decisions.GateDecisions` is the bookkeeping; `follow_gate` feeds it from the log. Reads `checkpoints`.
+`orl.rules.gate_decisions.GateDecisions` is the bookkeeping; `follow_gate` feeds it from the log. Reads `checkpoints`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import logging
 import uuid
 
 from orl.connectors.event_log.base import EventLog
+from orl.rules.gate_decisions import GateDecisions
 from orl.schemas.codec import decode
 from orl.schemas.errors import EventDecodeError
-from orl.schemas.gate_decisions import GateDecisions
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from orl.compute.sampling import effective_temperature
+from orl.rules.sampling import effective_temperature
 from orl.schemas.errors import OrlError
 from torch import Tensor, nn
 

@@ -51,10 +51,10 @@ from orl.connectors.event_log.base import EventLog, OutgoingRecord, TopicPartiti
 from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.metrics import Metrics
 from orl.connectors.object_store.base import ObjectStore
+from orl.rules.gate_decisions import GateDecisions
 from orl.schemas.codec import encode
 from orl.schemas.errors import CheckpointError, ConfigError, OrlError
 from orl.schemas.events import make_event
-from orl.schemas.gate_decisions import GateDecisions
 from orl.schemas.topics import topic_name
 from orl.trainer.batch_loss import LossConfig, batch_loss
 from orl.trainer.batching import Batch, SampleBatcher

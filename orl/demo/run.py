@@ -34,10 +34,10 @@ from orl.connectors.settings import ConnectionSettings, setting
 from orl.demo.report import StepResult, merge_results, write_report, write_summaries
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
+from orl.rules.gate_decisions import HELD, PROMOTED, GateDecisions
 from orl.samples import read_samples
 from orl.schemas.codec import decode
 from orl.schemas.errors import ConfigError, OrlError
-from orl.schemas.gate_decisions import HELD, PROMOTED, GateDecisions
 from orl.schemas.topics import topic_name
 from orl.serving.settings import ServeSettings
 from orl.settings_binding import build_settings

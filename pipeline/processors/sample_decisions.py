@@ -38,7 +38,7 @@ from orl.pipeline.processors import step_decisions
 from orl.pipeline.processors.config import RewardRuleConfig, SampleConfig
 from orl.pipeline.processors.event_building import State
 from orl.pipeline.processors.sample_turns import TurnRecord, new_turn, response_arrays, response_problem
-from orl.schemas.top_k import top_k_rows_aligned
+from orl.rules.top_k import top_k_rows_aligned
 
 logger = logging.getLogger(__name__)
 

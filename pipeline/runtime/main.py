@@ -39,8 +39,8 @@ from orl.pipeline.runtime.gc_tuning import tuned_for_streams
 from orl.pipeline.runtime.settings import PipelineSettings
 from orl.pipeline.runtime.shared_decodes import SharedDecodes
 from orl.pipeline.runtime.stream_runner import StreamRunner
+from orl.rules.top_k import check_opd_topk
 from orl.schemas.errors import ConfigError, OrlError
-from orl.schemas.top_k import check_opd_topk
 from prometheus_client import start_http_server
 
 logger = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from orl.rules.top_k import MAX_TOP_K
 from orl.schemas.errors import OrlError
-from orl.schemas.top_k import MAX_TOP_K
 
 FinishReason = Literal["stop", "length", "abort"]
 CheckpointKind = Literal["full", "lora"]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from orl.compute.sampling import effective_temperature
+from orl.rules.sampling import effective_temperature
 from orl.schemas.errors import CheckpointError, OrlError, ServiceUnavailable
 from orl.serving.policy.base import (
     CheckpointKind,

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 from orl.compute.machine import CoreBoard, available_cores
-from orl.compute.sampling import effective_temperature
+from orl.rules.sampling import effective_temperature
 from orl.schemas.errors import CheckpointError, ConfigError
 from orl.serving.policy.base import (
     CheckpointKind,

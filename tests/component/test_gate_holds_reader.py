@@ -8,8 +8,8 @@ from pathlib import Path
 
 from orl.connectors.event_log.base import Consumer, EventLogError, OutgoingRecord, TopicSpec
 from orl.connectors.event_log.sqlite_log import SqliteEventLog
+from orl.rules.gate_decisions import GateDecisions
 from orl.schemas.codec import encode
-from orl.schemas.gate_decisions import GateDecisions
 from orl.trainer.gate_holds import follow_gate, restore_for
 
 from tests.unit.event_examples import example_event

@@ -20,7 +20,7 @@ from typing import Any
 
 from orl.connectors.checkpoint_store import CheckpointRejected, complete_versions, download_and_verify
 from orl.connectors.object_store.factory import open_object_store
-from orl.schemas.gate_decisions import PROMOTED
+from orl.rules.gate_decisions import PROMOTED
 
 from tests.faults.harness import COMPONENTS, NAMESPACE, FaultRun
 from tests.integration.log_reading import read_events

@@ -10,17 +10,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBPACKAGES = ("schemas", "compute", "connectors", "serving", "pipeline", "trainer")
+SUBPACKAGES = ("schemas", "rules", "compute", "connectors", "serving", "pipeline", "trainer")
 OURS = {*SUBPACKAGES, "orl"}
-# compute/ is the torch processes' shared runtime (numerics, cores, sampling rules): no connector,
-# so the pure-Python pipeline has no use for it.
+# rules/ holds the pure rules several components apply alike; compute/ the torch processes' shared
+# runtime (numerics, cores): no connector, so the pure-Python pipeline has no use for it.
+BASE = {"schemas", "rules"}
 ALLOWED = {
     "schemas": {"schemas"},
-    "compute": {"schemas", "compute"},
-    "connectors": {"schemas", "connectors"},
-    "serving": {"schemas", "compute", "connectors", "serving"},
-    "pipeline": {"schemas", "connectors", "pipeline"},
-    "trainer": {"schemas", "compute", "connectors", "trainer"},
+    "rules": BASE,
+    "compute": {*BASE, "compute"},
+    "connectors": {*BASE, "connectors"},
+    "serving": {*BASE, "compute", "connectors", "serving"},
+    "pipeline": {*BASE, "connectors", "pipeline"},
+    "trainer": {*BASE, "compute", "connectors", "trainer"},
     "orl": OURS,
 }
 
@@ -131,8 +133,8 @@ def impurities(path: Path) -> list[str]:
     found = []
     for module in sorted(imported_modules(path)):
         top = module.split(".")[0]
-        ours_and_pure = module == "orl.schemas" or module.startswith(
-            ("orl.schemas.", "orl.pipeline.processors")
+        ours_and_pure = module in ("orl.schemas", "orl.rules") or module.startswith(
+            ("orl.schemas.", "orl.rules.", "orl.pipeline.processors")
         )
         if ours_and_pure or top in PURE_STDLIB:
             continue
@@ -144,15 +146,17 @@ def impurities(path: Path) -> list[str]:
     return found
 
 
-def test_processors_are_pure() -> None:
-    """Processors do no I/O, read no clock and start no runtime: they import schemas, orl.pipeline.processors
-    and side-effect-free standard modules only, and call no I/O builtin."""
+@pytest.mark.parametrize("folder", ["pipeline/processors", "rules"])
+def test_processors_and_rules_are_pure(folder: str) -> None:
+    """Processors and shared rules do no I/O, read no clock and start no runtime: they import
+    schemas, rules, orl.pipeline.processors and side-effect-free standard modules only, and call no
+    I/O builtin."""
     violations = [
         f"{path.relative_to(ROOT)} {what}"
-        for path in sorted((ROOT / "pipeline" / "processors").rglob("*.py"))
+        for path in sorted((ROOT / folder).rglob("*.py"))
         for what in impurities(path)
     ]
-    assert not violations, "impure processors:\n" + "\n".join(violations)
+    assert not violations, "impure modules:\n" + "\n".join(violations)
 
 
 def test_the_purity_check_sees_clock_io_and_runtime(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orl.schemas.gate_decisions import GateDecisions
+from orl.rules.gate_decisions import GateDecisions
 from orl.trainer.gate_holds import ahead_of_gate, restore_for
 
 from tests.unit.event_examples import example_event

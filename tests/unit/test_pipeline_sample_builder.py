@@ -13,8 +13,8 @@ from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import Event, event_type_of
 from orl.pipeline.processors.sample_builder import SAMPLE_BUILDER
 from orl.pipeline.processors.topology import stage_named
+from orl.rules.top_k import top_k_rows_aligned
 from orl.schemas.codec import encode
-from orl.schemas.top_k import top_k_rows_aligned
 
 from tests.unit.pipeline_streams import (
     Conversation,

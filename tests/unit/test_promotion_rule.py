@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from orl.rules.gate_decisions import HELD, PROMOTED
 from orl.schemas.errors import ConfigError
-from orl.schemas.gate_decisions import HELD, PROMOTED
 from orl.schemas.ids import held_out_session
 from orl.serving.promotion_rule import (
     VersionScore,

@@ -1,6 +1,6 @@
-"""The one sampling rule the server and the trainer share (compute/sampling.py)."""
+"""The one sampling rule the server and the trainer share (rules/sampling.py)."""
 
-from orl.compute.sampling import effective_temperature
+from orl.rules.sampling import effective_temperature
 
 
 def test_logprobs_are_taken_at_the_sampled_temperature_and_at_one_for_greedy_decoding() -> None:

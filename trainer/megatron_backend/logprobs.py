@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
-from orl.compute.sampling import effective_temperature
+from orl.rules.sampling import effective_temperature
 from orl.trainer.logprobs import LogprobInputError
 from torch import Tensor, nn
 
