@@ -15,22 +15,17 @@ each vote also holding its hint).
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from orl.pipeline.processors import vote_collection
 from orl.pipeline.processors.config import PipelineConfig
-from orl.pipeline.processors.contract import Emit, ProcessResult
+from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
-    Event,
     State,
     build_event,
-    event_id_of,
-    event_type_of,
     producer_name,
-    remember_event,
 )
 from orl.pipeline.processors.topology import stage_named
-from orl.schemas.event_types import HintVoteCast
 
 NAME = "hint_selector"
 LOGIC_VERSION = "1"
@@ -61,37 +56,6 @@ def rejection_reason(votes: list[dict[str, Any]]) -> str:
     return "all_negative"
 
 
-class HintSelector:
-    name = NAME
-    inputs = stage_named(NAME).inputs
-    outputs = stage_named(NAME).outputs
-
-    def process(self, state: State | None, event: Event, config: PipelineConfig) -> ProcessResult:
-        state = state if state is not None else vote_collection.new_vote_state(event)
-        if event_type_of(event) != "HintVoteCast" or not remember_event(
-            state, event_id_of(event), config.seen_window
-        ):
-            return state, []
-        added = vote_collection.add_vote(state, cast(HintVoteCast, event), extra_fields=("hint",))
-        if added is None:
-            return state, []
-        key, judgement = added
-        if len(judgement["votes"]) < config.hints.votes_per_judgement:
-            return state, []
-        return state, [decide(state, key, judgement, vote_collection.last_vote_ms(judgement), config)]
-
-    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
-        emits = [
-            decide(state, key, judgement, deadline_ms, config)
-            for key, judgement, deadline_ms in vote_collection.expired_judgements(
-                state, now_ms, config.hints.vote_timeout_s
-            )
-        ]
-        if not emits and vote_collection.can_forget(state, now_ms, config.hints.retention_s):
-            return None, []
-        return state, emits
-
-
 def decide(
     state: State, key: str, judgement: vote_collection.Judgement, occurred_at_ms: int, config: PipelineConfig
 ) -> Emit:
@@ -115,6 +79,30 @@ def decide(
         event = build_event("HintRejected", reason=rejection_reason(votes), **common)
     vote_collection.mark_decided(state, key)
     return Emit("hints", event)
+
+
+class HintSelector(vote_collection.VoteCollector):
+    name = NAME
+    inputs = stage_named(NAME).inputs
+    outputs = stage_named(NAME).outputs
+    vote_type = "HintVoteCast"
+    extra_fields = ("hint",)
+
+    def votes_needed(self, judgement: vote_collection.Judgement, config: PipelineConfig) -> int:
+        return config.hints.votes_per_judgement
+
+    def timeouts_s(self, config: PipelineConfig) -> tuple[float, float]:
+        return config.hints.vote_timeout_s, config.hints.retention_s
+
+    def decide(
+        self,
+        state: State,
+        key: str,
+        judgement: vote_collection.Judgement,
+        occurred_at_ms: int,
+        config: PipelineConfig,
+    ) -> Emit:
+        return decide(state, key, judgement, occurred_at_ms, config)
 
 
 HINT_SELECTOR = HintSelector()

@@ -1,4 +1,5 @@
-"""Collecting the m votes of one judgement in session state (shared by vote_tally and hint_selector).
+"""Collecting the m votes of one judgement in session state: `VoteCollector`, the processor skeleton
+vote_tally and hint_selector share, and the state functions under it.
 
 A judgement = the votes of one judge config on one next state of one turn. Votes are kept by
 vote_index (a second vote with the same index is ignored), decided once all expected votes are in
@@ -10,20 +11,71 @@ Reads and writes no topics itself.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.contract import Emit, ProcessResult
 from orl.pipeline.processors.event_building import (
     AnyEvent,
+    Event,
     State,
     envelope_of,
     event_id_of,
+    event_type_of,
     occurred_at_of,
+    remember_event,
     turn_id_of,
 )
 from orl.schemas.event_types import HintVoteCast, JudgeVoteCast
 
 Judgement = dict[str, Any]
 Vote = JudgeVoteCast | HintVoteCast
+
+
+class VoteCollector:
+    """A processor that gathers each judgement's votes and decides once they are all in, or once its
+    vote timeout has passed (on_tick). A subclass names the vote event it reads (`vote_type`), what
+    each vote keeps besides its score (`extra_fields`), and says how many votes a judgement needs,
+    which timeouts apply and how a judgement is decided."""
+
+    vote_type: str
+    extra_fields: tuple[str, ...] = ()
+
+    def votes_needed(self, judgement: Judgement, config: PipelineConfig) -> int:
+        raise NotImplementedError
+
+    def timeouts_s(self, config: PipelineConfig) -> tuple[float, float]:
+        """(vote timeout, retention): how long a judgement waits for votes, and a quiet session's state."""
+        raise NotImplementedError
+
+    def decide(
+        self, state: State, key: str, judgement: Judgement, occurred_at_ms: int, config: PipelineConfig
+    ) -> Emit:
+        raise NotImplementedError
+
+    def process(self, state: State | None, event: Event, config: PipelineConfig) -> ProcessResult:
+        state = state if state is not None else new_vote_state(event)
+        if event_type_of(event) != self.vote_type or not remember_event(
+            state, event_id_of(event), config.seen_window
+        ):
+            return state, []
+        added = add_vote(state, cast(Vote, event), self.extra_fields)
+        if added is None:
+            return state, []
+        key, judgement = added
+        if len(judgement["votes"]) < self.votes_needed(judgement, config):
+            return state, []
+        return state, [self.decide(state, key, judgement, last_vote_ms(judgement), config)]
+
+    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
+        vote_timeout_s, retention_s = self.timeouts_s(config)
+        emits = [
+            self.decide(state, key, judgement, deadline_ms, config)
+            for key, judgement, deadline_ms in expired_judgements(state, now_ms, vote_timeout_s)
+        ]
+        if not emits and can_forget(state, now_ms, retention_s):
+            return None, []
+        return state, emits
 
 
 def new_vote_state(event: AnyEvent) -> State:

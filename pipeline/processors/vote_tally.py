@@ -16,22 +16,16 @@ State per session: namespace, session_id, seen, last_activity_ms, judgements (ke
 from __future__ import annotations
 
 from collections import Counter
-from typing import cast
 
 from orl.pipeline.processors import vote_collection
 from orl.pipeline.processors.config import PipelineConfig
-from orl.pipeline.processors.contract import Emit, ProcessResult
+from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
-    Event,
     State,
     build_event,
-    event_id_of,
-    event_type_of,
     producer_name,
-    remember_event,
 )
 from orl.pipeline.processors.topology import stage_named
-from orl.schemas.event_types import JudgeVoteCast
 
 NAME = "vote_tally"
 LOGIC_VERSION = "1"
@@ -57,38 +51,6 @@ def majority(scores: list[int | None]) -> tuple[float, str]:
 def rule_judge_reward(scores: list[int | None]) -> tuple[float, str]:
     valid = [score for score in scores if score is not None]
     return (float(valid[0]), "outcome") if valid else (0.0, "no_valid_votes")
-
-
-class VoteTally:
-    name = NAME
-    inputs = stage_named(NAME).inputs
-    outputs = stage_named(NAME).outputs
-
-    def process(self, state: State | None, event: Event, config: PipelineConfig) -> ProcessResult:
-        state = state if state is not None else vote_collection.new_vote_state(event)
-        if event_type_of(event) != "JudgeVoteCast" or not remember_event(
-            state, event_id_of(event), config.seen_window
-        ):
-            return state, []
-        added = vote_collection.add_vote(state, cast(JudgeVoteCast, event))
-        if added is None:
-            return state, []
-        key, judgement = added
-        if len(judgement["votes"]) < votes_needed(judgement, config):
-            return state, []
-        emit = decide(state, key, judgement, vote_collection.last_vote_ms(judgement), config)
-        return state, [emit]
-
-    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
-        emits = [
-            decide(state, key, judgement, deadline_ms, config)
-            for key, judgement, deadline_ms in vote_collection.expired_judgements(
-                state, now_ms, config.tally.vote_timeout_s
-            )
-        ]
-        if not emits and vote_collection.can_forget(state, now_ms, config.tally.retention_s):
-            return None, []
-        return state, emits
 
 
 def votes_needed(judgement: vote_collection.Judgement, config: PipelineConfig) -> int:
@@ -127,6 +89,29 @@ def decide(
     )
     vote_collection.mark_decided(state, key)
     return Emit("rewards", event)
+
+
+class VoteTally(vote_collection.VoteCollector):
+    name = NAME
+    inputs = stage_named(NAME).inputs
+    outputs = stage_named(NAME).outputs
+    vote_type = "JudgeVoteCast"
+
+    def votes_needed(self, judgement: vote_collection.Judgement, config: PipelineConfig) -> int:
+        return votes_needed(judgement, config)
+
+    def timeouts_s(self, config: PipelineConfig) -> tuple[float, float]:
+        return config.tally.vote_timeout_s, config.tally.retention_s
+
+    def decide(
+        self,
+        state: State,
+        key: str,
+        judgement: vote_collection.Judgement,
+        occurred_at_ms: int,
+        config: PipelineConfig,
+    ) -> Emit:
+        return decide(state, key, judgement, occurred_at_ms, config)
 
 
 VOTE_TALLY = VoteTally()
