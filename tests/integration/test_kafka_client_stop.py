@@ -11,7 +11,7 @@ a consumer that is fetching, and stop it.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -21,7 +21,7 @@ from orl.connectors.event_log.kafka_log import KafkaEventLog, stop_client
 from tests.fixtures.kafka_broker import KafkaCluster, start_kafka_cluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]
-TRIES = 5
+TRIES = 3  # plain aiokafka let the cancel out 5 times of 5 (2026-12-02)
 
 
 async def fetching_consumer(cluster: KafkaCluster, topic: str) -> AIOKafkaConsumer:
@@ -54,20 +54,23 @@ async def stray_cancels(cluster: KafkaCluster, stop: object) -> int:
     return leaked
 
 
-async def test_stop_client_never_cancels_its_caller_while_the_broker_is_away(tmp_path: Path) -> None:
-    cluster = start_kafka_cluster(tmp_path / "kafka")
-    try:
-        assert await stray_cancels(cluster, stop_client) == 0
-    finally:
-        cluster.stop()
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """One broker of this module's own: its tests kill it."""
+    started = start_kafka_cluster(tmp_path_factory.mktemp("client-stop"))
+    yield started
+    started.stop()
 
 
-async def test_a_cancel_of_the_caller_still_cancels_the_stop(tmp_path: Path) -> None:
-    cluster = start_kafka_cluster(tmp_path / "kafka")
+async def test_stop_client_never_cancels_its_caller_while_the_broker_is_away(cluster: KafkaCluster) -> None:
+    assert await stray_cancels(cluster, stop_client) == 0
+
+
+async def test_a_cancel_of_the_caller_still_cancels_the_stop(cluster: KafkaCluster) -> None:
     (node,) = cluster.nodes
+    consumer = await fetching_consumer(cluster, "cancelled")
+    node.kill()
     try:
-        consumer = await fetching_consumer(cluster, "cancelled")
-        node.kill()
         task = asyncio.create_task(stop_client(consumer))
         await asyncio.sleep(0)  # the stop has begun
         task.cancel()
@@ -75,4 +78,4 @@ async def test_a_cancel_of_the_caller_still_cancels_the_stop(tmp_path: Path) -> 
             await task
     finally:
         node.start()
-        cluster.stop()
+        await asyncio.to_thread(cluster.wait_ready)
