@@ -94,15 +94,7 @@ class HintSelector(vote_collection.VoteCollector):
     def timeouts_s(self, config: PipelineConfig) -> tuple[float, float]:
         return config.hints.vote_timeout_s, config.hints.retention_s
 
-    def decide(
-        self,
-        state: State,
-        key: str,
-        judgement: vote_collection.Judgement,
-        occurred_at_ms: int,
-        config: PipelineConfig,
-    ) -> Emit:
-        return decide(state, key, judgement, occurred_at_ms, config)
+    decide = staticmethod(decide)
 
 
 HINT_SELECTOR = HintSelector()

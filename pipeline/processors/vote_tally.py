@@ -97,21 +97,12 @@ class VoteTally(vote_collection.VoteCollector):
     outputs = stage_named(NAME).outputs
     vote_type = "JudgeVoteCast"
 
-    def votes_needed(self, judgement: vote_collection.Judgement, config: PipelineConfig) -> int:
-        return votes_needed(judgement, config)
+    votes_needed = staticmethod(votes_needed)
 
     def timeouts_s(self, config: PipelineConfig) -> tuple[float, float]:
         return config.tally.vote_timeout_s, config.tally.retention_s
 
-    def decide(
-        self,
-        state: State,
-        key: str,
-        judgement: vote_collection.Judgement,
-        occurred_at_ms: int,
-        config: PipelineConfig,
-    ) -> Emit:
-        return decide(state, key, judgement, occurred_at_ms, config)
+    decide = staticmethod(decide)
 
 
 VOTE_TALLY = VoteTally()
