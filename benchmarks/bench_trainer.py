@@ -8,7 +8,7 @@ Both sides train SmolLM2-135M on the same batches (binary samples, rewards +-1, 
 temperature 0.7) with the same loss: token-mean PPO clipped surrogate with ratio 1 (one step per
 batch) + 0.02 * k3 KL to the base (the trainer set to k3; its default is the exact KL), forwards in the machine's numerics (`--precision auto`: bf16
 autocast only where the CPU runs bf16 natively, as `orl train` chooses) with fp32 log-softmax, grad clip 1.0,
-AdamW. "trainer" is `orl.trainer.loop.train_step` (what `orl train` runs per step); "bare" is the
+AdamW. "trainer" is `orl.trainer.torch_backend.train_step` (what `orl train` runs per step); "bare" is the
 learnability prototype's loop written out with plain torch/transformers/peft. Each (kind, side)
 runs in its own process so peak RSS (getrusage ru_maxrss) is its own. One warm-up step, then
 `--steps` timed steps; tokens/s counts response tokens. The trainer side also times one checkpoint
@@ -127,7 +127,7 @@ def bare_step(
     return float(loss)
 
 
-# ---- trainer: orl.trainer.loop.train_step on TrainingSamples ---------------------------------------------
+# ---- trainer: orl.trainer.torch_backend.train_step on TrainingSamples ---------------------------------------------
 
 
 def trainer_batches(batches: list[list[dict]]) -> list[Any]:
@@ -170,7 +170,7 @@ def trainer_setup(model_dir: Path, kind: str, precision: str) -> tuple[Any, torc
 def time_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     """Both sides in one process, alternating step by step (and which goes first), so that a
     busy machine slows both alike; the first step of each side is a warm-up."""
-    from orl.trainer.loop import train_step
+    from orl.trainer.torch_backend import train_step
 
     batches = make_batches(args.steps + 1, args.samples, args.prompt_tokens, args.response_tokens)
     tokens = [sum(len(s["response"]) for s in b) for b in batches]
@@ -199,7 +199,8 @@ def time_steps(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 def measure_memory(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     """One side alone for one step (its own process): peak RSS; the trainer also times a publish."""
     from orl.connectors.object_store.local_store import LocalObjectStore
-    from orl.trainer.loop import publish_step, train_step
+    from orl.trainer.checkpointing import publish_step
+    from orl.trainer.torch_backend import train_step
 
     batches = make_batches(1, args.samples, args.prompt_tokens, args.response_tokens)
     if args.side == "bare":

@@ -28,27 +28,15 @@ class EchoBackend(PolicyBackend):
     def __init__(
         self, token_ids: list[int] | None = None, *, text: str = ECHO_TEXT, context_window: int = 8192
     ) -> None:
+        super().__init__("echo", context_window)
         self._token_ids = token_ids or list(range(1000, 1016))
         self._text = text
-        self._context_window = context_window
 
     async def start(self) -> None:
         return None
 
     async def close(self) -> None:
         return None
-
-    @property
-    def policy_version(self) -> int:
-        return 0
-
-    @property
-    def model_name(self) -> str:
-        return "echo"
-
-    @property
-    def context_window(self) -> int:
-        return self._context_window
 
     def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
         check_prompt(prompt_ids, self._context_window)

@@ -32,12 +32,18 @@ even with `train_temperature` set. Samples without top-K keep the token-level ad
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from orl.trainer.batching import TrainingSample
-from orl.trainer.logprobs import collate_samples, pad_right, response_and_top_k_logprobs, response_logprobs
+from orl.trainer.logprobs import (
+    LogprobInputError,
+    collate_samples,
+    pad_right,
+    response_and_top_k_logprobs,
+    response_logprobs,
+)
 from orl.trainer.losses import (
     LossStats,
     binary_advantages,
@@ -50,6 +56,7 @@ from orl.trainer.losses import (
     total_loss,
 )
 from orl.trainer.policy_model import PolicyModel
+from orl.trainer.settings import LossFlags
 from torch import Tensor
 
 
@@ -64,12 +71,33 @@ class LossConfig:
     center_rewards: bool = False
     prompt_baseline: bool = False  # subtract the mean reward of the batch's answers to the same prompt
     old_logprobs: str = "recompute"  # recompute | rollout
-    autocast: bool = False  # bf16 autocast forwards (orl.trainer.loop.loss_config decides per machine)
+    autocast: bool = False  # bf16 autocast forwards (`loss_config` decides per machine)
     train_temperature: float | None = None  # None: each sample's own temperature
     opd_loss: str = "token"  # token | topk (orl.trainer.settings.OPD_LOSSES)
     loss_reduction: str = "token"  # token | sample (orl.trainer.losses.reduce_loss)
     opd_advantage_clip: float = 0.0  # clamp teacher - old per token to [-c, c] (0: off)
     opd_anchor: float = 1.0  # OPD: teacher - (a * old + (1 - a) * base without the hint)
+
+
+def loss_config(settings: LossFlags, autocast: bool) -> LossConfig:
+    """The loss of `orl train`'s settings or the megatron worker's flags."""
+    return LossConfig(
+        beta_kl=settings.beta_kl,
+        kl_estimator=settings.kl_estimator,
+        eps_low=settings.eps_low,
+        eps_high=settings.eps_high,
+        w_opd=settings.w_opd,
+        w_rl=settings.w_rl,
+        center_rewards=settings.center_rewards,
+        prompt_baseline=settings.prompt_baseline,
+        opd_anchor=settings.opd_anchor,
+        old_logprobs=settings.old_logprobs,
+        autocast=autocast,
+        train_temperature=settings.train_temperature,
+        opd_loss=settings.opd_loss,
+        loss_reduction=settings.loss_reduction,
+        opd_advantage_clip=settings.opd_advantage_clip,
+    )
 
 
 @dataclass(frozen=True)
@@ -78,6 +106,7 @@ class BatchLoss:
     stats: LossStats
     reward_mean: float  # over samples that carry a reward (nan when none)
     opd_advantage_mean: float  # mean teacher - old over tokens of samples with an OPD term (nan when none)
+    opd_tokens: int  # how many tokens that mean is over
     distill_kl: float = float("nan")  # mean top-K KL(student || teacher) per distilled token (nan when none)
 
 
@@ -103,6 +132,13 @@ def distills_top_k(sample: TrainingSample, config: LossConfig) -> bool:
     return config.opd_loss == "topk" and sample.teacher_top_ids is not None and sample.method != "binary"
 
 
+def token_opd_weights(samples: Sequence[TrainingSample], config: LossConfig) -> Tensor:
+    """Per-sample weight of the token-level OPD advantage: 0 for a distilled sample (its OPD term is
+    the distillation loss instead) and where the method or the sample lacks the term."""
+    distilled_B = torch.tensor([distills_top_k(s, config) for s in samples], dtype=torch.bool)
+    return torch.where(distilled_B, 0.0, method_weights(samples, config)[0])
+
+
 def rewards_after_baselines(
     samples: Sequence[TrainingSample], rewards_B: Tensor, config: LossConfig
 ) -> Tensor:
@@ -126,9 +162,7 @@ def advantages(
     config: LossConfig,
 ) -> tuple[Tensor, float]:
     """(A_B_T, mean OPD advantage (after the clip) over the tokens that have one)."""
-    opd_w_B, rl_w_B = method_weights(samples, config)
-    distilled_B = torch.tensor([distills_top_k(s, config) for s in samples], dtype=torch.bool)
-    opd_w_B = torch.where(distilled_B, 0.0, opd_w_B)  # their OPD term is the distillation loss instead
+    opd_w_B, rl_w_B = token_opd_weights(samples, config), method_weights(samples, config)[1]
     rewards_B = rewards_after_baselines(samples, rewards_B, config)
     opd_B_T = opd_advantages(teacher_logprobs_B_T, old_logprobs_B_T, config.opd_advantage_clip)
     has_opd_B_T = (opd_w_B != 0)[:, None] & mask_B_T
@@ -138,19 +172,21 @@ def advantages(
     return torch.where(mask_B_T, opd_term_B_T + rl_term_B_T, 0.0), opd_mean
 
 
+@dataclass(frozen=True)
+class ScoredBatch:
+    """One backend's forwards over a batch: what the shared loss assembly (`assemble_loss`) needs."""
+
+    logprobs_B_T: Tensor  # the policy's, with gradient, at each sample's training temperature
+    reference_B_T: Tensor | None  # the frozen reference's, at the same temperatures (None: beta_kl 0)
+    exact_kl_B_T: Tensor | None  # KL(policy || reference) over the vocabulary per token (None: k3 or off)
+    student_top_k: Sequence[Tensor | None] | None  # per sample, at the teacher's top-K ids (None: not scored)
+
+
 def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: LossConfig) -> BatchLoss:
-    """The loss of one batch (call `.loss.backward()`); the policy module must be in train mode."""
+    """The torch backend's loss of one batch (call `.loss.backward()`); the policy module must be in train mode."""
     prompts = [list(s.prompt_ids) for s in samples]
     responses = [list(s.response_ids) for s in samples]
-    temperatures = [
-        s.temperature if config.train_temperature is None else config.train_temperature for s in samples
-    ]
-    collated = collate_samples(
-        responses,
-        [list(s.rollout_logprobs) for s in samples],
-        [None if s.teacher_logprobs is None else list(s.teacher_logprobs) for s in samples],
-        [s.reward for s in samples],
-    )
+    temperatures = training_temperatures(samples, config)
     distilled = [distills_top_k(s, config) for s in samples]
     exact = config.beta_kl != 0.0 and config.kl_estimator == "exact"
     scored = response_and_top_k_logprobs(
@@ -163,7 +199,7 @@ def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: L
         config.autocast,
         keep_distributions=exact,
     )
-    logprobs_B_T, mask_B_T = pad_right(scored.sampled)
+    logprobs_B_T, _ = pad_right(scored.sampled)
     ref_logprobs_B_T = exact_kl_B_T = None
     if config.beta_kl != 0.0:
         no_top_k: list[None] = [None] * len(samples)
@@ -176,44 +212,90 @@ def batch_loss(policy: PolicyModel, samples: Sequence[TrainingSample], config: L
             exact_kl_B_T, _ = pad_right(
                 [exact_kl(p, r) for p, r in zip(scored.distributions, ref.distributions, strict=True)]
             )
+
+    def unhinted_base() -> Tensor:
+        with policy.reference() as reference:
+            unhinted = response_logprobs(
+                reference, prompts, responses, [s.temperature for s in samples], config.autocast
+            )
+        return pad_right(unhinted)[0]
+
+    batch = ScoredBatch(logprobs_B_T, ref_logprobs_B_T, exact_kl_B_T, scored.top_k)
+    return assemble_loss(samples, batch, config, unhinted_base)
+
+
+def training_temperatures(samples: Sequence[TrainingSample], config: LossConfig) -> list[float]:
+    """Each sample's temperature for the policy gradient, the PPO ratio and the KL."""
+    return [s.temperature if config.train_temperature is None else config.train_temperature for s in samples]
+
+
+def assemble_loss(
+    samples: Sequence[TrainingSample],
+    scored: ScoredBatch,
+    config: LossConfig,
+    unhinted_base: Callable[[], Tensor],
+    rewards_B: Tensor | None = None,
+) -> BatchLoss:
+    """The loss of `samples` from a backend's forwards; every backend's loss is this one.
+
+    `unhinted_base()` scores the frozen base model's logprobs of the response tokens without the
+    hint, at each sample's own temperature: called only for `opd_anchor` below 1, when the
+    reference forward is not already that. `rewards_B`: the samples' rewards after the batch's
+    baselines when the caller took them over a larger batch (else the samples' own, with the
+    baselines the config asks for)."""
+    collated = collate_samples(
+        [list(s.response_ids) for s in samples],
+        [list(s.rollout_logprobs) for s in samples],
+        [None if s.teacher_logprobs is None else list(s.teacher_logprobs) for s in samples],
+        [s.reward for s in samples],
+    )
+    mask_B_T = collated.mask_B_T
+    if rewards_B is None:
+        rewards_B = collated.rewards_B
+    else:
+        config = replace(config, center_rewards=False, prompt_baseline=False)  # taken already
     # recompute: pi_old under the current weights before the update. One optimizer step per batch,
     # so that is exactly this forward's values, detached (slime recomputes in a separate pass only
     # because it takes several steps per batch).
-    old_B_T = logprobs_B_T.detach() if config.old_logprobs == "recompute" else collated.rollout_logprobs_B_T
+    old_B_T = (
+        scored.logprobs_B_T.detach() if config.old_logprobs == "recompute" else collated.rollout_logprobs_B_T
+    )
     # The OPD baseline must be at the teacher's (the sample's) temperature: serving's rollout logprobs,
     # mixed with the frozen base's logprobs of the same tokens without the hint when opd_anchor < 1.
     opd_old_B_T = old_B_T if config.train_temperature is None else collated.rollout_logprobs_B_T
     if config.opd_anchor != 1.0 and any(s.teacher_logprobs is not None for s in samples):
-        if ref_logprobs_B_T is not None and config.train_temperature is None:
-            base_B_T = ref_logprobs_B_T  # the KL's reference forward, already at each sample's temperature
+        if scored.reference_B_T is not None and config.train_temperature is None:
+            base_B_T = (
+                scored.reference_B_T
+            )  # the KL's reference forward, already at each sample's temperature
         else:
-            with policy.reference() as reference:
-                unhinted = response_logprobs(
-                    reference, prompts, responses, [s.temperature for s in samples], config.autocast
-                )
-            base_B_T, _ = pad_right(unhinted)
+            base_B_T = unhinted_base()
         opd_old_B_T = config.opd_anchor * opd_old_B_T + (1.0 - config.opd_anchor) * base_B_T
     adv_B_T, opd_mean = advantages(
-        samples, opd_old_B_T, collated.teacher_logprobs_B_T, collated.rewards_B, mask_B_T, config
+        samples, opd_old_B_T, collated.teacher_logprobs_B_T, rewards_B, mask_B_T, config
     )
     loss, stats = total_loss(
-        logprobs_B_T,
+        scored.logprobs_B_T,
         old_B_T,
         adv_B_T,
         mask_B_T,
-        ref_logprobs_B_T,
-        exact_kl_B_T=exact_kl_B_T,
+        scored.reference_B_T,
+        exact_kl_B_T=scored.exact_kl_B_T,
         beta_kl=config.beta_kl,
         eps_low=config.eps_low,
         eps_high=config.eps_high,
         reduction=config.loss_reduction,
     )
-    distill_loss, distill_kl = distillation_term(samples, scored.top_k, mask_B_T, config)
+    if scored.student_top_k is None and any(distills_top_k(s, config) for s in samples):
+        raise LogprobInputError("--opd-loss topk: this backend does not score the student's top-K")
+    student_top = scored.student_top_k or [None] * len(samples)
+    distill_loss, distill_kl = distillation_term(samples, student_top, mask_B_T, config)
     loss = loss + distill_loss
     stats = replace(stats, loss=float(loss.detach()))
     rewards = [s.reward for s in samples if s.reward is not None]
     reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
-    return BatchLoss(loss, stats, reward_mean, opd_mean, distill_kl)
+    opd_tokens = int(((token_opd_weights(samples, config) != 0)[:, None] & mask_B_T).sum())
+    return BatchLoss(loss, stats, reward_mean, opd_mean, opd_tokens, distill_kl)
 
 
 def distillation_term(

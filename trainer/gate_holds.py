@@ -1,14 +1,8 @@
-"""The promotion gate's holds, as the trainer sees them: a held newest version is not trained on.
+"""The promotion gate's decisions, read for the trainer: `follow_gate` feeds a `GateDecisions` from the log.
 
-`orl gate` appends PolicyGated (promoted or held) to `checkpoints`. Servers behind the gate keep
-serving the promoted version, so if the trainer went on from a held version its samples would all
-come from ever older versions, until the staleness bound dropped every one and nothing new was
-published for the gate to judge. So when the trainer's own newest version is held, it republishes
-the promoted version's weights as its next version (as a rollback does) and trains on from there;
-the gate promotes that one (the same weights as the served version), and fresh samples follow.
-Nor does the trainer run ahead of a slow gate (`ahead_of_gate`): it waits while its samples' version
-would soon be too old to train on.
-`orl.rules.gate_decisions.GateDecisions` is the bookkeeping; `follow_gate` feeds it from the log. Reads `checkpoints`.
+`orl gate` appends PolicyGated (promoted or held) to `checkpoints`; what the trainer does about a
+hold (go back to the promoted version's weights, or wait for a slow gate) is `orl.trainer.control`'s.
+Reads `checkpoints`.
 """
 
 from __future__ import annotations
@@ -23,18 +17,6 @@ from orl.schemas.codec import decode
 from orl.schemas.errors import EventDecodeError
 
 log = logging.getLogger(__name__)
-
-
-def restore_for(decisions: GateDecisions, version: int) -> int | None:
-    """The promoted version to go back to if `version` (the trainer's newest) was held, else None."""
-    return decisions.promoted if version in decisions.held and decisions.promoted < version else None
-
-
-def ahead_of_gate(version: int, promoted: int, max_staleness: int) -> bool:
-    """Whether a trainer at `version` must wait for the gate before its next step: servers behind the
-    gate serve `promoted`, and a sample of it is trained only up to `max_staleness` versions later, so
-    the trainer publishes at most max(1, max_staleness) versions beyond it (a negative bound: no wait)."""
-    return max_staleness >= 0 and version - promoted >= max(1, max_staleness)
 
 
 async def follow_gate(

@@ -16,8 +16,8 @@ import os
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.factory import open_object_store
-from orl.trainer.loop import run_trainer
 from orl.trainer.settings import TrainSettings, check_settings
+from orl.trainer.torch_backend import run_trainer
 
 logger = logging.getLogger(__name__)
 

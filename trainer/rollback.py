@@ -6,7 +6,7 @@ answered and the judge's reward. `RollbackWatch` keeps, per version, the last `w
 Once a version and its parent both have a full window, and the version's approval is below the
 parent's by more than `margin`, `check` returns the rollback: the trainer then republishes the
 parent's weights as a new version (servers follow it like any checkpoint, so no request is refused)
-and trains on from there (trainer/loop.py). The rolled-back version and every version trained from it
+and trains on from there (trainer/loop.py, trainer/control.py). The rolled-back version and every version trained from it
 are never compared again. Reads and writes nothing.
 """
 

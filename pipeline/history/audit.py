@@ -342,41 +342,57 @@ async def audit_session(
     return chain
 
 
+Add = Callable[[int, str], None]  # one line of the rendered chain, at an indent
+
+
 def render_chain(chain: dict[str, Any]) -> str:
-    """The chain as readable text (the JSON form is the same dict)."""
+    """The chain as readable text (the JSON form is the same dict): a session's, an event's without a
+    turn (a checkpoint, a train step), or a turn's."""
     lines: list[str] = []
 
     def add(indent: int, text: str) -> None:
         lines.append("  " * indent + text.replace("\n", "\\n"))  # one line per item
 
     if "session_id" in chain:
-        add(0, f"session {chain['session_id']}: {chain['samples_ready']} samples ready")
-        for c in chain["checkpoints"]:
-            add(1, f"run {c['run_id']} v{c['version']} (step {c['train_step']}, {len(c['samples'])} samples) "
-                   f"{c.get('checkpoint_uri', '(no checkpoint published)')}")  # fmt: skip
-        if not chain["checkpoints"]:
-            add(1, "no checkpoint trained on this session yet")
-        derived = chain.get("derived_checkpoints")
-        for d in derived if isinstance(derived, list) else []:
-            add(1, f"run {d['run_id']} v{d['version']} (started from {d['via']}) {d['manifest_key']}")
-        if isinstance(derived, str):
-            add(1, f"derived checkpoints {derived}")
-        return "\n".join(lines)
-    if "turn_id" not in chain:
-        add(0, f"{chain['id_kind']} {chain['event']['event_id']}")
-        for name, value in chain["event"].items():
-            add(1, f"{name}: {value}")
-        started = chain.get("started_from")
-        for origin in started if isinstance(started, list) else []:
-            where = origin.get("base_model") or f"run {origin['run_id']} v{origin['version']}"
-            add(1, f"started from {where}")
-        if isinstance(started, str):
-            add(1, f"started from: {started}")
-        for step in chain.get("train_steps", []):
-            _render_step(add, step, 1)
-        for sample in chain.get("samples", []):
-            add(1, f"sample {sample['sample_id']} from turn {sample['turn_id']}")
-        return "\n".join(lines)
+        _render_session(add, chain)
+    elif "turn_id" not in chain:
+        _render_event(add, chain)
+    else:
+        _render_turn(add, chain)
+    return "\n".join(lines)
+
+
+def _render_session(add: Add, chain: dict[str, Any]) -> None:
+    add(0, f"session {chain['session_id']}: {chain['samples_ready']} samples ready")
+    for c in chain["checkpoints"]:
+        add(1, f"run {c['run_id']} v{c['version']} (step {c['train_step']}, {len(c['samples'])} samples) "
+               f"{c.get('checkpoint_uri', '(no checkpoint published)')}")  # fmt: skip
+    if not chain["checkpoints"]:
+        add(1, "no checkpoint trained on this session yet")
+    derived = chain.get("derived_checkpoints")
+    for d in derived if isinstance(derived, list) else []:
+        add(1, f"run {d['run_id']} v{d['version']} (started from {d['via']}) {d['manifest_key']}")
+    if isinstance(derived, str):
+        add(1, f"derived checkpoints {derived}")
+
+
+def _render_event(add: Add, chain: dict[str, Any]) -> None:
+    add(0, f"{chain['id_kind']} {chain['event']['event_id']}")
+    for name, value in chain["event"].items():
+        add(1, f"{name}: {value}")
+    started = chain.get("started_from")
+    for origin in started if isinstance(started, list) else []:
+        where = origin.get("base_model") or f"run {origin['run_id']} v{origin['version']}"
+        add(1, f"started from {where}")
+    if isinstance(started, str):
+        add(1, f"started from: {started}")
+    for step in chain.get("train_steps", []):
+        _render_step(add, step, 1)
+    for sample in chain.get("samples", []):
+        add(1, f"sample {sample['sample_id']} from turn {sample['turn_id']}")
+
+
+def _render_turn(add: Add, chain: dict[str, Any]) -> None:
     add(0, f"turn {chain['turn_id']} (looked up by {chain['id_kind']} {chain['id']})")
     request, response = chain["request"], chain["response"]
     if request:
@@ -423,14 +439,13 @@ def render_chain(chain: dict[str, Any]) -> str:
             add(2, "not trained on yet")
         for step in sample["training"]:
             _render_step(add, step, 2)
-    return "\n".join(lines)
 
 
 def _from_turn(view: Mapping[str, Any]) -> str:
     return f" [of turn {view['from_turn']}]" if view.get("from_turn") else ""
 
 
-def _render_step(add: Any, step: dict[str, Any], indent: int) -> None:
+def _render_step(add: Add, step: dict[str, Any], indent: int) -> None:
     s = step["train_step"]
     add(indent, f"train step {s['event_id']} run {s['run_id']} step {s['step']} -> v{s['policy_version']} "
                 f"(loss {s['loss']:.4f}, {s['samples_consumed']} samples)")  # fmt: skip

@@ -31,10 +31,13 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from orl.rules.top_k import MAX_TOP_K
 from orl.schemas.errors import OrlError
+
+if TYPE_CHECKING:  # chat_template imports this module's PolicyError
+    from orl.serving.policy.chat_template import ChatTemplate
 
 FinishReason = Literal["stop", "length", "abort"]
 CheckpointKind = Literal["full", "lora"]
@@ -156,7 +159,15 @@ class GenerationStream:
 
 
 class PolicyBackend(abc.ABC):
-    """A served policy: generation, scoring and hot swap of checkpoints."""
+    """A served policy: generation, scoring and hot swap of checkpoints (the port; the transformers and
+    SGLang backends implement it). The name, version, context window and chat template are kept here:
+    a backend sets them as it starts and swaps."""
+
+    def __init__(self, model_name: str, context_window: int = 0) -> None:
+        self._name = model_name
+        self._context_window = context_window  # 0 until start() reads the model's
+        self._version = 0
+        self._template: ChatTemplate | None = None
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -167,19 +178,26 @@ class PolicyBackend(abc.ABC):
         """Release threads, memory and connections."""
 
     @property
-    @abc.abstractmethod
     def policy_version(self) -> int:
         """The version new requests get now (0 = the base model)."""
+        return self._version
 
     @property
-    @abc.abstractmethod
     def model_name(self) -> str:
         """The name clients see in responses."""
+        return self._name
 
     @property
-    @abc.abstractmethod
     def context_window(self) -> int:
         """The maximum prompt + response length in tokens."""
+        return self._context_window
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The model's tokenizer and chat template; only after start()."""
+        if self._template is None:
+            raise PolicyError(f"the {type(self).__name__} is not started")
+        return self._template
 
     @abc.abstractmethod
     def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:

@@ -78,16 +78,13 @@ class SGLangBackend(PolicyBackend):
         connect_timeout_s: float = 3.0,
         context_window: int | None = None,
     ) -> None:
+        super().__init__(model_name, context_window or 0)
         self._url = base_url.rstrip("/")
         self._ref_url = reference_url.rstrip("/") if reference_url else None
-        self._name = model_name
         self._tokenizer_dir = Path(tokenizer_dir)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
-        self._context_window = context_window or 0
         self._client: httpx.AsyncClient | None = None
-        self._template: ChatTemplate | None = None
-        self._version = 0
         self._full_loaded = False
         self._instance = secrets.token_hex(3)  # adapter names of this backend never collide with others'
         self._loras: list[str] = []  # loaded adapter names, oldest first; the last one serves
@@ -107,24 +104,6 @@ class SGLangBackend(PolicyBackend):
         if self._client is not None:
             await self._client.aclose()
             self._client = None
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    @property
-    def model_name(self) -> str:
-        return self._name
-
-    @property
-    def context_window(self) -> int:
-        return self._context_window
-
-    @property
-    def chat_template(self) -> ChatTemplate:
-        if self._template is None:
-            raise PolicyError("the SGLang backend is not started")
-        return self._template
 
     # -- generation --------------------------------------------------------------------------
 

@@ -79,9 +79,9 @@ class TransformersBackend(PolicyBackend):
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefix_cache_bytes < 0:
             raise ConfigError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
+        super().__init__(model_name or Path(model_dir).name)
         self._prefix_cache_bytes = prefix_cache_bytes
         self._model_dir = Path(model_dir)
-        self._name = model_name or self._model_dir.name
         self._autocast_dtype = autocast_dtype
         self._max_batch = max_batch_size
         self._board = core_board or CoreBoard(None, num_threads or available_cores())
@@ -94,10 +94,7 @@ class TransformersBackend(PolicyBackend):
         self._swap_lock = asyncio.Lock()
         self._base: Any = None
         self._model: Any = None
-        self._version = 0
         self._batch: ActiveBatch | None = None
-        self._template: ChatTemplate | None = None
-        self._context_window = 0
         self._eos_ids: frozenset[int] = frozenset()
         self.batch_size_counts: collections.Counter[int] = collections.Counter()
 
@@ -143,24 +140,6 @@ class TransformersBackend(PolicyBackend):
         )
 
     # -- properties --------------------------------------------------------------------------
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    @property
-    def model_name(self) -> str:
-        return self._name
-
-    @property
-    def context_window(self) -> int:
-        return self._context_window
-
-    @property
-    def chat_template(self) -> ChatTemplate:
-        if self._template is None:
-            raise PolicyError("the backend is not started")
-        return self._template
 
     @property
     def prefill_token_counts(self) -> dict[str, int]:

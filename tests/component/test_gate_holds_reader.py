@@ -10,7 +10,8 @@ from orl.connectors.event_log.base import Consumer, EventLogError, OutgoingRecor
 from orl.connectors.event_log.sqlite_log import SqliteEventLog
 from orl.rules.gate_decisions import GateDecisions
 from orl.schemas.codec import encode
-from orl.trainer.gate_holds import follow_gate, restore_for
+from orl.trainer.control import restore_for
+from orl.trainer.gate_holds import follow_gate
 
 from tests.unit.event_examples import example_event
 

@@ -2,7 +2,7 @@
 
 Each run launches real processes: `torchrun --standalone --nproc-per-node N -m
 tests.support.megatron_cpu ...` (the worker with the two test-only CPU patches of megatron-core).
-The torch backend's reference is `orl.trainer.loop.train_step` on `orl.trainer.policy_model` (kind "full",
+The torch backend's reference is `orl.trainer.torch_backend.train_step` on `orl.trainer.policy_model` (kind "full",
 fp32, no autocast), with the same AdamW and gradient clipping.
 
 - A tiny random Llama (4 heads, 2 KV heads, tied embeddings) at TP=2 x DP=2, two steps, rollout
@@ -20,6 +20,7 @@ relative, gradient norm within 1e-3 relative (30 layers of reordered fp32 sums).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -39,10 +40,10 @@ from orl.serving.policy.base import SamplingParams
 from orl.serving.policy.transformers_backend import TransformersBackend
 from orl.trainer.batching import Batch, TrainingSample
 from orl.trainer.logprobs import response_logprobs
-from orl.trainer.loop import train_step
 from orl.trainer.megatron_backend.batch_file import write_samples
 from orl.trainer.policy_model import PolicyModel, load_policy
 from orl.trainer.settings import TrainSettings
+from orl.trainer.torch_backend import train_step
 from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -85,8 +86,9 @@ def torch_backend(model_dir: Path, batches: list[list[TrainingSample]], settings
         first = batches[0]
         rows = response_logprobs(
             policy.module, [list(s.prompt_ids) for s in first], [list(s.response_ids) for s in first],
-            [s.temperature for s in first], autocast=False,
-        )  # fmt: skip
+            [s.temperature if settings.train_temperature is None else settings.train_temperature for s in first],
+            autocast=False,
+        )  # fmt: skip  # at the training temperature, as the worker reports them
     optimizer = torch.optim.AdamW(
         policy.trainable_parameters(), lr=settings.effective_lr(), betas=(0.9, 0.999), weight_decay=0.0
     )
@@ -135,6 +137,8 @@ def loss_flags(settings: TrainSettings) -> list[str]:
         "--old-logprobs", settings.old_logprobs, "--grad-clip", str(settings.grad_clip),
         "--center-rewards" if settings.center_rewards else "--no-center-rewards",
         "--loss-reduction", settings.loss_reduction, "--kl-estimator", settings.kl_estimator,
+        "--opd-anchor", str(settings.opd_anchor),
+        *([] if settings.train_temperature is None else ["--train-temperature", str(settings.train_temperature)]),
     ]  # fmt: skip
 
 
@@ -188,11 +192,19 @@ def tiny_samples(count: int) -> list[TrainingSample]:
     return samples
 
 
+# opd_anchor 0.5 takes the base's logprobs from the KL's reference forward (each sample at its own
+# temperature), or, with a train temperature, from a forward of its own (recomputed pi_old: no clipping)
+ANCHORED = {"opd_anchor": 0.5}
+ANCHORED_OWN_FORWARD = {"opd_anchor": 0.5, "old_logprobs": "recompute", "train_temperature": 1.0}
+
+
 @pytest.mark.parametrize(
-    ("reduction", "kl_estimator"), [("token", "k3"), ("sample", "k3"), ("token", "exact")]
+    ("reduction", "kl_estimator", "overrides"),
+    [("token", "k3", {}), ("sample", "k3", ANCHORED), ("token", "exact", ANCHORED_OWN_FORWARD)],
+    ids=["token-k3", "sample-k3-anchored", "token-exact-anchored"],
 )
 def test_tiny_llama_tp2_dp2_matches_the_torch_backend(
-    tiny_model_dir: Path, tmp_path: Path, reduction: str, kl_estimator: str
+    tiny_model_dir: Path, tmp_path: Path, reduction: str, kl_estimator: str, overrides: dict[str, Any]
 ) -> None:
     samples = tiny_samples(8)
     write_samples(tmp_path / "samples.jsonl", samples)
@@ -207,6 +219,7 @@ def test_tiny_llama_tp2_dp2_matches_the_torch_backend(
         loss_reduction=reduction,
         kl_estimator=kl_estimator,
     )
+    settings = dataclasses.replace(settings, **overrides)
     report = run_worker(
         4,
         ["--model-dir", str(tiny_model_dir), "--samples-file", str(tmp_path / "samples.jsonl"),
@@ -217,7 +230,8 @@ def test_tiny_llama_tp2_dp2_matches_the_torch_backend(
     reference = torch_backend(tiny_model_dir, [samples[:4], samples[4:]], settings)
     assert [s["data_parallel"] for s in report["steps"]] == [2, 2]
     assert_same_steps(report["steps"], reference.steps)
-    assert report["steps"][1]["kl"] > 0 and report["steps"][0]["clip_fraction"] > 0  # both terms at work
+    assert report["steps"][1]["kl"] > 0  # the KL term at work, and (with rollout pi_old) the clip
+    assert report["steps"][0]["clip_fraction"] > 0 or settings.old_logprobs == "recompute"
     assert_same_logprobs(report["first_step_logprobs"], reference.logprobs)
     exported = load_file(str(tmp_path / "export" / "model.safetensors"))
     trained = reference.policy.module.state_dict()

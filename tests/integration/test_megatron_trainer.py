@@ -32,8 +32,8 @@ from orl.schemas.codec import decode, encode
 from orl.schemas.errors import ConfigError
 from orl.schemas.events import make_event
 from orl.schemas.topics import topic_name
-from orl.trainer.loop import run_trainer
 from orl.trainer.settings import TrainSettings, check_settings
+from orl.trainer.torch_backend import run_trainer
 from safetensors.torch import load_file
 
 from orl.cli import build_parser

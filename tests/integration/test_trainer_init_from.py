@@ -23,9 +23,10 @@ from orl.connectors.event_log.sqlite_log import SqliteEventLog
 from orl.connectors.object_store.local_store import LocalObjectStore
 from orl.schemas.errors import ConfigError
 from orl.schemas.topics import topic_name
+from orl.trainer.checkpointing import prepare_resume
 from orl.trainer.logprobs import response_logprobs
-from orl.trainer.loop import load_resumed_policy, prepare_resume, run_trainer
 from orl.trainer.settings import TrainSettings, check_settings
+from orl.trainer.torch_backend import load_resumed_policy, run_trainer
 from safetensors.torch import load_file
 
 from tests.integration.test_trainer_loop import (

@@ -24,9 +24,9 @@ from orl.schemas.codec import decode, encode
 from orl.schemas.events import make_event
 from orl.schemas.topics import topic_name
 from orl.trainer.logprobs import response_logprobs
-from orl.trainer.loop import run_trainer
 from orl.trainer.policy_model import load_policy
 from orl.trainer.settings import TrainSettings
+from orl.trainer.torch_backend import run_trainer
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from orl.pipeline.runtime.settings import PipelineSettings
 from orl.schemas.errors import ConfigError
+from orl.trainer.megatron_backend.settings import MegatronSettings, check_megatron_settings
 from orl.trainer.settings import TrainSettings, check_settings
 
 from orl.up import UpSettings, component_env
@@ -49,7 +51,20 @@ def test_the_trainer_refuses_topk_on_megatron_and_unknown_losses() -> None:
         check_settings(TrainSettings(opd_advantage_clip=-1.0))
     with pytest.raises(ConfigError, match="--opd-anchor must be in"):
         check_settings(TrainSettings(opd_anchor=1.5))
-    with pytest.raises(ConfigError, match="--opd-anchor below 1 is not supported with --backend megatron"):
-        check_settings(TrainSettings(backend="megatron", kind="full", opd_anchor=0.5))
+    check_settings(TrainSettings(backend="megatron", kind="full", opd_anchor=0.5))  # both backends anchor
     check_settings(TrainSettings(opd_anchor=0.0))
     check_settings(TrainSettings(opd_loss="topk"))
+
+
+def test_the_megatron_worker_refuses_topk_from_the_same_check(tmp_path: Path) -> None:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("")
+    usable = MegatronSettings(model_dir=model_dir, samples_file=samples)
+    check_megatron_settings(usable)
+    with pytest.raises(ConfigError, match="--opd-loss topk is not supported with --backend megatron"):
+        check_megatron_settings(dataclasses.replace(usable, opd_loss="topk"))
+    with pytest.raises(ConfigError, match="--opd-anchor must be in"):
+        check_megatron_settings(dataclasses.replace(usable, opd_anchor=2.0))

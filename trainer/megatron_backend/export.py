@@ -4,7 +4,7 @@ The tensor-parallel shards of data-parallel replica 0 are gathered on global ran
 Hugging Face names (`orl.trainer.megatron_backend.hf_conversion.megatron_to_hf`) and written as the same
 folder `PolicyModel.save` writes for `kind="full"`: `model.safetensors` (fp32, no `lm_head.weight`
 when the embeddings are tied) plus the base folder's config, generation config, tokenizer and chat
-template. `GatheredCheckpoint` is that folder-to-be on rank 0, in the shape `orl.trainer.loop.publish_step`
+template. `GatheredCheckpoint` is that folder-to-be on rank 0, in the shape `orl.trainer.checkpointing.publish_step`
 saves (what `orl train --backend megatron` publishes per step); `publish_export` (the samples-file
 worker) hands the folder to `orl.connectors.checkpoint_store.publish_checkpoint` directly. Either way
 every file goes first and the manifest last, so serving's checkpoint follower verifies and loads it

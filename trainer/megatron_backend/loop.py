@@ -1,10 +1,10 @@
-"""`orl train --backend megatron`: the torch backend's training loop, with every step taken by a torchrun job.
+"""`orl train --backend megatron`: the training loop every backend shares, with every step taken by a torchrun job.
 
 Rank 0 owns the event log and the object store. It finds the resume point
-(`orl.trainer.loop.prepare_resume`: topics, the newest verified checkpoint, its events re-emitted if
-missing) and runs `orl.trainer.loop.consume_and_train`, the torch backend's loop: the same SampleStream
+(`orl.trainer.checkpointing.prepare_resume`: topics, the newest verified checkpoint, its events re-emitted if
+missing) and runs `orl.trainer.loop.consume_and_train`, the loop every backend shares: the same SampleStream
 and SampleBatcher (skip reasons, staleness, the partial-batch rule), the same publish protocol
-(`orl.trainer.loop.publish_step`: files, then the manifest with the consumed offsets), the same step
+(`orl.trainer.checkpointing.publish_step`: files, then the manifest with the consumed offsets), the same step
 events and metrics. Its `MegatronStepRunner` drives the other ranks through a command channel
 (`parallel.broadcast_json`: JSON in a uint8 tensor, never pickle):
 
@@ -37,23 +37,23 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from orl.compute.machine import resolved_numerics
 from orl.connectors.checkpoint_store import Manifest, download_and_verify
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.metrics import Metrics
 from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.base import ObjectStore
 from orl.connectors.object_store.factory import open_object_store
+from orl.trainer.batch_loss import LossConfig, loss_config
 from orl.trainer.batching import Batch
-from orl.trainer.loop import (
-    StepResult,
+from orl.trainer.checkpointing import (
     check_resumable,
-    consume_and_train,
-    loss_config,
     optimizer_state_bytes,
     prepare_resume,
     publish_step,
     restore_optimizer,
 )
+from orl.trainer.loop import consume_and_train
 from orl.trainer.megatron_backend.batch_file import sample_from_json, sample_to_json
 from orl.trainer.megatron_backend.export import gather_checkpoint
 from orl.trainer.megatron_backend.hf_conversion import MegatronBackendError
@@ -69,6 +69,7 @@ from orl.trainer.megatron_backend.parallel import (
 from orl.trainer.megatron_backend.step import train_step
 from orl.trainer.resume import ResumePoint
 from orl.trainer.settings import TrainSettings
+from orl.trainer.steps import StepResult
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ class MegatronStepRunner:
             self.policy,
             self.optimizer,
             batch,
-            loss_config(self.settings, self.settings.megatron_device),
+            _loss_config(self.settings),
             self.settings.grad_clip,
         )
         return StepResult(step.metrics)
@@ -254,6 +255,10 @@ def _resumed_checkpoint(
     return local
 
 
+def _loss_config(settings: TrainSettings) -> LossConfig:
+    return loss_config(settings, resolved_numerics(settings.precision, settings.megatron_device).autocast)
+
+
 def _follow(
     settings: TrainSettings, job: TorchrunJob, parallel: ParallelContext, model_dir: Path, work_dir: Path
 ) -> int:
@@ -264,7 +269,7 @@ def _follow(
     policy, optimizer = _load(
         settings, parallel, model_dir, _resumed_checkpoint(settings, job, message, work_dir)
     )
-    config = loss_config(settings, settings.megatron_device)
+    config = _loss_config(settings)
     steps = 0
     while True:
         command = broadcast_json(None, parallel)

@@ -4,7 +4,7 @@ Each field is one command-line flag (`--name-with-dashes`); `orl.trainer.megatro
 builds the parser from these fields, so `--help` lists them all. Loss defaults are the torch
 backend's (`orl.trainer.settings.TrainSettings`), except two: the learning rate is the full fine-tuning
 one (1e-5), since this backend trains every weight, and every sample is scored at its own
-temperature (`orl train` defaults to `--train-temperature 1.0`; this worker has no such flag yet).
+temperature (`orl train` defaults to `--train-temperature 1.0`).
 Reads nothing from the environment.
 """
 
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from orl.schemas.errors import ConfigError
-from orl.trainer.batch_loss import LossConfig
 from orl.trainer.policy_model import default_lr
 from orl.trainer.settings import loss_flag_problems
 
@@ -45,6 +44,15 @@ class MegatronSettings:
     old_logprobs: str = flag("recompute", "pi_old for the PPO ratio: recompute | rollout.")
     loss_reduction: str = flag("token", "Per-token losses to one: token (batch token mean) | sample.")
     opd_advantage_clip: float = flag(0.0, "Clamp teacher - old per token to [-c, c] (0: off).")
+    opd_anchor: float = flag(
+        1.0, "Share of the OPD advantage's pull back to the base model to keep, in [0, 1]."
+    )
+    opd_loss: str = flag(
+        "token", "OPD term: token (teacher - old on the sampled tokens); topk is torch only."
+    )
+    train_temperature: float | None = flag(
+        None, "Temperature of the gradient's logprobs (default: each sample's)."
+    )
     autocast: bool = flag(False, "Run forwards under bf16 autocast (fp32 master weights).")
     grad_clip: float = flag(1.0, "Clip the global gradient norm to this (0: off).")
     seed: int = flag(0, "torch and megatron RNG seed.")
@@ -59,22 +67,6 @@ class MegatronSettings:
     work_dir: Path = flag(Path(".orl/trainer/megatron"), "Local scratch for staging checkpoints.")
     report_file: Path | None = flag(None, "Write per-step metrics and first-step logprobs as JSON (rank 0).")
 
-    def loss_config(self) -> LossConfig:
-        return LossConfig(
-            beta_kl=self.beta_kl,
-            kl_estimator=self.kl_estimator,
-            eps_low=self.eps_low,
-            eps_high=self.eps_high,
-            w_opd=self.w_opd,
-            w_rl=self.w_rl,
-            center_rewards=self.center_rewards,
-            prompt_baseline=self.prompt_baseline,
-            old_logprobs=self.old_logprobs,
-            autocast=self.autocast,
-            loss_reduction=self.loss_reduction,
-            opd_advantage_clip=self.opd_advantage_clip,
-        )
-
 
 def check_megatron_settings(settings: MegatronSettings) -> None:
     """ConfigError naming the flag of the first unusable value."""
@@ -87,7 +79,7 @@ def check_megatron_settings(settings: MegatronSettings) -> None:
         (settings.tensor_parallel < 1, f"--tensor-parallel must be >= 1, not {settings.tensor_parallel}"),
         (settings.batch_size < 1, f"--batch-size must be >= 1, not {settings.batch_size}"),
         (settings.lr < 0, f"--lr must be >= 0, not {settings.lr}"),
-        *loss_flag_problems(settings),
+        *loss_flag_problems(settings, "megatron"),
         (
             not settings.run_id or "/" in settings.run_id,
             f"--run-id must be one key segment, not {settings.run_id!r}",

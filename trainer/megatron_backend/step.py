@@ -1,7 +1,7 @@
 """One optimizer step of the megatron backend: the torch backend's loss, over TP x DP ranks.
 
-The objective is not re-implemented: advantages come from `orl.trainer.batch_loss.advantages` and the
-loss from `orl.trainer.losses.total_loss`, fed with logprobs from `orl.trainer.megatron_backend.logprobs`.
+The objective is not re-implemented: `orl.trainer.batch_loss.assemble_loss` (every backend's loss
+assembly) is fed with logprobs from `orl.trainer.megatron_backend.logprobs`.
 What the parallel layout adds, and why the result equals the torch backend's on the whole batch:
 
 - Data parallel: DP rank r scores samples r, r + D, r + 2D, ... of the batch. The torch loss is a
@@ -27,11 +27,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
-from orl.trainer.batch_loss import LossConfig, advantages, method_weights, rewards_after_baselines
+from orl.trainer.batch_loss import LossConfig, ScoredBatch, assemble_loss, rewards_after_baselines
 from orl.trainer.batching import Batch, TrainingSample
-from orl.trainer.logprobs import collate_samples, pad_right
-from orl.trainer.loop import TrainingError, step_metrics
-from orl.trainer.losses import LossStats, total_loss
+from orl.trainer.logprobs import pad_right
+from orl.trainer.losses import LossStats
 from orl.trainer.megatron_backend.hf_conversion import MegatronBackendError
 from orl.trainer.megatron_backend.logprobs import (
     exact_kl_tp,
@@ -40,6 +39,7 @@ from orl.trainer.megatron_backend.logprobs import (
 )
 from orl.trainer.megatron_backend.model import MegatronPolicy
 from orl.trainer.megatron_backend.parallel import ParallelContext, clip_gradients, dp_sum, sync_gradients
+from orl.trainer.steps import TrainingError, step_metrics
 from torch import Tensor
 
 _LOSS_STATS = ("loss", "pg_loss", "kl")  # reduced like the loss (per token or per sample)
@@ -118,14 +118,7 @@ def _batch_stats(
 def _local_loss(
     policy: MegatronPolicy, local: Sequence[TrainingSample], rewards_B: Tensor, config: LossConfig
 ) -> tuple[Tensor, LossStats, tuple[float, int], Tensor]:
-    """The torch backend's loss on this rank's samples: (loss, stats, (OPD advantage sum, count), logprobs)."""
-    collated = collate_samples(
-        [list(s.response_ids) for s in local],
-        [list(s.rollout_logprobs) for s in local],
-        [None if s.teacher_logprobs is None else list(s.teacher_logprobs) for s in local],
-        [s.reward for s in local],
-    )
-    mask_B_T = collated.mask_B_T
+    """The shared loss on this rank's samples: (loss, stats, (OPD advantage sum, count), logprobs)."""
     logprobs_B_T, logits_N_Vp = _scored(policy, local, reference=False, config=config)
     ref_B_T = exact_kl_B_T = None
     if config.beta_kl != 0.0:
@@ -133,32 +126,16 @@ def _local_loss(
         if logits_N_Vp is not None and ref_logits_N_Vp is not None:
             kl_N = exact_kl_tp(logits_N_Vp, ref_logits_N_Vp).cpu()
             exact_kl_B_T, _ = pad_right(list(kl_N.split([len(s.response_ids) for s in local])))
-    old_B_T = logprobs_B_T.detach() if config.old_logprobs == "recompute" else collated.rollout_logprobs_B_T
-    # The OPD baseline stays at the teacher's (the sample's) temperature, as in orl.trainer.batch_loss.
-    opd_old_B_T = old_B_T if config.train_temperature is None else collated.rollout_logprobs_B_T
-    adv_B_T, opd_mean = advantages(
-        local,
-        opd_old_B_T,
-        collated.teacher_logprobs_B_T,
-        rewards_B,
-        mask_B_T,
-        replace(config, center_rewards=False, prompt_baseline=False),  # baselines taken over the whole batch
-    )
-    loss, stats = total_loss(
-        logprobs_B_T,
-        old_B_T,
-        adv_B_T,
-        mask_B_T,
-        ref_B_T,
-        exact_kl_B_T=exact_kl_B_T,
-        beta_kl=config.beta_kl,
-        eps_low=config.eps_low,
-        eps_high=config.eps_high,
-        reduction=config.loss_reduction,
-    )
-    opd_w_B, _ = method_weights(local, config)
-    opd_count = int(((opd_w_B != 0)[:, None] & mask_B_T).sum())
-    return loss, stats, (opd_mean * opd_count if opd_count else 0.0, opd_count), logprobs_B_T
+
+    def unhinted_base() -> Tensor:  # the frozen base at each sample's own temperature, logprobs only
+        at_sample_temperature = replace(config, train_temperature=None, beta_kl=0.0)
+        return _scored(policy, local, reference=True, config=at_sample_temperature)[0]
+
+    # the batch's baselines are in rewards_B already (taken over the whole batch, not this rank's share)
+    scored = ScoredBatch(logprobs_B_T, ref_B_T, exact_kl_B_T, student_top_k=None)
+    result = assemble_loss(local, scored, config, unhinted_base, rewards_B)
+    opd = (result.opd_advantage_mean * result.opd_tokens if result.opd_tokens else 0.0, result.opd_tokens)
+    return result.loss, result.stats, opd, logprobs_B_T
 
 
 def _empty_local_loss(policy: MegatronPolicy) -> tuple[Tensor, LossStats, tuple[float, int], Tensor]:
@@ -211,7 +188,7 @@ def train_step(
 ) -> StepResult:
     """Loss, backward, DP gradient sum, global-norm clip, optimizer step; every rank calls it.
 
-    The metrics are `orl.trainer.loop.step_metrics`' (the torch backend's keys) plus the layout.
+    The metrics are `orl.trainer.steps.step_metrics`' (the torch backend's keys) plus the layout.
     """
     started = time.perf_counter()
     samples = batch.samples

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from orl.connectors.object_store.factory import open_object_store
 from orl.schemas.errors import OrlError
+from orl.trainer.batch_loss import loss_config
 from orl.trainer.batching import Batch, TrainingSample
 from orl.trainer.megatron_backend.batch_file import read_samples
 from orl.trainer.megatron_backend.export import export_hf_checkpoint, publish_export
@@ -149,7 +150,9 @@ def run(settings: MegatronSettings, local_rank: int) -> dict[str, Any]:
         first_logprobs: dict[str, list[float]] = {}
         for index, chunk in enumerate(batches(samples, settings.batch_size)):
             batch = Batch(tuple(chunk), {}, {}, tuple(0 for _ in chunk))
-            step = train_step(policy, optimizer, batch, settings.loss_config(), settings.grad_clip)
+            step = train_step(
+                policy, optimizer, batch, loss_config(settings, settings.autocast), settings.grad_clip
+            )
             if index == 0:
                 first_logprobs = gather_logprobs(step, chunk, parallel)
             steps.append(step.metrics)
