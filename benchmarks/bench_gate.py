@@ -38,12 +38,13 @@ from orl.connectors.checkpoint_store import MANIFEST_NAME, complete_versions, re
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.gate.promotion_rule import VersionScore, gate_decision
+from orl.gate.runner import GateLog, GateSettings, gate_once, running_evaluator
 from orl.rules.gate_decisions import PROMOTED
 from orl.schemas.codec import decode
-from orl.serving.promotion_rule import VersionScore, gate_decision
 from orl.trainer.rollback import RollbackWatch
 
-from orl.gate import GateLog, GateSettings, gate_once, running_evaluator
+from orl.gate_scenarios import gate_source
 
 # name -> (method, environment overrides)
 RUNS: dict[str, tuple[str, dict[str, str]]] = {
@@ -94,7 +95,7 @@ async def gate_tries(
         gate_prompts=args.gate_prompts, gate_samples=args.gate_samples, gate_max_tokens=DEMO_MAX_TOKENS,
     )  # fmt: skip
     rows: list[dict[str, Any]] = []
-    async with running_evaluator(settings) as evaluator:
+    async with running_evaluator(settings, gate_source(settings)) as evaluator:
         for seed in range(args.tries):
             evaluator.kept.clear()  # another seed: other answers
             for name, data_dir, namespace, version in candidates:

@@ -27,13 +27,13 @@ import time
 import torch
 from orl.compute.machine import describe_machine
 from orl.connectors.settings import ConnectionSettings
+from orl.gate.scoring import ScoreBreakdown
 from orl.pipeline.effects.reply_rules import user_hint_extractor
 from orl.pipeline.effects.teacher_stage import messages_with_hint
 from orl.serving.policy.base import SamplingParams
 from orl.serving.policy.transformers_backend import TransformersBackend
 
 from orl.demo.scenarios import Scenario, get_scenario
-from orl.demo.scoring import ScoreBreakdown
 from orl.demo.simulated_user import react
 from orl.up import prepare_model_once
 

@@ -53,8 +53,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "gate",
         "Promote a published checkpoint to the servers only if it scores no worse than the promoted one on held-out prompts.",
-        "orl.gate:GateSettings",
-        "orl.gate:run_gate",
+        "orl.gate.runner:GateSettings",
+        "orl.gate_scenarios:run_gate",
     ),
     Command(
         "up",

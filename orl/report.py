@@ -11,7 +11,7 @@ For every policy version that served a turn (0 is the base model):
 - **satisfied**: the share of positive explicit feedback (a thumbs or a reward outcome) among its
   turns that got any;
 - **relevance**: the on-topic rate of the judged answers (the answer mentions a content word of the
-  user's last message: `orl.demo.scoring.relevance`, the demo's reward-hacking detector) and their
+  user's last message: `orl.gate.scoring.relevance`, the demo's reward-hacking detector) and their
   mean **words** (judged answers only: a client's closing turn that no one judges says little);
 - **KL** to the base: the trainer's KL at the step that made the version;
 - **activations** and **refusals** of the version by servers and the trainer (PolicyActivated,
@@ -32,7 +32,7 @@ import asyncio
 import json
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.metrics import Metrics
 from orl.connectors.settings import ConnectionSettings, setting
 from orl.demo.scenarios import get_scenario
-from orl.demo.scoring import ScoreBreakdown, Scorer, bootstrap_ci, relevance, word_count
+from orl.gate.scoring import ScoreBreakdown, Scorer, bootstrap_ci, relevance, word_count
 from orl.pipeline.history.namespace_io import partition_count
 from orl.schemas.codec import decode
 from orl.schemas.errors import OrlError
@@ -133,6 +133,29 @@ def _positive_feedback(outcome: Mapping[str, Any] | None) -> bool | None:
     return None
 
 
+def _note_policy_events(events: Mapping[str, list[Event]], of: Callable[[int], VersionFigures]) -> None:
+    """Each version's KL, gate decision, rollback, activations and refusals, from their events."""
+    for step in events.get("train_steps", []):
+        of(int(step["policy_version"])).kl = float(step["kl"])
+    for rolled in events.get("checkpoints", []):
+        if rolled["envelope"]["event_type"] == "PolicyGated":
+            of(
+                int(rolled["version"])
+            ).gate = f"{rolled['decision']} against v{rolled['baseline_version']}: {rolled['reason']}"
+        if rolled["envelope"]["event_type"] == "PolicyRolledBack":
+            of(int(rolled["new_version"]))
+            of(int(rolled["from_version"])).rolled_back = (
+                f"to v{rolled['to_version']} as v{rolled['new_version']} (approval "
+                f"{rolled['from_approval']:.2f} vs {rolled['to_approval']:.2f} over {rolled['window']} turns)"
+            )
+    for activation in events.get("policy_activations", []):
+        figures = of(int(activation["version"]))
+        if activation["envelope"]["event_type"] == "PolicyActivated":
+            figures.activations += 1
+        else:
+            figures.refusals.append(f"{activation['server_id']}: {activation['reason']}")
+
+
 def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = None) -> list[VersionFigures]:
     """The figures of every version that served a turn or was activated, refused or trained, ascending."""
     requests = {e["request_id"]: e for e in events.get("requests", [])}
@@ -179,25 +202,7 @@ def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = N
         positive = _positive_feedback(observed.get("outcome"))
         if served is not None and positive is not None:
             feedback[served[0]].append(positive)
-    for step in events.get("train_steps", []):
-        of(int(step["policy_version"])).kl = float(step["kl"])
-    for rolled in events.get("checkpoints", []):
-        if rolled["envelope"]["event_type"] == "PolicyGated":
-            of(
-                int(rolled["version"])
-            ).gate = f"{rolled['decision']} against v{rolled['baseline_version']}: {rolled['reason']}"
-        if rolled["envelope"]["event_type"] == "PolicyRolledBack":
-            of(int(rolled["new_version"]))
-            of(int(rolled["from_version"])).rolled_back = (
-                f"to v{rolled['to_version']} as v{rolled['new_version']} (approval "
-                f"{rolled['from_approval']:.2f} vs {rolled['to_approval']:.2f} over {rolled['window']} turns)"
-            )
-    for activation in events.get("policy_activations", []):
-        figures = of(int(activation["version"]))
-        if activation["envelope"]["event_type"] == "PolicyActivated":
-            figures.activations += 1
-        else:
-            figures.refusals.append(f"{activation['server_id']}: {activation['reason']}")
+    _note_policy_events(events, of)
 
     for version, figures in by_version.items():
         figures.judged_turns = sum(len(r) for r in approvals[version].values())

@@ -1,7 +1,7 @@
 """The promotion gate's decisions on one run, as every reader of `checkpoints` takes them in.
 
 `orl gate` appends PolicyGated events (decision PROMOTED or HELD) to `checkpoints`. The gate itself
-(orl/gate.py), the trainer (trainer/gate_holds.py), servers behind the gate
+(gate/runner.py), the trainer (trainer/gate_holds.py), servers behind the gate
 (serving/checkpoint_follower.py) and the demo read them into a `GateDecisions`. Pure: reads no topic.
 """
 

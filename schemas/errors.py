@@ -28,12 +28,12 @@ orl/cli.py). The tree (module in brackets where it is not this one):
     |-- ImportFailed                     [orl.pipeline.history.openclaw_import]
     |-- NotFound                         [orl.pipeline.history.audit]
     |-- ArchiveError                     [orl.pipeline.history.archive]
-    |-- TrainingError                    [orl.trainer.loop] non-finite loss or gradient (every backend)
+    |-- TrainingError                    [orl.trainer.steps] non-finite loss or gradient (every backend)
     |-- LogprobInputError                [orl.trainer.logprobs]
     |-- LossInputError                   [orl.trainer.losses]
     |-- MegatronBackendError             [orl.trainer.megatron_backend.hf_conversion]
     |   `-- UnsupportedModelError
-    `-- DemoDataError                    [orl.demo.scoring]
+    `-- DemoDataError                    [orl.gate.scoring]
 
 A new error class goes under `OrlError` or one of these; reuse one that already means the same thing.
 """

@@ -11,10 +11,12 @@ mkdir -p "$tree/orl"
 for entry in orl/*; do
     ln -s "$PWD/$entry" "$tree/orl/"
 done
-for package in schemas rules compute connectors serving pipeline trainer; do
+# the subpackage folders, as pyproject.toml's package-dir names them ("orl.pipeline" = "pipeline", ...)
+packages=$(.venv/bin/python -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"]; print(" ".join(v for k, v in d.items() if k != "orl"))')
+for package in $packages; do
     ln -s "$PWD/$package" "$tree/orl/$package"
 done
 status=0
 MYPYPATH="$tree" .venv/bin/mypy --config-file pyproject.toml "$tree/orl" "$@" >"$tree/report.txt" 2>&1 || status=$?
-sed -E -e "s#^$tree/orl/(schemas|rules|compute|connectors|serving|pipeline|trainer)/#\1/#" -e "s#^$tree/orl/#orl/#" "$tree/report.txt"
+sed -E -e "s#^$tree/orl/(${packages// /|})/#\1/#" -e "s#^$tree/orl/#orl/#" "$tree/report.txt"
 exit "$status"

@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from orl.demo.scoring import DemoDataError, bootstrap_ci
+from orl.gate.scoring import DemoDataError, bootstrap_ci
 
 METHOD_ORDER = ("binary", "opd", "combined")
 METHOD_LABELS = {"binary": "Binary RL", "opd": "OPD", "combined": "Combined"}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from orl.demo.scoring import Scorer, student_score, teacher_score
+from orl.gate.scoring import Scorer, student_score, teacher_score
 from orl.schemas.errors import ConfigError
 
 HELD_OUT_COUNT = 16

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from orl.demo.scenarios import Scenario
-from orl.demo.scoring import (
+from orl.gate.scoring import (
     BOLD,
     FINAL_ANSWER,
     HEADER,

@@ -24,13 +24,14 @@ from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.event_log.sqlite_log import SqliteEventLog
 from orl.connectors.object_store.local_store import LocalObjectStore
+from orl.gate.runner import GateSettings, run_gate_loop
 from orl.pipeline.history.audit import audit_id
 from orl.pipeline.history.audit_index import AuditIndex, index_path
 from orl.schemas.codec import decode
 from orl.trainer.resume import append_step_events
 from safetensors.torch import load_file, save_file
 
-from orl.gate import GateSettings, run_gate_loop
+from orl.gate_scenarios import gate_source
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 NAMESPACE, RUN = "gate", "live"
@@ -88,7 +89,7 @@ def test_the_gate_promotes_a_harmless_checkpoint_and_holds_a_broken_one(
     async def scenario() -> list[dict[str, Any]]:
         stop = asyncio.Event()
         await publish(settings, same, 1)
-        gate = asyncio.create_task(run_gate_loop(settings, stop))
+        gate = asyncio.create_task(run_gate_loop(settings, stop, gate_source(settings)))
         try:
             await gated(settings, 1)
             await publish(settings, broken, 2)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+from orl.gate.scoring import DemoDataError
 
 from orl.demo.report import (
     StepResult,
@@ -17,7 +18,6 @@ from orl.demo.report import (
     write_report,
     write_summaries,
 )
-from orl.demo.scoring import DemoDataError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROMPTS, SAMPLES = 16, 4

@@ -1,12 +1,11 @@
-"""orl.demo.scoring: the student and teacher scorers, relevance and the cluster bootstrap."""
+"""orl.gate.scoring: the student and teacher scorers, relevance and the cluster bootstrap."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from orl.demo.scoring import (
+from orl.gate.scoring import (
     BOLD,
     FINAL_ANSWER,
     HEADER,

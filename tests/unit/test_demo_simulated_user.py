@@ -5,11 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from orl.gate.scoring import LENGTH, OFF_TOPIC, keywords, parse_grading_prompt
 from orl.pipeline.effects.reply_rules import user_hint_extractor
 from orl.schemas.errors import ConfigError
 
 from orl.demo.scenarios import HELD_OUT_COUNT, SCENARIOS, STUDENT, TEACHER, get_scenario, split_prompts
-from orl.demo.scoring import LENGTH, OFF_TOPIC, keywords, parse_grading_prompt
 from orl.demo.simulated_user import SATISFIED_REPLIES, react, redo_variants
 
 PROMPT = "Why does the Moon have phases?"

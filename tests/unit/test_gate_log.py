@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from orl.gate.runner import GateLog, answer_seed
 from orl.schemas.ids import held_out_session
 
-from orl.gate import GateLog, answer_seed, scenario_prompts, scenario_user
+from orl.gate_scenarios import scenario_prompts, scenario_user
 from tests.unit.event_examples import example_event
 
 

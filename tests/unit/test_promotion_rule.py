@@ -1,18 +1,18 @@
-"""The promotion gate's decision (orl.serving.promotion_rule) and the held-out split (orl.schemas.ids)."""
+"""The promotion gate's decision (orl.gate.promotion_rule) and the held-out split (orl.schemas.ids)."""
 
 from __future__ import annotations
 
 import pytest
-from orl.rules.gate_decisions import HELD, PROMOTED
-from orl.schemas.errors import ConfigError
-from orl.schemas.ids import held_out_session
-from orl.serving.promotion_rule import (
+from orl.gate.promotion_rule import (
     VersionScore,
     falls_below,
     gate_decision,
     gate_decision_with_base,
     score_version,
 )
+from orl.rules.gate_decisions import HELD, PROMOTED
+from orl.schemas.errors import ConfigError
+from orl.schemas.ids import held_out_session
 
 
 def test_approval_counts_only_the_answers_the_judge_took_a_side_on() -> None:

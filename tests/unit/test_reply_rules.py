@@ -6,10 +6,7 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
-from orl.pipeline.effects.reply_rules import user_hint_extractor, user_reply_judge
-
-from orl.demo.scenarios import STUDENT, TEACHER, Scenario
-from orl.demo.scoring import (
+from orl.gate.scoring import (
     BOLD,
     FINAL_ANSWER,
     HEADER,
@@ -20,6 +17,9 @@ from orl.demo.scoring import (
     OFF_TOPIC,
     TEMPLATE,
 )
+from orl.pipeline.effects.reply_rules import user_hint_extractor, user_reply_judge
+
+from orl.demo.scenarios import STUDENT, TEACHER, Scenario
 from orl.demo.simulated_user import DIRECTIVES, SATISFIED_REPLIES, redo_variants
 
 STUDENT_VIOLATIONS = (LENGTH, BOLD, LIST, HEADER, FINAL_ANSWER, OFF_TOPIC)

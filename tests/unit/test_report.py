@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from orl.connectors.metrics import Metrics
+from orl.gate.scoring import student_score
 
-from orl.demo.scoring import student_score
 from orl.report import export_metrics, render_markdown, version_figures
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from orl.gate.runner import GateSettings
 from orl.schemas.errors import ConfigError
 from orl.serving.settings import ServeSettings
 from orl.trainer.settings import TrainSettings, check_settings
 
-from orl.gate import GateSettings
 from orl.up import UpSettings, component_env, stack_launches
 
 

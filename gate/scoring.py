@@ -1,6 +1,7 @@
-"""Scorers of the demo scenarios: pure functions from (prompt, response) to a 0..1 score with a breakdown.
+"""Answer scorers: pure functions from (prompt, response) to a 0..1 score with a breakdown.
 
-The demo measures whether the policy's first response to a held-out prompt has the style the simulated
+Production code uses them (the gate's relevance, `orl report`'s figures), and so do the demo's
+scenarios and simulated user. The demo measures whether the policy's first response to a held-out prompt has the style the simulated
 user asks for. Every check here is lexical and deterministic (no model), so the same text always gets
 the same score, the simulated user can react on a CPU, and a reader can verify a score by eye.
 
@@ -22,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
 from orl.schemas.errors import OrlError
 
 MAX_WORDS = 40

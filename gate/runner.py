@@ -1,4 +1,4 @@
-"""`orl gate`: the promotion gate. A published checkpoint reaches users only once it is promoted.
+"""The promotion gate's runner (`orl gate`): a published checkpoint reaches users only once it is promoted.
 
 Reads `checkpoints` (CheckpointPublished, PolicyGated) and `requests` of the namespace, and the
 checkpoints in the object store. Writes PolicyGated (decision promoted or held, with every answer,
@@ -9,7 +9,7 @@ For the newest published version above the promoted one (versions published mean
 over), the gate draws held-out prompts, generates `--gate-samples` answers per prompt with the
 candidate, with the promoted version and with the base model (the same seeds for all), lets the
 run's reward judge score every answer, and decides with
-`orl.serving.promotion_rule.gate_decision_with_base`: no worse than the promoted version, nor than the
+`orl.gate.promotion_rule.gate_decision_with_base`: no worse than the promoted version, nor than the
 base model, beyond the margin and the noise. A version that republishes the promoted one's weights
 (the trainer's restore after a hold) is promoted at once. Prompts:
 
@@ -18,8 +18,9 @@ base model, beyond the margin and the noise. A version that republishes the prom
   "(the user ended the session without replying)" as the next state, which an LLM judge answers on
   the answer's own merits and a rule judge that needs the user's reply cannot score (then relevance
   alone decides, and the reason says so);
-- from a demo scenario (`--gate-scenario student`): its held-out prompts, and its simulated user
-  replies to each answer, so the demo's rule judge scores the gate's answers as it scores live ones.
+- from a `PromptSource` (`--gate-scenario student`: a demo scenario's held-out prompts, and its
+  simulated user replying to each answer, so the demo's rule judge scores the gate's answers as it
+  scores live ones; `orl.gate_scenarios` wires the demo's scenarios in).
 
 The gate's state is the log: on a restart it re-reads `checkpoints` and goes on where it stopped.
 It runs its own model copy on its fair share of the cores (`orl.compute.machine.CoreBoard`).
@@ -31,7 +32,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import random
 import tempfile
 import time
 import uuid
@@ -51,9 +51,8 @@ from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.base import ObjectStore
 from orl.connectors.object_store.factory import open_object_store
 from orl.connectors.settings import setting
-from orl.demo.scenarios import get_scenario
-from orl.demo.scoring import relevance
-from orl.demo.simulated_user import react
+from orl.gate.promotion_rule import gate_decision_with_base, score_version
+from orl.gate.scoring import relevance
 from orl.pipeline.effects.contract import EffectCall
 from orl.pipeline.effects.judge_stage import JudgeStage
 from orl.pipeline.effects.rule_judges import load_rule_judge
@@ -71,7 +70,6 @@ from orl.schemas.topics import topic_name
 from orl.serving.policy.base import PolicyBackend, SamplingParams
 from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.policy.transformers_backend import TransformersBackend
-from orl.serving.promotion_rule import gate_decision_with_base, score_version
 
 log = logging.getLogger(__name__)
 PRODUCER = "orl.gate/1"
@@ -132,20 +130,12 @@ def no_reply(prompt: HeldOutPrompt, answer: str, sample_index: int) -> dict[str,
     return {"role": "environment", "content": NO_REPLY}
 
 
-def scenario_user(name: str) -> NextState:
-    """The demo scenario's simulated user replying to an answer (seeded by prompt and sample)."""
-    scenario = get_scenario(name)
+@dataclass(frozen=True)
+class PromptSource:
+    """Held-out prompts from elsewhere than the log, and the next state that follows each answer."""
 
-    def reply(prompt: HeldOutPrompt, answer: str, sample_index: int) -> dict[str, Any]:
-        rng = random.Random(f"{prompt.prompt_id}/{sample_index}")
-        return {"role": "user", "content": react(scenario, prompt.text, answer, rng).text}
-
-    return reply
-
-
-def scenario_prompts(name: str, count: int) -> list[HeldOutPrompt]:
-    prompts = get_scenario(name).held_out_prompts[:count]
-    return [HeldOutPrompt(f"{name}:{i}", [{"role": "user", "content": p}]) for i, p in enumerate(prompts)]
+    prompts: Callable[[int], list[HeldOutPrompt]]  # the first `count`
+    next_state: NextState
 
 
 def answer_seed(prompt_id: str, sample_index: int, seed: int) -> int:
@@ -203,6 +193,7 @@ class Evaluator:
     settings: GateSettings
     base_dir: Path
     work_dir: Path
+    source: PromptSource | None  # None: held-out sessions of the log
     # the three answer sets (by run, version and prompts) used last: the base model's and a baseline's are
     # evaluated once for a run of candidates
     kept: dict[tuple[str, int, tuple[str, ...]], list[dict[str, Any]]] = field(default_factory=dict)
@@ -394,9 +385,9 @@ async def gate_once(
         if await evaluator.restored_version(candidate) == baseline:  # the same weights: nothing to compare
             reason = f"v{candidate} republishes the promoted v{baseline}'s weights (the trainer's restore)"
             return cast(PolicyGated, gated_event(settings, candidate, baseline, PROMOTED, reason, 0.0, []))
-        if settings.gate_scenario:
-            prompts = scenario_prompts(settings.gate_scenario, settings.gate_prompts)
-            next_state = scenario_user(settings.gate_scenario)
+        if evaluator.source is not None:
+            prompts = evaluator.source.prompts(settings.gate_prompts)
+            next_state = evaluator.source.next_state
         else:
             prompts = list(state.held_out)[-settings.gate_prompts :]
             next_state = no_reply
@@ -415,22 +406,25 @@ async def gate_once(
     return cast(PolicyGated, decide(settings, candidate, baseline, answers, time.perf_counter() - started))
 
 
-def check_gate_settings(settings: GateSettings) -> None:
+def check_gate_settings(settings: GateSettings, source: PromptSource | None) -> None:
     held_out_session("", settings.holdout_share)  # its range check
     if settings.gate_prompts < 1 or settings.gate_samples < 1:
         raise ConfigError("--gate-prompts and --gate-samples must be >= 1")
     if settings.gate_margin < 0:
         raise ConfigError(f"--gate-margin must be >= 0, not {settings.gate_margin}")
-    if settings.gate_scenario:
-        get_scenario(settings.gate_scenario)
-    elif settings.holdout_share == 0:
+    if settings.gate_scenario and source is None:
+        raise ConfigError(f"--gate-scenario {settings.gate_scenario}: no prompt source given for it")
+    if source is None and settings.holdout_share == 0:
         raise ConfigError("the gate draws prompts from held-out sessions: set --holdout-share above 0")
 
 
 @asynccontextmanager
-async def running_evaluator(settings: GateSettings) -> AsyncIterator[Evaluator]:
-    """The gate's model copy (started on the base model) and the run's reward judge."""
-    check_gate_settings(settings)
+async def running_evaluator(
+    settings: GateSettings, source: PromptSource | None = None
+) -> AsyncIterator[Evaluator]:
+    """The gate's model copy (started on the base model) and the run's reward judge; prompts from
+    `source` (`--gate-scenario`), else from held-out sessions of the log."""
+    check_gate_settings(settings, source)
     (judge_config, *_), _ = judge_configs(settings)
     rule = {judge_config.judge_id: load_rule_judge(settings.judge)} if judge_config.kind == "rule" else {}
     judge = JudgeStage(
@@ -451,17 +445,21 @@ async def running_evaluator(settings: GateSettings) -> AsyncIterator[Evaluator]:
     await backend.start()
     try:
         template = ChatTemplate.from_dir(base_dir)
-        yield Evaluator(backend, template, judge, store, settings, base_dir, settings.data_dir / "gate")
+        yield Evaluator(
+            backend, template, judge, store, settings, base_dir, settings.data_dir / "gate", source
+        )
     finally:
         await backend.close()
         await judge.close()
 
 
-async def run_gate_loop(settings: GateSettings, stop: asyncio.Event | None = None) -> None:
+async def run_gate_loop(
+    settings: GateSettings, stop: asyncio.Event | None = None, source: PromptSource | None = None
+) -> None:
     """`orl gate`: decide every newest published version, until `stop` is set."""
     state = GateLog(settings.run_id, settings.holdout_share, keep=settings.gate_prompts)
     async with (
-        running_evaluator(settings) as evaluator,
+        running_evaluator(settings, source) as evaluator,
         open_event_log(
             settings.effective_log_url(), settings.topic_policy(), client_id="orl-gate"
         ) as event_log,
@@ -503,8 +501,3 @@ async def follow(
                 "v%d %s against v%d in %.1f s: %s",
                 candidate, event["decision"], event["baseline_version"], event["evaluation_s"], event["reason"],
             )  # fmt: skip
-
-
-def run_gate(settings: GateSettings) -> int:
-    asyncio.run(run_gate_loop(settings))
-    return 0
