@@ -16,5 +16,5 @@ pip install -e ".${extra}"
 if [ "${1:-}" = "--dev" ] && [ -z "${ORL_TEST_KAFKA:-}" ]; then
     bash scripts/fetch_kafka.sh
 fi
-.venv/bin/python -c "import torch, orl.pipeline, orl.serving, orl.trainer; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+.venv/bin/python -c "import torch, orl.pipeline, orl.serving, orl.trainer, orl.gate.runner; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 echo "orl installed in .venv (torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"
