@@ -430,7 +430,7 @@ async def running_evaluator(
     judge = JudgeStage(
         reward_judges=(judge_config,),
         hint_judge=None,
-        api_key=settings.judge_api_key or settings.api_key,
+        api_key=settings.judge_key(),
         rule_judges=rule,
     )
     base_dir = resolve_model(settings.model, settings.model_cache_dir)

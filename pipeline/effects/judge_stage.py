@@ -65,6 +65,30 @@ INLINE_RULE_CPU_S = 0.01
 INLINE_RULE_WALL_S = 0.1
 
 
+class MalformedReply(ValueError):
+    """A judge endpoint answered 200 with a body that is no OpenAI chat completion."""
+
+
+def chat_reply(data: Any) -> tuple[str, dict[str, int]]:
+    """(the message's text, its token usage) from a chat completion body; MalformedReply for any other
+    shape, so that a misbehaving endpoint gives a failed vote (with the reason), never a crash. A
+    usage of the wrong shape is left out (it only feeds the vote's token counts)."""
+    try:
+        content = data["choices"][0]["message"].get("content")
+    except (KeyError, IndexError, TypeError, AttributeError) as error:
+        raise MalformedReply(f"not a chat completion: {str(data)[:200]}") from error
+    if content is not None and not isinstance(content, str):
+        raise MalformedReply(f"message content is {type(content).__name__}, not text")
+    usage = data.get("usage") if isinstance(data, dict) else None
+    counts = {}
+    if isinstance(usage, dict):
+        for name in ("prompt_tokens", "completion_tokens"):
+            value = usage.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31:
+                counts[name] = value
+    return content or "", counts
+
+
 @dataclass
 class JudgeStage:
     """Every reward judge casts its votes on every next state (several judges at once: e.g. an LLM
@@ -159,7 +183,9 @@ class JudgeStage:
             "max_tokens": judge.max_tokens,
             "seed": seed % (2**31),
         }
-        headers = {"Authorization": f"Bearer {self.api_key}", "X-Turn-Type": "side"}
+        headers = {"X-Turn-Type": "side"}
+        if self.api_key:  # an outside judge without a key of its own gets no Authorization header
+            headers["Authorization"] = f"Bearer {self.api_key}"
         last_error = ""
         for attempt in range(judge.retries + 1):
             try:
@@ -170,10 +196,9 @@ class JudgeStage:
                     timeout=judge.timeout_s,
                 )
                 if response.status_code == 200:
-                    data = response.json()
-                    return str(data["choices"][0]["message"].get("content") or ""), data.get("usage") or {}
+                    return chat_reply(response.json())
                 last_error = f"HTTP {response.status_code}: {response.text[:300]}"
-            except (httpx.HTTPError, ValueError, KeyError) as error:
+            except (httpx.HTTPError, ValueError) as error:  # MalformedReply is a ValueError
                 last_error = f"{type(error).__name__}: {error}"
             await asyncio.sleep(min(2.0, 0.2 * 2**attempt))
         return _FAILED + last_error, {}

@@ -145,12 +145,18 @@ def last_boxed(text: str) -> str | None:
     return matches[-1] if matches else None
 
 
+def _decision(boxed: str) -> int | None:
+    """The boxed integer, if it is short enough to be a decision (a 5,000-digit one is not, and int()
+    of more than 4,300 digits raises)."""
+    return int(boxed) if len(boxed.lstrip("+-")) <= 3 else None
+
+
 def parse_reward_vote(text: str) -> tuple[int | None, str | None]:
     """(score, parse_error): the last \\boxed{d} wins; only -1, 0 and 1 are valid."""
     boxed = last_boxed(text)
     if boxed is None:
         return None, "no \\boxed{} score in the output"
-    score = int(boxed)
+    score = _decision(boxed)
     if score not in (-1, 0, 1):
         return None, f"score {boxed} is not -1, 0 or 1"
     return score, None
@@ -163,7 +169,7 @@ def parse_hint_vote(text: str) -> tuple[int | None, str | None, str | None]:
     boxed = last_boxed(text)
     if boxed is None:
         return None, hint, "no \\boxed{} decision in the output"
-    score = int(boxed)
+    score = _decision(boxed)
     if score not in (-1, 1):
         return None, hint, f"decision {boxed} is not 1 or -1"
     return score, hint, None

@@ -60,6 +60,38 @@ def messages_with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[s
     return [*enhanced, {"role": "user", "content": HINT_HEADER.lstrip() + hint}]
 
 
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _numbers(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value
+    )
+
+
+def teacher_reply(data: Any, response_tokens: int) -> dict[str, Any]:
+    """The server's scoring reply, checked against what a TeacherScored event needs; ValueError
+    naming what is wrong (so a misbehaving endpoint fails this turn's scoring, never the process)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"not a JSON object: {str(data)[:200]}")
+    if not _ints(data.get("prompt_token_ids")):
+        raise ValueError("prompt_token_ids is not a list of token ids")
+    logprobs = data.get("logprobs")
+    if not _numbers(logprobs) or len(logprobs) != response_tokens:
+        raise ValueError(f"logprobs is not {response_tokens} numbers (one per response token)")
+    version = data.get("policy_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise ValueError(f"policy_version {version!r} is not a version number")
+    for name, check in (("top_ids", _ints), ("top_logprobs", _numbers)):
+        rows = data.get(name)
+        if rows is not None and not (
+            isinstance(rows, list) and len(rows) == response_tokens and all(check(row) for row in rows)
+        ):
+            raise ValueError(f"{name} is not one list per response token")
+    return data
+
+
 @dataclass
 class TeacherStage:
     server_url: str
@@ -147,13 +179,15 @@ class TeacherStage:
             try:
                 response = await self._http().post(url, json=body, headers=headers, timeout=self.timeout_s)
                 if response.status_code == 200:
-                    data: dict[str, Any] = response.json()
-                    return data
+                    return teacher_reply(response.json(), len(body["response_token_ids"]))
                 logger.warning(
                     "teacher scoring failed: HTTP %d %s", response.status_code, response.text[:300]
                 )
                 if response.status_code < 500:
                     return None  # our request is wrong: retrying will not help
+            except ValueError as error:  # not JSON, or not the scoring reply: retrying will not help
+                logger.warning("teacher scoring failed: the reply is malformed (%s)", error)
+                return None
             except httpx.HTTPError as error:
                 logger.warning(
                     "teacher scoring failed (%s: %s), attempt %d", type(error).__name__, error, attempt + 1

@@ -126,7 +126,7 @@ def build_stages(settings: PipelineSettings, metrics: Metrics | None = None) -> 
     judge = JudgeStage(
         reward_judges=rewards,
         hint_judge=hint,
-        api_key=settings.judge_api_key or settings.api_key,
+        api_key=settings.judge_key(),
         rule_judges={
             judge.judge_id: load_rule_judge(choices[judge.judge_id])
             for judge in rewards

@@ -62,7 +62,11 @@ class PipelineSettings(ConnectionSettings):
     )
     judge_url: str = setting("", "ORL_JUDGE_URL", "Judge endpoint base URL (default: --server-url).")
     judge_api_key: str = setting(
-        "", "ORL_JUDGE_API_KEY", "Judge endpoint key (default: --api-key).", secret=True
+        "",
+        "ORL_JUDGE_API_KEY",
+        "Judge endpoint key. Default: --api-key when the judge is the orl server itself (no --judge-url, "
+        "or --judge-url equal to --server-url); an outside judge gets no key unless this is given.",
+        secret=True,
     )
     judge_model: str = setting("", "ORL_JUDGE_MODEL", "Model name sent to the judge endpoint.")
     judge_votes: int = setting(3, "ORL_JUDGE_VOTES", "Votes per judgement for an LLM judge (m).")
@@ -97,3 +101,12 @@ class PipelineSettings(ConnectionSettings):
         "ORL_PIPELINE_METRICS_PORT",
         "Serve this process's Prometheus metrics at http://127.0.0.1:PORT/metrics (0: off).",
     )
+
+    def judge_key(self) -> str:
+        """The key sent to the judge endpoint: --judge-api-key, else the server's own --api-key only
+        when the judge is the orl server itself (no --judge-url, or the same URL as --server-url).
+        An outside judge never receives the server's key."""
+        if self.judge_api_key:
+            return self.judge_api_key
+        own_server = not self.judge_url or self.judge_url.rstrip("/") == self.server_url.rstrip("/")
+        return self.api_key if own_server else ""

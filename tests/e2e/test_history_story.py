@@ -78,7 +78,7 @@ def test_rejudge_retrain_from_the_base_and_audit_a_reward(
     with serve_process(tmp_path / "judge-server") as judge:
         code = main(
             ["replay", *where, "--namespace", SOURCE, "--target-namespace", "rejudged", "--votes", "rejudge",
-             "--method", "binary", "--judge", "llm", "--judge-url", f"{judge.base_url}/v1", "--api-key", API_KEY,
+             "--method", "binary", "--judge", "llm", "--judge-url", f"{judge.base_url}/v1", "--judge-api-key", API_KEY,
              "--judge-votes", "1", "--judge-max-tokens", "48", "--model", str(base_model_dir), "--no-progress",
              "--train-steps", "1"]
         )  # fmt: skip
