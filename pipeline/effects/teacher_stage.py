@@ -78,7 +78,7 @@ def teacher_reply(data: Any, response_tokens: int) -> dict[str, Any]:
     if not _ints(data.get("prompt_token_ids")):
         raise ValueError("prompt_token_ids is not a list of token ids")
     logprobs = data.get("logprobs")
-    if not _numbers(logprobs) or len(logprobs) != response_tokens:
+    if not (isinstance(logprobs, list) and _numbers(logprobs) and len(logprobs) == response_tokens):
         raise ValueError(f"logprobs is not {response_tokens} numbers (one per response token)")
     version = data.get("policy_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
