@@ -65,20 +65,17 @@ INLINE_RULE_CPU_S = 0.01
 INLINE_RULE_WALL_S = 0.1
 
 
-class MalformedReply(ValueError):
-    """A judge endpoint answered 200 with a body that is no OpenAI chat completion."""
-
-
 def chat_reply(data: Any) -> tuple[str, dict[str, int]]:
-    """(the message's text, its token usage) from a chat completion body; MalformedReply for any other
+    """(the message's text, its token usage) from a chat completion body; a ValueError for any other
     shape, so that a misbehaving endpoint gives a failed vote (with the reason), never a crash. A
-    usage of the wrong shape is left out (it only feeds the vote's token counts)."""
+    usage of the wrong shape is left out (it only feeds the vote's token counts). ValueError names
+    what is wrong."""
     try:
         content = data["choices"][0]["message"].get("content")
     except (KeyError, IndexError, TypeError, AttributeError) as error:
-        raise MalformedReply(f"not a chat completion: {str(data)[:200]}") from error
+        raise ValueError(f"not a chat completion: {str(data)[:200]}") from error
     if content is not None and not isinstance(content, str):
-        raise MalformedReply(f"message content is {type(content).__name__}, not text")
+        raise ValueError(f"message content is {type(content).__name__}, not text")
     usage = data.get("usage") if isinstance(data, dict) else None
     counts = {}
     if isinstance(usage, dict):
@@ -198,7 +195,7 @@ class JudgeStage:
                 if response.status_code == 200:
                     return chat_reply(response.json())
                 last_error = f"HTTP {response.status_code}: {response.text[:300]}"
-            except (httpx.HTTPError, ValueError) as error:  # MalformedReply is a ValueError
+            except (httpx.HTTPError, ValueError) as error:  # ValueError: not JSON, or no chat completion
                 last_error = f"{type(error).__name__}: {error}"
             await asyncio.sleep(min(2.0, 0.2 * 2**attempt))
         return _FAILED + last_error, {}

@@ -197,7 +197,7 @@ class ProcessorAgent:
     async def handle(self, record: ConsumedRecord) -> None:
         step = self.host.handle(record, self.load)
         await self.send_outputs(step.outputs)
-        if step.decoded:
+        if step.processed:
             self.store(step.key, step.state)
         self.host.report_metrics(1)
 

@@ -6,6 +6,15 @@ EventLog), the faust agent (Kafka, faust Tables) and MemoryRunner (a replay held
 records, keep the states where their runtime keeps them and write what the host hands back, so
 the three cannot drift apart in how they decode, key, dead-letter, encode or store a state.
 
+Processing-error policy (as Kafka Streams' processing-exception handler can be set to continue): a
+record the stage cannot process is dead-lettered, not retried. An undecodable record, and a decoded
+one whose processing raises (a stage's bug or an event it cannot take) with the error and its
+traceback: no output of it is written, the runtime commits past the record, and the
+`dead_lettered` metric and a log line say so. (A processor that changed its session's state in place
+before raising leaves that change: stages read and check an event before they change anything.) A pure step is deterministic, so its first failure
+would be its every failure: before this policy, the process died and its restart replayed the same
+record and died again.
+
 A changelog value is the state's compact JSON, keys in insertion order (not sorted: a restored
 state is then the very dict, order included, that was stored, and sorting costs a fifth more); an
 empty value deletes the session. A tick changes a state only by returning another object or
@@ -18,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -56,16 +66,16 @@ def state_from_bytes(value: bytes) -> State:
 @dataclass(slots=True)  # not frozen: one per record, and frozen dataclasses are slower to build
 class Step:
     """What one input record did: the session's key and new state (None: deleted), its outputs
-    (encoded emits, or the dead letter of an undecodable record) and, for an effect stage, the calls
-    to perform, and the event's occurred_at. `decoded` is False for a dead-lettered record (no
-    state is touched)."""
+    (encoded emits, or the dead letter of a record the stage cannot process) and, for an effect stage,
+    the calls to perform, and the event's occurred_at. `processed` is False for a dead-lettered
+    record (no state is stored for it)."""
 
     key: str
     state: State | None
     outputs: list[Output]
     calls: list[EffectCall]
     occurred_at: int = 0
-    decoded: bool = True
+    processed: bool = True
 
 
 @dataclass
@@ -125,11 +135,17 @@ class ProcessorHost:
             decodes = self.decodes if self.decodes is not None else self._private_decodes()  # it has a len()
             event = decodes.decode(record)
         except EventDecodeError as error:
-            return Step("", None, [self.dead_letter(record, str(error))], [], decoded=False)
+            return Step("", None, [self.dead_letter(record, str(error))], [], processed=False)
         envelope = event["envelope"]
         key = (record.key or b"").decode() or (record_key(event) or "")
-        new_state, emits, calls = self.step(state_of(key), event)
-        return Step(key, new_state, self.encode(emits), calls, envelope["occurred_at"])
+        try:
+            new_state, emits, calls = self.step(state_of(key), event)
+            outputs = self.encode(emits)
+        except Exception as error:  # noqa: BLE001 - the processing-error policy (module docstring)
+            logger.exception("%s cannot process %s", self.name, envelope["event_id"])
+            reason = f"{self.name} raised {type(error).__name__}: {error}\n{traceback.format_exc()}"
+            return Step("", None, [self.dead_letter(record, reason)], [], processed=False)
+        return Step(key, new_state, outputs, calls, envelope["occurred_at"])
 
     def step(self, state: State | None, event: Event) -> tuple[State | None, list[Emit], list[EffectCall]]:
         """One decoded event through the stage: (new state, emits, calls to perform)."""
@@ -174,7 +190,8 @@ class ProcessorHost:
         self.emitted.clear()
 
     def dead_letter(self, record: ConsumedRecord, error: str) -> Output:
-        """The DeadLettered event for an undecodable record, on `<topic>.dlq`, with the original bytes."""
+        """The DeadLettered event for a record the stage cannot process, on `<topic>.dlq`, with the
+        original bytes."""
         self.metrics.count("dead_lettered", topic=record.topic, processor=self.name)
         logger.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
         event = make_event(

@@ -203,7 +203,7 @@ class StreamRunner:
             pending.records += 1
             pending.next_offsets[(record.topic, record.partition)] = record.offset + 1
             step = host.handle(record, states.get)
-            if not step.decoded:
+            if not step.processed:
                 pending.outputs.extend(step.outputs)
                 continue
             self._advance_watermark(step)
