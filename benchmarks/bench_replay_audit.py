@@ -37,7 +37,15 @@ from orl.pipeline.history.replay import REUSE_TOPICS, ReplayPlan, log_source, re
 from orl.pipeline.history.replay_workers import workers_for
 from orl.pipeline.processors.config import PipelineConfig, SampleConfig, TallyConfig
 from orl.pipeline.processors.registry import PURE_PROCESSORS
-from orl.schemas.events import make_event
+from orl.schemas.event_constructors import (
+    judge_vote_cast,
+    next_state_observed,
+    request_received,
+    response_generated,
+    session_closed,
+)
+from orl.schemas.event_types import SamplingParams
+from orl.schemas.events import EventOrigin
 
 SOURCE = "bench"
 T0_MS = 1_700_000_000_000
@@ -49,41 +57,47 @@ def _ids(text: str, n: int) -> list[int]:
     return [(seed + i * 7919) % 49000 for i in range(n)]
 
 
-def _sampling() -> dict[str, Any]:
+def _sampling() -> SamplingParams:
     return {"temperature": 0.7, "top_p": 1.0, "max_tokens": 256, "stop": [], "seed": None}
 
 
 def turn_events(session: str, index: int, votes: int, at_ms: int) -> list[Event]:
     turn_id, request_id = f"{session}/t{index}", f"req-{session}-{index}"
-    common = {"namespace": SOURCE, "session_id": session, "turn_id": turn_id}
     messages = [{"role": "user", "content": f"question {index} of {session}"}]
     prompt, response = _ids(turn_id, 120), _ids(turn_id + "r", 60)
-    request = make_event(
-        "RequestReceived", **common, producer="serving/bench", occurred_at_ms=at_ms, id_parts=[request_id],
+
+    def origin(producer: str, occurred_at_ms: int, *id_parts: object) -> EventOrigin:
+        return EventOrigin(
+            namespace=SOURCE,
+            producer=producer,
+            occurred_at_ms=occurred_at_ms,
+            id_parts=id_parts,
+            session_id=session,
+            turn_id=turn_id,
+        )
+
+    request = request_received(
+        origin("serving/bench", at_ms, request_id),
         request_id=request_id, turn_kind="main", turn_index=index, previous_turn_id=None, link_method="header",
         messages_json=json.dumps(messages), tools_json=None, tool_choice_json=None, sampling=_sampling(),
-        model="bench", stream=False, client_id=None,
+        model="bench", stream=False, client_id=None, group_id=None, group_size=None,
     )  # fmt: skip
-    answer = make_event(
-        "ResponseGenerated", **common, producer="serving/bench", occurred_at_ms=at_ms + 10,
-        id_parts=[request_id, "response"], request_id=request_id, prompt_token_ids=prompt,
+    answer = response_generated(
+        origin("serving/bench", at_ms + 10, request_id, "response"),
+        request_id=request_id, prompt_token_ids=prompt,
         response_token_ids=response, response_logprobs=[-0.5] * len(response), response_text="an answer " * 20,
         tool_calls_json=None, finish_reason="stop", sampling=_sampling(), policy_version=0, policy_spans=[],
         latency_ms=100.0, prompt_tokens=len(prompt), completion_tokens=len(response), model="bench",
     )  # fmt: skip
-    next_state = make_event(
-        "NextStateObserved", **common, producer="pipeline.turn_linker/1", occurred_at_ms=at_ms + 20,
-        id_parts=[turn_id, "next"], source="next_request", role="user", content="thanks" if index % 3 else "redo it",
+    next_state = next_state_observed(
+        origin("pipeline.turn_linker/1", at_ms + 20, turn_id, "next"),
+        source="next_request", role="user", content="thanks" if index % 3 else "redo it",
         messages_json=None, outcome=None,
     )  # fmt: skip
     ns_id = next_state["envelope"]["event_id"]
     cast = [
-        make_event(
-            "JudgeVoteCast",
-            **common,
-            producer="pipeline.judge/1",
-            occurred_at_ms=at_ms + 30 + v,
-            id_parts=[ns_id, "prm", "cfg", v],
+        judge_vote_cast(
+            origin("pipeline.judge/1", at_ms + 30 + v, ns_id, "prm", "cfg", v),
             judge_id="prm",
             judge_kind="llm",
             judge_config_version="cfg",
@@ -100,27 +114,24 @@ def turn_events(session: str, index: int, votes: int, at_ms: int) -> list[Event]
             prompt_tokens=400,
             completion_tokens=50,
             next_state_event_id=ns_id,
-        )  # fmt: skip
+        )
         for v in range(votes)
     ]
-    return [request, answer, next_state, *cast]
+    return [dict(request), dict(answer), dict(next_state), *(dict(vote) for vote in cast)]
 
 
 def session_events(n: int, turns: int, votes: int) -> list[Event]:
     session, at = f"s{n}", T0_MS + n * 60_000
     events = [e for i in range(turns) for e in turn_events(session, i, votes, at + i * 1000)]
-    events.append(
-        make_event(
-            "SessionClosed",
-            namespace=SOURCE,
-            producer="serving/bench",
-            occurred_at_ms=at + turns * 1000,
-            id_parts=[session, "explicit"],
-            session_id=session,
-            reason="explicit",
-            last_turn_id=f"{session}/t{turns - 1}",
-        )  # fmt: skip
+    origin = EventOrigin(
+        namespace=SOURCE,
+        producer="serving/bench",
+        occurred_at_ms=at + turns * 1000,
+        id_parts=(session, "explicit"),
+        session_id=session,
     )
+    closed = session_closed(origin, reason="explicit", last_turn_id=f"{session}/t{turns - 1}")
+    events.append(dict(closed))
     return events
 
 

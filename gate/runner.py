@@ -62,8 +62,9 @@ from orl.pipeline.runtime.settings import PipelineSettings
 from orl.rules.gate_decisions import HELD, PROMOTED, GateDecisions
 from orl.schemas.codec import decode, encode
 from orl.schemas.errors import CheckpointError, ConfigError
-from orl.schemas.event_types import PolicyGated, RequestReceived
-from orl.schemas.events import make_event
+from orl.schemas.event_constructors import policy_gated
+from orl.schemas.event_types import GatedAnswer, PolicyGated, RequestReceived
+from orl.schemas.events import EventOrigin
 from orl.schemas.ids import held_out_session
 from orl.schemas.messages import Message, prompt_text
 from orl.schemas.topics import topic_name
@@ -196,7 +197,7 @@ class Evaluator:
     source: PromptSource | None  # None: held-out sessions of the log
     # the three answer sets (by run, version and prompts) used last: the base model's and a baseline's are
     # evaluated once for a run of candidates
-    kept: dict[tuple[str, int, tuple[str, ...]], list[dict[str, Any]]] = field(default_factory=dict)
+    kept: dict[tuple[str, int, tuple[str, ...]], list[GatedAnswer]] = field(default_factory=dict)
     # what each version's manifest says it restores (manifests never change): read once per version
     restores: dict[tuple[str, int], int | None] = field(default_factory=dict)
 
@@ -226,7 +227,7 @@ class Evaluator:
 
     async def answers(
         self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState
-    ) -> list[dict[str, Any]]:
+    ) -> list[GatedAnswer]:
         """Every prompt's answers by `version`, each with its next state, the judge's votes and reward.
         The three answer sets used last are kept: the base model's and a baseline's are evaluated once
         for a run of candidates. A restore's answers are those of the version whose weights it
@@ -245,7 +246,7 @@ class Evaluator:
 
     async def _answers(
         self, version: int, prompts: Sequence[HeldOutPrompt], next_state: NextState
-    ) -> list[dict[str, Any]]:
+    ) -> list[GatedAnswer]:
         await self.load(version)
         jobs = [(p, i) for p in prompts for i in range(self.settings.gate_samples)]
         generations = await asyncio.gather(
@@ -272,7 +273,7 @@ class Evaluator:
 
     async def _judged(
         self, version: int, prompt: HeldOutPrompt, index: int, text: str, next_state: NextState
-    ) -> dict[str, Any]:
+    ) -> GatedAnswer:
         state = next_state(prompt, text, index)
         view = {
             **state,
@@ -309,8 +310,8 @@ class Evaluator:
 
 
 def decide(
-    settings: GateSettings, candidate: int, baseline: int, answers: list[dict[str, Any]], seconds: float
-) -> dict[str, Any]:
+    settings: GateSettings, candidate: int, baseline: int, answers: list[GatedAnswer], seconds: float
+) -> PolicyGated:
     """The PolicyGated event for the judged answers of the candidate, the baseline and (when the
     baseline is not the base model) the base model."""
     scores = {
@@ -345,23 +346,22 @@ def gated_event(
     decision: str,
     reason: str,
     seconds: float,
-    answers: list[dict[str, Any]],
-    **figures: float | None,
-) -> dict[str, Any]:
-    """A PolicyGated event; `figures` are its approvals and relevances (unmeasured: null and 0)."""
-    measured: dict[str, Any] = {
-        "candidate_approval": None,
-        "baseline_approval": None,
-        "candidate_relevance": 0.0,
-        "baseline_relevance": 0.0,
-        **figures,
-    }
-    return make_event(
-        "PolicyGated",
-        id_parts=[settings.run_id, candidate, baseline],
+    answers: list[GatedAnswer],
+    *,
+    candidate_approval: float | None = None,
+    baseline_approval: float | None = None,
+    candidate_relevance: float = 0.0,
+    baseline_relevance: float = 0.0,
+) -> PolicyGated:
+    """A PolicyGated event with its approvals and relevances (unmeasured: null and 0)."""
+    origin = EventOrigin(
         namespace=settings.namespace,
         producer=PRODUCER,
         occurred_at_ms=int(time.time() * 1000),
+        id_parts=(settings.run_id, candidate, baseline),
+    )
+    return policy_gated(
+        origin,
         run_id=settings.run_id,
         version=candidate,
         baseline_version=baseline,
@@ -370,9 +370,12 @@ def gated_event(
         judge_id=judge_configs(settings)[0][0].judge_id,
         prompt_source=f"scenario:{settings.gate_scenario}" if settings.gate_scenario else "log",
         margin=settings.gate_margin,
+        candidate_approval=candidate_approval,
+        baseline_approval=baseline_approval,
+        candidate_relevance=candidate_relevance,
+        baseline_relevance=baseline_relevance,
         evaluation_s=seconds,
         answers=answers,
-        **measured,
     )
 
 
@@ -384,7 +387,7 @@ async def gate_once(
     try:
         if await evaluator.restored_version(candidate) == baseline:  # the same weights: nothing to compare
             reason = f"v{candidate} republishes the promoted v{baseline}'s weights (the trainer's restore)"
-            return cast(PolicyGated, gated_event(settings, candidate, baseline, PROMOTED, reason, 0.0, []))
+            return gated_event(settings, candidate, baseline, PROMOTED, reason, 0.0, [])
         if evaluator.source is not None:
             prompts = evaluator.source.prompts(settings.gate_prompts)
             next_state = evaluator.source.next_state
@@ -402,8 +405,8 @@ async def gate_once(
         ]
     except CheckpointError as error:  # a version that cannot be verified or loaded is never promoted
         reason = f"v{candidate} or v{baseline} cannot be loaded: {error}"
-        return cast(PolicyGated, gated_event(settings, candidate, baseline, HELD, reason, 0.0, []))
-    return cast(PolicyGated, decide(settings, candidate, baseline, answers, time.perf_counter() - started))
+        return gated_event(settings, candidate, baseline, HELD, reason, 0.0, [])
+    return decide(settings, candidate, baseline, answers, time.perf_counter() - started)
 
 
 def check_gate_settings(settings: GateSettings, source: PromptSource | None) -> None:

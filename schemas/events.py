@@ -1,12 +1,16 @@
 """Builds events: the envelope (deterministic id, current schema version) plus the payload.
 
 `make_event` fills nothing silently: a missing payload field is reported by the codec at encode
-time (`EventEncodeError` naming the field), never defaulted here.
+time (`EventEncodeError` naming the field), never defaulted here. Code outside `schemas/` writes
+events through the typed constructors of `schemas/event_constructors.py` (generated), which take an
+`EventOrigin` and every payload field by name, so that mypy checks each write.
+Reads and writes no topics.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from orl.schemas.errors import EventEncodeError
@@ -51,3 +55,30 @@ def make_event(
         "turn_id": turn_id,
     }
     return {"envelope": envelope, **payload}
+
+
+@dataclass(frozen=True)
+class EventOrigin:
+    """Who wrote an event (`producer`), where (`namespace`, session, turn), when (`occurred_at_ms`),
+    and the inputs its deterministic id comes from (`id_parts`, see `make_event`)."""
+
+    namespace: str
+    producer: str
+    occurred_at_ms: int
+    id_parts: tuple[object, ...]
+    session_id: str | None = None
+    turn_id: str | None = None
+
+
+def event_from_origin(event_type: str, origin: EventOrigin, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """`make_event` for an origin and a payload mapping (what the generated constructors call)."""
+    return make_event(
+        event_type,
+        namespace=origin.namespace,
+        producer=origin.producer,
+        occurred_at_ms=origin.occurred_at_ms,
+        id_parts=origin.id_parts,
+        session_id=origin.session_id,
+        turn_id=origin.turn_id,
+        **payload,
+    )

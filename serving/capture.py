@@ -14,14 +14,16 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from orl.connectors.environment.api import Observation
 from orl.connectors.environment.outcome_events import outcome_event
 from orl.connectors.event_log.topic_policy import DEFAULT_MAX_RECORD_BYTES
+from orl.schemas import event_constructors
 from orl.schemas.codec import encode
 from orl.schemas.event_types import Envelope, NextStateObserved
-from orl.schemas.events import make_event
+from orl.schemas.event_types import SamplingParams as SamplingRecord
+from orl.schemas.events import EventOrigin
 from orl.schemas.topics import topic_name
 from orl.serving.openai_api import ApiError, ChatRequest, RolloutGroup
 from orl.serving.policy.base import Generation, SamplingParams
@@ -41,7 +43,7 @@ class _Committed:
 _NOTHING_TO_WAIT_FOR = _Committed()
 
 
-def sampling_record(params: SamplingParams) -> dict[str, Any]:
+def sampling_record(params: SamplingParams) -> SamplingRecord:
     return {
         "temperature": params.temperature,
         "top_p": params.top_p,
@@ -76,12 +78,8 @@ class EventRecorder:
         group: RolloutGroup | None = None,
     ) -> Awaitable[None]:
         """Stage RequestReceived; await the result before acknowledging the request."""
-        return self._stage(
-            "requests",
-            "RequestReceived",
-            [request_id],
-            session_id=turn.session_id,
-            turn_id=turn.turn_id,
+        event = event_constructors.request_received(
+            self._origin((request_id,), session_id=turn.session_id, turn_id=turn.turn_id),
             request_id=request_id,
             turn_kind="main" if main else "side",
             turn_index=turn.turn_index,
@@ -97,6 +95,7 @@ class EventRecorder:
             group_id=group.group_id if group else None,
             group_size=group.size if group else None,
         )
+        return self._stage("requests", event)
 
     def response_generated(
         self,
@@ -110,12 +109,8 @@ class EventRecorder:
         model: str,
     ) -> Awaitable[None]:
         """Stage ResponseGenerated; await the result before sending the response."""
-        return self._stage(
-            "responses",
-            "ResponseGenerated",
-            [request_id],
-            session_id=turn.session_id,
-            turn_id=turn.turn_id,
+        event = event_constructors.response_generated(
+            self._origin((request_id,), session_id=turn.session_id, turn_id=turn.turn_id),
             request_id=request_id,
             prompt_token_ids=generation.prompt_token_ids,
             response_token_ids=generation.token_ids,
@@ -131,20 +126,18 @@ class EventRecorder:
             completion_tokens=len(generation.token_ids),
             model=model,
         )
+        return self._stage("responses", event)
 
     def session_closed(
         self, session_id: str, last_turn_id: str | None, reason: str = "explicit"
     ) -> Awaitable[None]:
         """Stage SessionClosed; await the result before acknowledging the close."""
-        return self._stage(
-            "sessions",
-            "SessionClosed",
-            [session_id, last_turn_id, reason],
-            session_id=session_id,
-            turn_id=last_turn_id,
+        event = event_constructors.session_closed(
+            self._origin((session_id, last_turn_id, reason), session_id=session_id, turn_id=last_turn_id),
             reason=reason,
             last_turn_id=last_turn_id,
         )
+        return self._stage("sessions", event)
 
     def next_state_observed(
         self, observation: Observation, *, session_id: str, turn_id: str, source: str
@@ -160,66 +153,59 @@ class EventRecorder:
             occurred_at_ms=self.clock_ms(),
         )
         self._put("next_states", event)
-        return cast(NextStateObserved, event)
+        return event
 
     def policy_activated(
         self, server_id: str, run_id: str, version: int, uri: str, swap_latency_ms: float
     ) -> None:
-        self._policy_event(
-            "PolicyActivated", server_id, run_id, version, uri, swap_latency_ms=swap_latency_ms
-        )
-
-    def policy_rejected(self, server_id: str, run_id: str, version: int, uri: str, reason: str) -> None:
-        self._policy_event("PolicyRejected", server_id, run_id, version, uri, reason=reason)
-
-    def _policy_event(
-        self, event_type: str, server_id: str, run_id: str, version: int, uri: str, **fields: Any
-    ) -> None:
         now_ms = self.clock_ms()
-        self._record(
-            "policy_activations",
-            event_type,
-            [server_id, run_id, version, now_ms],
-            occurred_at_ms=now_ms,
+        event = event_constructors.policy_activated(
+            self._origin((server_id, run_id, version, now_ms), occurred_at_ms=now_ms),
             server_id=server_id,
             run_id=run_id,
             version=version,
             uri=uri,
-            **fields,
+            swap_latency_ms=swap_latency_ms,
+        )
+        self._put("policy_activations", event)
+
+    def policy_rejected(self, server_id: str, run_id: str, version: int, uri: str, reason: str) -> None:
+        now_ms = self.clock_ms()
+        event = event_constructors.policy_rejected(
+            self._origin((server_id, run_id, version, now_ms), occurred_at_ms=now_ms),
+            server_id=server_id,
+            run_id=run_id,
+            version=version,
+            uri=uri,
+            reason=reason,
+        )
+        self._put("policy_activations", event)
+
+    def _origin(
+        self,
+        id_parts: tuple[object, ...],
+        *,
+        session_id: str | None = None,
+        turn_id: str | None = None,
+        occurred_at_ms: int | None = None,
+    ) -> EventOrigin:
+        """A server event's origin: namespace, producer, and the time of recording unless given."""
+        return EventOrigin(
+            namespace=self.namespace,
+            producer=PRODUCER,
+            occurred_at_ms=self.clock_ms() if occurred_at_ms is None else occurred_at_ms,
+            id_parts=id_parts,
+            session_id=session_id,
+            turn_id=turn_id,
         )
 
-    def _record(
-        self,
-        topic: str,
-        event_type: str,
-        id_parts: list[Any],
-        occurred_at_ms: int | None = None,
-        **fields: Any,
-    ) -> None:
-        """Build a server event and commit it to the spool now."""
-        self._put(topic, self._event(event_type, id_parts, occurred_at_ms, fields))
-
-    def _stage(self, topic: str, event_type: str, id_parts: list[Any], **fields: Any) -> Awaitable[None]:
-        """Build a server event and stage it for the spool's group commit."""
-        event = self._event(event_type, id_parts, None, fields)
+    def _stage(self, topic: str, event: Mapping[str, Any]) -> Awaitable[None]:
+        """Stage a server event for the spool's group commit."""
         if not self.enabled:
             return _NOTHING_TO_WAIT_FOR
         committed = self.spool.stage(self._topic(topic), _key(event), self._encoded(event))
         self.spooled += 1
         return committed
-
-    def _event(
-        self, event_type: str, id_parts: list[Any], occurred_at_ms: int | None, fields: dict[str, Any]
-    ) -> dict[str, Any]:
-        """A server event: namespace, producer, and the time of recording unless given."""
-        return make_event(
-            event_type,
-            namespace=self.namespace,
-            producer=PRODUCER,
-            occurred_at_ms=self.clock_ms() if occurred_at_ms is None else occurred_at_ms,
-            id_parts=id_parts,
-            **fields,
-        )
 
     def _put(self, topic: str, event: Mapping[str, Any]) -> None:
         if not self.enabled:

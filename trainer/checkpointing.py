@@ -32,7 +32,8 @@ from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.object_store.base import ObjectStore
 from orl.schemas.codec import encode
 from orl.schemas.errors import CheckpointError, ConfigError
-from orl.schemas.events import make_event
+from orl.schemas.event_constructors import policy_rolled_back
+from orl.schemas.events import EventOrigin
 from orl.schemas.topics import topic_name
 from orl.trainer.batching import Batch
 from orl.trainer.resume import (
@@ -230,12 +231,14 @@ async def append_rollback_event(
     settings: TrainSettings, log_: EventLog, rollback: Rollback, new_version: int
 ) -> None:
     """PolicyRolledBack on `checkpoints`: `rollback` was carried out as `new_version`, with the figures."""
-    event = make_event(
-        "PolicyRolledBack",
-        id_parts=[settings.run_id, rollback.from_version, new_version],
+    origin = EventOrigin(
         namespace=settings.namespace,
         producer=PRODUCER,
         occurred_at_ms=int(time.time() * 1000),
+        id_parts=(settings.run_id, rollback.from_version, new_version),
+    )
+    event = policy_rolled_back(
+        origin,
         run_id=settings.run_id,
         from_version=rollback.from_version,
         to_version=rollback.to_version,

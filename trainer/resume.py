@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from orl.connectors.checkpoint_store import (
     MANIFEST_NAME,
@@ -40,8 +40,9 @@ from orl.connectors.event_log.reading import reached
 from orl.connectors.object_store.base import ObjectStore
 from orl.schemas.codec import decode, encode
 from orl.schemas.errors import ConfigError, EventDecodeError
+from orl.schemas.event_constructors import checkpoint_published, policy_rejected, train_step_completed
 from orl.schemas.event_types import CheckpointPublished, TrainStepCompleted
-from orl.schemas.events import make_event
+from orl.schemas.events import EventOrigin
 from orl.schemas.topics import topic_name
 from orl.trainer.settings import parse_init_from
 
@@ -182,15 +183,14 @@ def step_events(
 ) -> list[tuple[str, TrainStepCompleted | CheckpointPublished]]:
     """(topic, event) of TrainStepCompleted and CheckpointPublished, rebuilt from the manifest alone."""
     m = manifest.metrics
-    common: dict[str, Any] = {
-        "namespace": namespace,
-        "producer": PRODUCER,
-        "occurred_at_ms": _created_at_ms(manifest),
-    }
-    step = make_event(
-        "TrainStepCompleted",
-        id_parts=[manifest.run_id, manifest.version],
-        **common,
+
+    def origin(*id_parts: object) -> EventOrigin:
+        return EventOrigin(
+            namespace=namespace, producer=PRODUCER, occurred_at_ms=_created_at_ms(manifest), id_parts=id_parts
+        )
+
+    step = train_step_completed(
+        origin(manifest.run_id, manifest.version),
         run_id=manifest.run_id,
         step=int(m.get("step", manifest.version)),
         policy_version=manifest.version,
@@ -206,10 +206,8 @@ def step_events(
         dropped_stale=int(m.get("dropped_stale", 0)),
         mean_staleness=_number(m, "mean_staleness"),
     )
-    published = make_event(
-        "CheckpointPublished",
-        id_parts=[manifest.run_id, manifest.version, manifest.sha256],
-        **common,
+    published = checkpoint_published(
+        origin(manifest.run_id, manifest.version, manifest.sha256),
         run_id=manifest.run_id,
         version=manifest.version,
         parent_version=manifest.parent_version,
@@ -224,10 +222,7 @@ def step_events(
         ],
         sample_id_digest=manifest.sample_id_digest,
     )
-    return [
-        (topic_name(namespace, "train_steps"), cast(TrainStepCompleted, step)),
-        (topic_name(namespace, "checkpoints"), cast(CheckpointPublished, published)),
-    ]
+    return [(topic_name(namespace, "train_steps"), step), (topic_name(namespace, "checkpoints"), published)]
 
 
 async def append_step_events(log_: EventLog, manifest: Manifest, namespace: str, uri: str) -> None:
@@ -267,12 +262,14 @@ async def record_refusals(log_: EventLog, point: ResumePoint, namespace: str, ru
     known = await _event_ids(log_, topic) if point.refused else set()
     appended = 0
     for refused in point.refused:
-        event = make_event(
-            "PolicyRejected",
-            id_parts=[TRAINER_CONSUMER_ID, run_id, refused.version, refused.reason],
+        origin = EventOrigin(
             namespace=namespace,
             producer=PRODUCER,
             occurred_at_ms=int(time.time() * 1000),
+            id_parts=(TRAINER_CONSUMER_ID, run_id, refused.version, refused.reason),
+        )
+        event = policy_rejected(
+            origin,
             server_id=TRAINER_CONSUMER_ID,
             run_id=run_id,
             version=refused.version,

@@ -7,5 +7,5 @@
 "orl.environments" entry points) with the built-in environments `tool_env` and `terminal_env`,
 which `orl rollout` (orl/rollout.py) drives against the server. The default
 connector, "conversation" (the next user message), is the pipeline's turn linker; the step-wise plus
-outcome reward rule is the pipeline's (pipeline/processors/step_rule.py).
+outcome reward rule is the pipeline's (rules/step_rewards.py).
 """

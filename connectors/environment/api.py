@@ -28,6 +28,7 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from orl.schemas.errors import ConfigError
+from orl.schemas.event_types import Outcome as OutcomeRecord
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class Outcome:
     thumbs: int | None = None
     detail: Mapping[str, Any] | None = None
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> OutcomeRecord:
         """The Avro `Outcome` record."""
         return {
             "kind": self.kind,

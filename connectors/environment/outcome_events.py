@@ -17,7 +17,9 @@ from typing import Any
 
 from orl.connectors.environment.api import ROLES, Observation, Outcome
 from orl.schemas.errors import OrlError
-from orl.schemas.events import make_event
+from orl.schemas.event_constructors import next_state_observed
+from orl.schemas.event_types import NextStateObserved
+from orl.schemas.events import EventOrigin
 
 MAX_CONTENT_CHARS = 100_000
 RESERVED_SOURCES = ("conversation", "session_end")  # written by the pipeline's turn linker only
@@ -56,16 +58,18 @@ def outcome_event(
     namespace: str,
     producer: str,
     occurred_at_ms: int,
-) -> dict[str, Any]:
+) -> NextStateObserved:
     """The NextStateObserved event for `observation` following turn `turn_id`, from connector `source`."""
-    return make_event(
-        "NextStateObserved",
+    origin = EventOrigin(
         namespace=namespace,
         producer=producer,
         occurred_at_ms=occurred_at_ms,
-        id_parts=[session_id, turn_id, source, observation_digest(observation)],
+        id_parts=(session_id, turn_id, source, observation_digest(observation)),
         session_id=session_id,
         turn_id=turn_id,
+    )
+    return next_state_observed(
+        origin,
         source=source,
         role=observation.role,
         content=observation.content,

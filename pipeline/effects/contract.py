@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import Event, State
+from orl.pipeline.processors.state_codec import StateCodec
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class EffectStage(Protocol):
 
     @property
     def outputs(self) -> tuple[str, ...]: ...
+
+    @property
+    def state_codec(self) -> StateCodec: ...
 
     def plan(self, state: State | None, event: Event, config: PipelineConfig) -> PlanResult:
         """Pure: update the session state and say which calls to make."""

@@ -38,7 +38,6 @@ from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
     Event,
     State,
-    build_event,
     event_id_of,
     event_type_of,
     occurred_at_of,
@@ -46,6 +45,7 @@ from orl.pipeline.processors.event_building import (
     session_id_of,
     turn_id_of,
 )
+from orl.pipeline.processors.state_codec import JSON_STATE, StateCodec
 from orl.pipeline.processors.turn_memory import (
     add_trigger,
     forget_if_idle,
@@ -54,7 +54,9 @@ from orl.pipeline.processors.turn_memory import (
     take_ready_triggers,
 )
 from orl.schemas.errors import ConfigError
-from orl.schemas.event_types import NextStateObserved
+from orl.schemas.event_constructors import hint_vote_cast, judge_vote_cast
+from orl.schemas.event_types import NextStateObserved, SamplingParams
+from orl.schemas.events import EventOrigin
 
 logger = logging.getLogger(__name__)
 PRODUCER = "pipeline.judge/1"
@@ -101,6 +103,7 @@ class JudgeStage:
     name: str = "judge"
     inputs: tuple[str, ...] = ("requests", "responses", "next_states")
     outputs: tuple[str, ...] = ("judge_votes", "hints")
+    state_codec: StateCodec = JSON_STATE
     _client: httpx.AsyncClient | None = field(default=None, repr=False)
     # Rule judges run inline until one call is slow (see _rule_vote); the versions are hashed once.
     _rule_inline: bool = field(default=True, repr=False)
@@ -248,6 +251,19 @@ class JudgeStage:
             )
         return result
 
+    def _count_vote(self, judge: JudgeConfig, error: str | None) -> None:
+        self.metrics.count(
+            "judge_votes", judge_id=judge.judge_id, parsed="false" if error is not None else "true"
+        )
+        if judge.kind == "llm":
+            watch = self.parse_watches.setdefault(judge.judge_id, ParseWatch())
+            warning = watch.record(judge.judge_id, error)
+            self.metrics.set(
+                "judge_recent_unparsed_fraction", watch.recent_fraction(), judge_id=judge.judge_id
+            )
+            if warning:
+                logger.warning(warning)
+
     def _vote_event(
         self,
         kind: str,
@@ -262,55 +278,67 @@ class JudgeStage:
     ) -> Emit:
         score, hint, error = _parse(kind, judge, raw)
         version_key = HINT if kind == "hint" else judge.judge_id
-        self.metrics.count(
-            "judge_votes", judge_id=judge.judge_id, parsed="false" if error is not None else "true"
+        self._count_vote(judge, error)
+        origin = EventOrigin(
+            namespace=next_state["namespace"],
+            producer=PRODUCER,
+            occurred_at_ms=next_state["occurred_at"],
+            id_parts=(next_state["event_id"], self._config_versions[version_key], kind, str(index)),
+            session_id=next_state["session_id"],
+            turn_id=next_state["turn_id"],
         )
-        if judge.kind == "llm":
-            watch = self.parse_watches.setdefault(judge.judge_id, ParseWatch())
-            warning = watch.record(judge.judge_id, error)
-            self.metrics.set(
-                "judge_recent_unparsed_fraction", watch.recent_fraction(), judge_id=judge.judge_id
+        sampling: SamplingParams = {
+            "temperature": judge.temperature,
+            "top_p": judge.top_p,
+            "max_tokens": judge.max_tokens,
+            "stop": [],
+            "seed": seed,
+        }
+        prompt_sha256 = hashlib.sha256(prompt_text.encode()).hexdigest()
+        prompt_tokens = int(usage.get("prompt_tokens", 0))
+        completion_tokens = int(usage.get("completion_tokens", 0))
+        if kind == "reward":
+            vote = judge_vote_cast(
+                origin,
+                judge_id=judge.judge_id,
+                judge_kind=judge.kind,
+                judge_config_version=self._config_versions[version_key],
+                model=judge.model or None,
+                model_version=None,
+                vote_index=index,
+                prompt_sha256=prompt_sha256,
+                prompt_text=prompt_text,
+                sampling=sampling,
+                raw_output=raw,
+                score=score,
+                parse_error=error,
+                latency_ms=latency_ms,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                next_state_event_id=next_state["event_id"],
             )
-            if warning:
-                logger.warning(warning)
-        fields: dict[str, Any] = dict(
+            return Emit("judge_votes", dict(vote))
+        hint_vote = hint_vote_cast(
+            origin,
             judge_id=judge.judge_id,
             judge_kind=judge.kind,
             judge_config_version=self._config_versions[version_key],
             model=judge.model or None,
             model_version=None,
             vote_index=index,
-            prompt_sha256=hashlib.sha256(prompt_text.encode()).hexdigest(),
+            prompt_sha256=prompt_sha256,
             prompt_text=prompt_text,
-            sampling={
-                "temperature": judge.temperature,
-                "top_p": judge.top_p,
-                "max_tokens": judge.max_tokens,
-                "stop": [],
-                "seed": seed,
-            },
+            sampling=sampling,
             raw_output=raw,
             score=score,
             parse_error=error,
             latency_ms=latency_ms,
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
-            completion_tokens=int(usage.get("completion_tokens", 0)),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
             next_state_event_id=next_state["event_id"],
+            hint=hint,
         )
-        event_type = "JudgeVoteCast" if kind == "reward" else "HintVoteCast"
-        if kind == "hint":
-            fields["hint"] = hint
-        event = build_event(
-            event_type,
-            producer=PRODUCER,
-            namespace=next_state["namespace"],
-            session_id=next_state["session_id"],
-            turn_id=next_state["turn_id"],
-            occurred_at_ms=next_state["occurred_at"],
-            id_parts=(next_state["event_id"], self._config_versions[version_key], kind, str(index)),
-            **fields,
-        )
-        return Emit("judge_votes" if kind == "reward" else "hints", event)
+        return Emit("hints", dict(hint_vote))
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:

@@ -27,12 +27,12 @@ from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
     Event,
     State,
-    build_event,
     event_id_of,
     event_type_of,
     remember_event,
     turn_id_of,
 )
+from orl.pipeline.processors.state_codec import JSON_STATE, StateCodec
 from orl.pipeline.processors.turn_memory import (
     add_trigger,
     forget_if_idle,
@@ -40,7 +40,9 @@ from orl.pipeline.processors.turn_memory import (
     remember_turn_event,
     take_ready_triggers,
 )
+from orl.schemas.event_constructors import teacher_scored
 from orl.schemas.event_types import Envelope, HintSelected
+from orl.schemas.events import EventOrigin
 from orl.schemas.messages import content_text
 
 logger = logging.getLogger(__name__)
@@ -103,6 +105,7 @@ class TeacherStage:
     name: str = "teacher"
     inputs: tuple[str, ...] = ("requests", "responses", "hints")
     outputs: tuple[str, ...] = ("teacher_scores",)
+    state_codec: StateCodec = JSON_STATE
     failures: int = 0
     _client: httpx.AsyncClient | None = field(default=None, repr=False)
 
@@ -144,12 +147,9 @@ class TeacherStage:
             # No event: the sample builder's settle timeout rejects the turn, and the failure is counted.
             self.failures += 1
             return []
-        event = build_event(
-            "TeacherScored",
-            producer=PRODUCER,
+        origin = EventOrigin(
             namespace=envelope["namespace"],
-            session_id=envelope["session_id"],
-            turn_id=envelope["turn_id"],
+            producer=PRODUCER,
             occurred_at_ms=envelope["occurred_at"],
             # top_k only when set: token-level events keep the ids they always had
             id_parts=(
@@ -157,6 +157,11 @@ class TeacherStage:
                 self.teacher_kind,
                 *((str(self.top_k),) if self.top_k else ()),
             ),
+            session_id=envelope["session_id"],
+            turn_id=envelope["turn_id"],
+        )
+        event = teacher_scored(
+            origin,
             hint_event_id=call.payload["hint_event_id"],
             teacher_kind=self.teacher_kind,
             teacher_prompt_token_ids=scored["prompt_token_ids"],
@@ -170,7 +175,7 @@ class TeacherStage:
         if self.top_k and event["teacher_top_ids"] is None:
             # A server without top_k support: the turn still trains, token-level (the trainer falls back).
             logger.warning("teacher server ignored top_k=%d for turn %s", self.top_k, envelope["turn_id"])
-        return [Emit("teacher_scores", event)]
+        return [Emit("teacher_scores", dict(event))]
 
     async def _score(self, body: dict[str, Any]) -> dict[str, Any] | None:
         url = f"{self.server_url.rstrip('/')}/orl/score"

@@ -34,8 +34,16 @@ from typing import Any
 
 from orl.pipeline.history.import_tokens import ImportTokenizer, LogprobScorer
 from orl.schemas.errors import OrlError
-from orl.schemas.event_types import Envelope
-from orl.schemas.events import make_event
+from orl.schemas.event_constructors import (
+    hint_vote_cast,
+    judge_vote_cast,
+    next_state_observed,
+    request_received,
+    response_generated,
+    session_closed,
+)
+from orl.schemas.event_types import Envelope, SamplingParams
+from orl.schemas.events import EventOrigin
 from orl.schemas.messages import Message
 
 PRODUCER = "pipeline.history.openclaw_import/1"
@@ -166,7 +174,7 @@ def epoch_ms(timestamp: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def _sampling(temperature: float, max_tokens: int) -> dict[str, Any]:
+def _sampling(temperature: float, max_tokens: int) -> SamplingParams:
     return {"temperature": temperature, "top_p": 1.0, "max_tokens": max_tokens, "stop": [], "seed": None}
 
 
@@ -182,63 +190,72 @@ def conversation_events(
     prompt_ids = tokenizer.prompt_ids(record.get("messages"), str(record.get("prompt_text") or ""))
     response_ids = tokenizer.response_ids(record["response_text"], tool_calls, finished=True)
     logprobs = scorer.logprobs(prompt_ids, response_ids, options.temperature)
-    common = {"namespace": options.namespace, "producer": PRODUCER, "session_id": session, "turn_id": turn_id}
     sampling = _sampling(options.temperature, len(response_ids))
-    events = [
-        make_event(
-            "RequestReceived",
-            **common,
-            occurred_at_ms=at_ms,
-            id_parts=[request_id],
-            request_id=request_id,
-            turn_kind="main",
-            turn_index=turn,
-            previous_turn_id=turn_id_for(session, turn - 1) if turn else None,
-            link_method="import",
-            messages_json=json.dumps(messages, ensure_ascii=False),
-            tools_json=None,
-            tool_choice_json=None,
-            sampling=sampling,
-            model=options.model,
-            stream=False,
-            client_id="openclaw-rl",
-            group_id=None,
-            group_size=None,
-        ),  # fmt: skip
-        make_event(
-            "ResponseGenerated",
-            **common,
-            occurred_at_ms=at_ms + 1,
-            id_parts=[request_id, "response"],
-            request_id=request_id,
-            prompt_token_ids=prompt_ids,
-            response_token_ids=response_ids,
-            response_logprobs=logprobs,
-            response_text=record["response_text"],
-            tool_calls_json=json.dumps(tool_calls, ensure_ascii=False) if tool_calls else None,
-            finish_reason="tool_calls" if tool_calls else "stop",
-            sampling=sampling,
-            policy_version=0,
-            policy_spans=[{"start_token": 0, "policy_version": 0}],
-            latency_ms=0.0,
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=len(response_ids),
-            model=f"openclaw-rl-import:{options.model}",
-        ),  # fmt: skip
-    ]
+
+    def origin(occurred_at_ms: int, *id_parts: object) -> EventOrigin:
+        return EventOrigin(
+            namespace=options.namespace,
+            producer=PRODUCER,
+            occurred_at_ms=occurred_at_ms,
+            id_parts=id_parts,
+            session_id=session,
+            turn_id=turn_id,
+        )
+
+    request = request_received(
+        origin(at_ms, request_id),
+        request_id=request_id,
+        turn_kind="main",
+        turn_index=turn,
+        previous_turn_id=turn_id_for(session, turn - 1) if turn else None,
+        link_method="import",
+        messages_json=json.dumps(messages, ensure_ascii=False),
+        tools_json=None,
+        tool_choice_json=None,
+        sampling=sampling,
+        model=options.model,
+        stream=False,
+        client_id="openclaw-rl",
+        group_id=None,
+        group_size=None,
+    )
+    response = response_generated(
+        origin(at_ms + 1, request_id, "response"),
+        request_id=request_id,
+        prompt_token_ids=prompt_ids,
+        response_token_ids=response_ids,
+        response_logprobs=logprobs,
+        response_text=record["response_text"],
+        tool_calls_json=json.dumps(tool_calls, ensure_ascii=False) if tool_calls else None,
+        finish_reason="tool_calls" if tool_calls else "stop",
+        sampling=sampling,
+        policy_version=0,
+        policy_spans=[{"start_token": 0, "policy_version": 0}],
+        latency_ms=0.0,
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=len(response_ids),
+        model=f"openclaw-rl-import:{options.model}",
+    )
+    events: list[Event] = [dict(request), dict(response)]
     if record.get("next_state"):
-        events.append(next_state_event(record["next_state"], common, at_ms + 2, turn_id))
+        events.append(
+            next_state_event(record["next_state"], origin(at_ms + 2, turn_id, "openclaw-next-state"))
+        )
     return events
 
 
-def next_state_event(state: Message, common: dict[str, Any], at_ms: int, turn_id: str) -> Event:
+def next_state_event(state: Message, origin: EventOrigin) -> Event:
     content = state.get("content")
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-    return make_event(
-        "NextStateObserved", **common, occurred_at_ms=at_ms, id_parts=[turn_id, "openclaw-next-state"],
-        source="openclaw_import", role=str(state.get("role") or "user"), content=text or "",
-        messages_json=json.dumps([state], ensure_ascii=False), outcome=None,
-    )  # fmt: skip
+    event = next_state_observed(
+        origin,
+        source="openclaw_import",
+        role=str(state.get("role") or "user"),
+        content=text or "",
+        messages_json=json.dumps([state], ensure_ascii=False),
+        outcome=None,
+    )
+    return dict(event)
 
 
 def judge_votes(record: dict[str, Any]) -> list[tuple[str, int | None, str, str | None, str | None]]:
@@ -284,41 +301,82 @@ def judge_votes(record: dict[str, Any]) -> list[tuple[str, int | None, str, str 
 
 def vote_events(record: dict[str, Any], next_state: Event) -> list[Event]:
     envelope: Envelope = next_state["envelope"]
-    events, counters = [], {"reward": 0, "hint": 0}
+    events: list[Event] = []
+    counters = {"reward": 0, "hint": 0}
     for kind, score, raw, hint, parse_error in judge_votes(record):
         index = counters[kind]
         counters[kind] += 1
         judge_id = PRM_JUDGE_ID if kind == "reward" else HINT_JUDGE_ID
-        extra = {"hint": hint} if kind == "hint" else {}
+        origin = EventOrigin(
+            namespace=envelope["namespace"],
+            producer=PRODUCER,
+            occurred_at_ms=envelope["occurred_at"] + 1 + index,
+            id_parts=(envelope["event_id"], judge_id, JUDGE_CONFIG_VERSION, index),
+            session_id=envelope["session_id"],
+            turn_id=envelope["turn_id"],
+        )
+        error = None if score is not None else f"recorded as {parse_error or 'no score'}"
         events.append(
-            make_event(
-                "JudgeVoteCast" if kind == "reward" else "HintVoteCast",
-                namespace=envelope["namespace"],
-                producer=PRODUCER,
-                occurred_at_ms=envelope["occurred_at"] + 1 + index,
-                id_parts=[envelope["event_id"], judge_id, JUDGE_CONFIG_VERSION, index],
-                session_id=envelope["session_id"],
-                turn_id=envelope["turn_id"],
-                judge_id=judge_id,
-                judge_kind="llm",
-                judge_config_version=JUDGE_CONFIG_VERSION,
-                model=None,
-                model_version=None,
-                vote_index=index,
-                prompt_sha256=hashlib.sha256(NOT_RECORDED.encode()).hexdigest(),
-                prompt_text=NOT_RECORDED,
-                sampling=_sampling(0.6, 0),
-                raw_output=raw,
-                score=score,
-                parse_error=None if score is not None else f"recorded as {parse_error or 'no score'}",
-                latency_ms=0.0,
-                prompt_tokens=0,
-                completion_tokens=0,
-                next_state_event_id=envelope["event_id"],
-                **extra,
-            )  # fmt: skip
+            vote_event(kind, origin, judge_id, index, raw, score, error, hint, envelope["event_id"])
         )
     return events
+
+
+def vote_event(
+    kind: str,
+    origin: EventOrigin,
+    judge_id: str,
+    index: int,
+    raw: str,
+    score: int | None,
+    parse_error: str | None,
+    hint: str | None,
+    next_state_event_id: str,
+) -> Event:
+    """A JudgeVoteCast (`kind` "reward") or HintVoteCast of an imported vote; what the recorder did not
+    keep (prompt, sampling, usage) is marked as not recorded."""
+    if kind == "reward":
+        vote = judge_vote_cast(
+            origin,
+            judge_id=judge_id,
+            judge_kind="llm",
+            judge_config_version=JUDGE_CONFIG_VERSION,
+            model=None,
+            model_version=None,
+            vote_index=index,
+            prompt_sha256=hashlib.sha256(NOT_RECORDED.encode()).hexdigest(),
+            prompt_text=NOT_RECORDED,
+            sampling=_sampling(0.6, 0),
+            raw_output=raw,
+            score=score,
+            parse_error=parse_error,
+            latency_ms=0.0,
+            prompt_tokens=0,
+            completion_tokens=0,
+            next_state_event_id=next_state_event_id,
+        )
+        return dict(vote)
+    hint_vote = hint_vote_cast(
+        origin,
+        judge_id=judge_id,
+        judge_kind="llm",
+        judge_config_version=JUDGE_CONFIG_VERSION,
+        model=None,
+        model_version=None,
+        vote_index=index,
+        prompt_sha256=hashlib.sha256(NOT_RECORDED.encode()).hexdigest(),
+        prompt_text=NOT_RECORDED,
+        sampling=_sampling(0.6, 0),
+        raw_output=raw,
+        score=score,
+        parse_error=parse_error,
+        latency_ms=0.0,
+        prompt_tokens=0,
+        completion_tokens=0,
+        next_state_event_id=next_state_event_id,
+        hint=hint,
+    )
+    return dict(hint_vote)
 
 
 def session_closed_events(turns: dict[str, list[Event]], namespace: str) -> list[Event]:
@@ -329,19 +387,18 @@ def session_closed_events(turns: dict[str, list[Event]], namespace: str) -> list
         session = request["envelope"]["session_id"]
         if session not in last or request["turn_index"] > last[session]["turn_index"]:
             last[session] = request
-    return [
-        make_event(
-            "SessionClosed",
+    closed: list[Event] = []
+    for session, request in sorted(last.items()):
+        origin = EventOrigin(
             namespace=namespace,
             producer=PRODUCER,
             occurred_at_ms=request["envelope"]["occurred_at"] + 1000,
-            id_parts=[session, "openclaw-import-end"],
+            id_parts=(session, "openclaw-import-end"),
             session_id=session,
-            reason="import_end",
-            last_turn_id=request["envelope"]["turn_id"],
-        )  # fmt: skip
-        for session, request in sorted(last.items())
-    ]
+        )
+        event = session_closed(origin, reason="import_end", last_turn_id=request["envelope"]["turn_id"])
+        closed.append(dict(event))
+    return closed
 
 
 def build_events(

@@ -32,8 +32,9 @@ from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit, Processor
 from orl.pipeline.runtime.memory_runner import MemoryRunner
 from orl.schemas.codec import decode, encode, event_type_of
-from orl.schemas.event_types import HintVoteCast, JudgeVoteCast
-from orl.schemas.events import make_event
+from orl.schemas.event_constructors import teacher_scored
+from orl.schemas.event_types import HintVoteCast, JudgeVoteCast, TeacherScored
+from orl.schemas.events import EventOrigin
 from orl.schemas.topics import topic_for_event
 
 Event = dict[str, Any]
@@ -144,26 +145,34 @@ class Splicer:
 def teacher_events(scores: list[Event], selected: dict[str, str]) -> list[Event]:
     """Recorded TeacherScored re-attached to the replayed HintSelected of the same turn (turn id ->
     the first HintSelected id); a score whose turn has no selected hint in the replay is dropped."""
-    events = []
+    events: list[Event] = []
     for score in scores:
-        envelope = score["envelope"]
-        hint_id = selected.get(envelope["turn_id"])
+        recorded = cast(TeacherScored, score)
+        envelope = recorded["envelope"]
+        hint_id = None if envelope["turn_id"] is None else selected.get(envelope["turn_id"])
         if hint_id is None:
             continue
-        payload = {k: v for k, v in score.items() if k != "envelope"}
-        payload["hint_event_id"] = hint_id
-        events.append(
-            make_event(
-                "TeacherScored",
-                namespace=envelope["namespace"],
-                producer=envelope["producer"],
-                occurred_at_ms=envelope["occurred_at"],
-                id_parts=(hint_id, payload["teacher_kind"]),  # as pipeline/effects/teacher_stage.py names it
-                session_id=envelope["session_id"],
-                turn_id=envelope["turn_id"],
-                **payload,
-            )
+        origin = EventOrigin(
+            namespace=envelope["namespace"],
+            producer=envelope["producer"],
+            occurred_at_ms=envelope["occurred_at"],
+            id_parts=(hint_id, recorded["teacher_kind"]),  # as pipeline/effects/teacher_stage.py names it
+            session_id=envelope["session_id"],
+            turn_id=envelope["turn_id"],
         )
+        event = teacher_scored(
+            origin,
+            hint_event_id=hint_id,
+            teacher_kind=recorded["teacher_kind"],
+            teacher_prompt_token_ids=recorded["teacher_prompt_token_ids"],
+            response_token_ids=recorded["response_token_ids"],
+            teacher_logprobs=recorded["teacher_logprobs"],
+            policy_version=recorded["policy_version"],
+            temperature=recorded["temperature"],
+            teacher_top_ids=recorded["teacher_top_ids"],
+            teacher_top_logprobs=recorded["teacher_top_logprobs"],
+        )
+        events.append(dict(event))
     return events
 
 

@@ -22,6 +22,8 @@ SampleMethod = Literal["binary", "opd", "combined"]
 SAMPLE_METHODS: tuple[str, ...] = ("binary", "opd", "combined")
 RewardRule = Literal["single", "step_outcome"]
 REWARD_RULES: tuple[str, ...] = ("single", "step_outcome")
+STEP_RULE = "step_outcome"  # the rule name of a step's combined RewardDecided
+GROUP_RULE = "group_step_normalised"  # the rule name of a group's normalised RewardDecided (group_advantage)
 
 
 def content_version(section: Any) -> str:
@@ -106,7 +108,7 @@ class RewardRuleConfig:
     - "step_outcome" (general-agent tracks): every main turn of a session is a step, judged by the
       process judge on its own next state; the task's outcome is the outcome judge's reward on any
       turn of the session (the connector's verdict). When the session is over, each step gets
-      `step_weight * process + (1 - step_weight) * outcome` (pipeline/processors/step_rule.py), as
+      `step_weight * process + (1 - step_weight) * outcome` (rules/step_rewards.py), as
       a RewardDecided of its own that names both parts. With `group_advantage`, sessions that carry
       a group id then wait for their group's normalisation (group_advantage stage) before sampling.
     """

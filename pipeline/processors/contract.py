@@ -1,8 +1,10 @@
 """The contract every pure processor fulfils, whichever runtime (faust, embedded log) runs it.
 
 - State is keyed by session_id (every topic is keyed by session, so one partition holds a whole
-  session) and is JSON-serialisable (dict / list / str / int / float / bool / None), so a runtime can
-  keep it in SQLite rows or faust Tables. Returning `None` as the new state deletes the key.
+  session). A processor's `state_codec` (pipeline/processors/state_codec.py) turns its state into
+  the changelog's bytes and back, so a runtime can keep it in SQLite rows, Kafka changelogs or faust
+  Tables: a frozen dataclass per processor (`frozen_state`), or a JSON-serialisable dict
+  (`JSON_STATE`). Returning `None` as the new state deletes the key.
 - `process(state, event, config)` handles one event of one of `inputs`; `on_tick(state, now_ms,
   config)` does time-based work (idle timeouts, waiting limits). `now_ms` is the runtime's notion of
   time: the wall clock when live, the stream's watermark (latest occurred_at read) in a replay.
@@ -22,10 +24,11 @@ Reads and writes no topics itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.event_building import Event, State
+from orl.pipeline.processors.state_codec import StateCodec
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,16 @@ class Processor(Protocol):
     @property
     def outputs(self) -> tuple[str, ...]: ...
 
-    def process(self, state: State | None, event: Event, config: PipelineConfig) -> ProcessResult:
-        """Handle one input event of the session whose state is `state` (None: nothing stored yet)."""
+    @property
+    def state_codec(self) -> StateCodec: ...
+
+    def process(self, state: Any, event: Event, config: PipelineConfig) -> tuple[Any, list[Emit]]:
+        """Handle one input event of the session whose state is `state` (None: nothing stored yet).
+
+        `state` is the processor's own type, the one its `state_codec` reads and writes."""
         ...
 
-    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
+    def on_tick(self, state: Any, now_ms: int, config: PipelineConfig) -> tuple[Any, list[Emit]]:
         """Time-based work for one stored session; called periodically by the runtime.
 
         Returns `state` itself, unmodified, when there is nothing to do (see the module docstring).

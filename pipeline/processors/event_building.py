@@ -1,8 +1,9 @@
-"""Reading envelopes and building the events the pure processors emit; redelivery memory.
+"""Reading envelopes, naming producers, and the processors' redelivery memory.
 
 Every output event takes its namespace and session from its trigger, its `occurred_at` from the
 trigger's (never a clock read), and its id from the trigger ids plus the emitting processor's
-logic and config versions, so re-processing the same input gives byte-identical events.
+logic and config versions, so re-processing the same input gives byte-identical events; the events
+are built by the typed constructors of orl.schemas.event_constructors.
 Reads and writes no topics itself.
 """
 
@@ -12,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from orl.schemas.event_types import Envelope
-from orl.schemas.events import make_event
 
 Event = dict[str, Any]
 State = dict[str, Any]
@@ -61,28 +61,13 @@ def emitted_by(event: AnyEvent, processor_name: str) -> bool:
     return producer_of(event).startswith(f"pipeline.{processor_name}/")
 
 
-def build_event(
-    event_type: str,
-    *,
-    producer: str,
-    namespace: str,
-    session_id: str | None,
-    turn_id: str | None,
-    occurred_at_ms: int,
-    id_parts: tuple[str, ...],
-    **payload: Any,
-) -> Event:
-    """An output event; its id is deterministic from (event_type, namespace, *id_parts)."""
-    return make_event(
-        event_type,
-        namespace=namespace,
-        producer=producer,
-        occurred_at_ms=occurred_at_ms,
-        id_parts=id_parts,
-        session_id=session_id,
-        turn_id=turn_id,
-        **payload,
-    )
+def remembered(seen: tuple[str, ...], event_id: str, window: int) -> tuple[str, ...] | None:
+    """A typed state's bounded seen ids with `event_id` added (the oldest dropped beyond `window`);
+    None if it was there already (a redelivery)."""
+    if event_id in seen:
+        return None
+    seen = (*seen, event_id)
+    return seen[-window:] if len(seen) > window else seen
 
 
 def remember_event(state: State, event_id: str, window: int) -> bool:

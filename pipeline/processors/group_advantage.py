@@ -13,32 +13,34 @@ reason "normalised", unless all its rewards are equal (reason "zero_variance", r
 signal); a bucket of one keeps its reward, reason "single_entry". A trajectory that arrives after
 its group was decided is decided alone. Sessions are ordered by id and decisions read only the
 trajectories' contents, so arrival order never changes an output.
-State per group: namespace, group_id, size, seen, first_ms, last_ms, trajectories (session id ->
-steps), decided.
+The state of a group is a frozen `GroupState`, stored by `GROUP_STATE` (state_codec.frozen_state);
+the dict states stored before 2026-12-02 read as they are.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import cast
 
-from orl.pipeline.processors.config import PipelineConfig
-from orl.pipeline.processors.contract import Emit, ProcessResult
+from orl.pipeline.processors.config import GROUP_RULE, PipelineConfig
+from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
     Event,
-    State,
-    build_event,
     envelope_of,
     event_id_of,
     event_type_of,
     occurred_at_of,
     producer_name,
-    remember_event,
+    remembered,
     session_id_of,
 )
-from orl.pipeline.processors.step_decisions import GROUP_RULE
+from orl.pipeline.processors.state_codec import StateCodec, frozen_state
 from orl.pipeline.processors.topology import stage_named
+from orl.schemas.event_constructors import reward_decided
 from orl.schemas.event_types import TrajectoryScored
+from orl.schemas.events import EventOrigin
 
 NAME = "group_advantage"
 LOGIC_VERSION = "1"
@@ -46,21 +48,42 @@ PRODUCER = producer_name(NAME, LOGIC_VERSION)
 EPSILON = 1e-6
 
 
-def normalised_buckets(
-    trajectories: dict[str, list[dict[str, Any]]],
-) -> dict[tuple[str, str], tuple[float, str, str]]:
+@dataclass(frozen=True)
+class GroupStep:
+    turn_id: str
+    step_index: int
+    reward: float
+    reward_event_id: str
+
+
+@dataclass(frozen=True)
+class GroupState:
+    namespace: str
+    group_id: str
+    size: int  # 0: unknown, the group waits for its timeout
+    first_ms: int
+    last_ms: int
+    seen: tuple[str, ...] = ()
+    trajectories: Mapping[str, tuple[GroupStep, ...]] = field(default_factory=dict)  # session id -> steps
+    decided: bool = False
+
+
+Trajectories = Mapping[str, tuple[GroupStep, ...]]
+
+
+def normalised_buckets(trajectories: Trajectories) -> dict[tuple[str, str], tuple[float, str, str]]:
     """(session id, turn id) -> (advantage, reason, explanation) for every step of every trajectory."""
-    buckets: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    buckets: dict[int, list[tuple[str, GroupStep]]] = {}
     for session_id in sorted(trajectories):
         for step in trajectories[session_id]:
-            buckets.setdefault(int(step["step_index"]), []).append((session_id, step))
+            buckets.setdefault(step.step_index, []).append((session_id, step))
     decided: dict[tuple[str, str], tuple[float, str, str]] = {}
     for index, members in buckets.items():
-        values = [float(step["reward"]) for _, step in members]
+        values = [step.reward for _, step in members]
         mean = sum(values) / len(values)
         std = math.sqrt(sum((value - mean) ** 2 for value in values) / len(values))
         for session_id, step in members:
-            value = float(step["reward"])
+            value = step.reward
             if len(values) == 1:
                 result = (value, "single_entry", f"step {index}: the only one of its group; kept {value:+g}")
             elif max(values) == min(values):
@@ -77,7 +100,7 @@ def normalised_buckets(
                     f"step {index} of {len(values)}: ({value:+g} - mean {mean:+.4g}) / (std {std:.4g} + 1e-6) "
                     f"= {advantage:+.4g}",
                 )
-            decided[(session_id, step["turn_id"])] = result
+            decided[(session_id, step.turn_id)] = result
     return decided
 
 
@@ -86,76 +109,78 @@ class GroupAdvantage:
     inputs = stage_named(NAME).inputs
     outputs = stage_named(NAME).outputs
 
-    def process(self, state: State | None, event: Event, config: PipelineConfig) -> ProcessResult:
+    @property
+    def state_codec(self) -> StateCodec:
+        return GROUP_STATE
+
+    def process(
+        self, state: GroupState | None, event: Event, config: PipelineConfig
+    ) -> tuple[GroupState | None, list[Emit]]:
         if event_type_of(event) != "TrajectoryScored":
             return state, []
         trajectory = cast(TrajectoryScored, event)
-        state = state if state is not None else new_group_state(trajectory)
-        if not remember_event(state, event_id_of(event), config.seen_window):
+        if state is None:
+            occurred_at_ms = occurred_at_of(event)
+            namespace, group_id = envelope_of(event)["namespace"], trajectory["group_id"]
+            state = GroupState(
+                namespace, group_id, int(trajectory["group_size"]), occurred_at_ms, occurred_at_ms
+            )
+        seen = remembered(state.seen, event_id_of(event), config.seen_window)
+        if seen is None:
             return state, []
         session_id = session_id_of(event) or ""
-        steps = [dict(step) for step in trajectory["steps"]]
-        state["last_ms"] = max(state["last_ms"], occurred_at_of(event))
-        if state["decided"]:
+        steps = tuple(GroupStep(**step) for step in trajectory["steps"])
+        state = replace(state, seen=seen, last_ms=max(state.last_ms, occurred_at_of(event)))
+        if state.decided:
             return state, decide(state, {session_id: steps}, occurred_at_of(event), config)
-        state["trajectories"].setdefault(session_id, steps)
-        if state["size"] > 0 and len(state["trajectories"]) >= state["size"]:
-            return state, decide_group(state, config)
+        if session_id not in state.trajectories:
+            state = replace(state, trajectories={**state.trajectories, session_id: steps})
+        if state.size > 0 and len(state.trajectories) >= state.size:
+            return decide_group(state, config)
         return state, []
 
-    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
-        if not state["decided"]:
-            if now_ms - state["first_ms"] < config.groups.timeout_s * 1000:
+    def on_tick(
+        self, state: GroupState, now_ms: int, config: PipelineConfig
+    ) -> tuple[GroupState | None, list[Emit]]:
+        if not state.decided:
+            if now_ms - state.first_ms < config.groups.timeout_s * 1000:
                 return state, []
-            state = dict(state)
-            return state, decide_group(state, config, state["first_ms"] + int(config.groups.timeout_s * 1000))
-        if now_ms - state["last_ms"] >= config.groups.retention_s * 1000:
+            return decide_group(state, config, state.first_ms + int(config.groups.timeout_s * 1000))
+        if now_ms - state.last_ms >= config.groups.retention_s * 1000:
             return None, []
         return state, []
 
 
-def new_group_state(event: TrajectoryScored) -> State:
-    return {
-        "namespace": envelope_of(event)["namespace"],
-        "group_id": event["group_id"],
-        "size": int(event["group_size"]),
-        "seen": [],
-        "first_ms": occurred_at_of(event),
-        "last_ms": occurred_at_of(event),
-        "trajectories": {},
-        "decided": False,
-    }
-
-
-def decide_group(state: State, config: PipelineConfig, deadline_ms: int | None = None) -> list[Emit]:
+def decide_group(
+    state: GroupState, config: PipelineConfig, deadline_ms: int | None = None
+) -> tuple[GroupState, list[Emit]]:
     """Decide the group with the trajectories it has; keep only the decided marker."""
-    trajectories = state["trajectories"]
-    occurred_at_ms = state["last_ms"] if deadline_ms is None else max(state["last_ms"], deadline_ms)
-    emits = decide(state, trajectories, occurred_at_ms, config)
-    state["decided"] = True
-    state["trajectories"] = {}
-    return emits
+    occurred_at_ms = state.last_ms if deadline_ms is None else max(state.last_ms, deadline_ms)
+    emits = decide(state, state.trajectories, occurred_at_ms, config)
+    return replace(state, decided=True, trajectories={}), emits
 
 
 def decide(
-    state: State, trajectories: dict[str, list[dict[str, Any]]], occurred_at_ms: int, config: PipelineConfig
+    state: GroupState, trajectories: Trajectories, occurred_at_ms: int, config: PipelineConfig
 ) -> list[Emit]:
     """One RewardDecided per step of `trajectories`, normalised within them."""
-    steps = {(session_id, step["turn_id"]): step for session_id, of in trajectories.items() for step in of}
-    members = sorted(step["reward_event_id"] for step in steps.values())
+    steps = {(session_id, step.turn_id): step for session_id, of in trajectories.items() for step in of}
+    members = sorted(step.reward_event_id for step in steps.values())
     emits = []
     for (session_id, turn_id), (advantage, reason, explanation) in sorted(
         normalised_buckets(trajectories).items()
     ):
         step = steps[(session_id, turn_id)]
-        event = build_event(
-            "RewardDecided",
+        origin = EventOrigin(
+            namespace=state.namespace,
             producer=PRODUCER,
-            namespace=state["namespace"],
+            occurred_at_ms=occurred_at_ms,
+            id_parts=(state.group_id, step.reward_event_id, GROUP_RULE, LOGIC_VERSION, *members),
             session_id=session_id,
             turn_id=turn_id,
-            occurred_at_ms=occurred_at_ms,
-            id_parts=(state["group_id"], step["reward_event_id"], GROUP_RULE, LOGIC_VERSION, *members),
+        )
+        event = reward_decided(
+            origin,
             vote_ids=[],
             votes=[],
             rule=GROUP_RULE,
@@ -166,16 +191,17 @@ def decide(
             judge_id=None,
             parts=[
                 {
-                    "reward_event_id": step["reward_event_id"],
+                    "reward_event_id": step.reward_event_id,
                     "judge_id": None,
-                    "reward": float(step["reward"]),
+                    "reward": step.reward,
                     "weight": 1.0,
                 }
             ],
-            explanation=f"group {state['group_id']} ({len(trajectories)} rollouts), {explanation}",
+            explanation=f"group {state.group_id} ({len(trajectories)} rollouts), {explanation}",
         )
-        emits.append(Emit("rewards", event))
+        emits.append(Emit("rewards", dict(event)))
     return emits
 
 
+GROUP_STATE = frozen_state(GroupState)
 GROUP_ADVANTAGE = GroupAdvantage()

@@ -23,42 +23,39 @@ Writes next_states (NextStateObserved, source "conversation" or "session_end") a
   response are known; requests that occurred at or before an explicit close belong to the
   closed session and never reopen it. A close that names no main turn is settled by `on_tick`
   `CLOSE_GRACE_S` after it, on the then-last main turn.
-State per session: namespace, seen, last_activity_ms, closed, closed_at_ms, closed_reason,
-session_end (the explicit close's trigger, until its turn is known), waiting_responses
-(request_id -> response id, for responses before requests) and turns (turn_id -> index, kind,
-request_id, request_event_id, response_event_id, message_count, messages_digest, pending,
-next_state ("none" | "pending" | "emitted"), external).
+The state of a session is a frozen `LinkerSession` (its turns `LinkedTurn`s), stored by
+`LINKER_STATE` (state_codec.frozen_state); the dict states stored before 2026-12-02 read as they are.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 from orl.pipeline.processors import conversation_diff
 from orl.pipeline.processors.config import PipelineConfig
-from orl.pipeline.processors.contract import Emit, ProcessResult
+from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
-    AnyEvent,
     Event,
-    State,
-    build_event,
     emitted_by,
     envelope_of,
     event_id_of,
     event_type_of,
     occurred_at_of,
     producer_name,
-    remember_event,
+    remembered,
     session_id_of,
     turn_id_of,
 )
 from orl.pipeline.processors.next_state_text import next_state_role, render_messages
+from orl.pipeline.processors.state_codec import StateCodec, frozen_state
 from orl.pipeline.processors.topology import stage_named
+from orl.schemas.event_constructors import next_state_observed, session_closed
 from orl.schemas.event_types import NextStateObserved, RequestReceived, ResponseGenerated, SessionClosed
+from orl.schemas.events import EventOrigin
 
 logger = logging.getLogger(__name__)
 
@@ -71,275 +68,310 @@ RETRY_CONTENT = "(the user sent the same conversation again without a new messag
 CLOSE_GRACE_S = 30.0
 
 
+@dataclass(frozen=True)
+class PendingNextState:
+    """A turn's next state, written once the turn's response is known."""
+
+    source: str  # "conversation" | "session_end"
+    role: str
+    content: str
+    messages_json: str | None
+    trigger_event_id: str
+    occurred_at_ms: int
+
+
+@dataclass(frozen=True)
+class LinkedTurn:
+    index: int
+    kind: str
+    request_id: str
+    request_event_id: str
+    response_event_id: str | None
+    message_count: int
+    messages_digest: str
+    pending: PendingNextState | None = None
+    next_state: str = "none"  # "none" | "pending" | "emitted"
+    external: bool = False  # a connector gave it a next state: it needs no session_end one
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    """An explicit close, until the main turn it names is known."""
+
+    last_turn_id: str | None
+    trigger_event_id: str
+    occurred_at_ms: int
+
+
+@dataclass(frozen=True)
+class LinkerSession:
+    """One session: `waiting_responses` maps request ids to the ids of responses read before their
+    request; `external_turns` names turns a connector observed before their request was read."""
+
+    namespace: str
+    session_id: str | None
+    last_activity_ms: int
+    seen: tuple[str, ...] = ()
+    closed: bool = False
+    closed_at_ms: int | None = None
+    closed_reason: str | None = None
+    session_end: SessionEnd | None = None
+    waiting_responses: Mapping[str, str] = field(default_factory=dict)
+    turns: Mapping[str, LinkedTurn] = field(default_factory=dict)
+    external_turns: tuple[str, ...] = ()
+
+
+Linked = tuple[LinkerSession, list[Emit]]
+
+
 class TurnLinker:
     name = NAME
     inputs = stage_named(NAME).inputs
     outputs = stage_named(NAME).outputs
 
-    def process(self, state: State | None, event: Event, config: PipelineConfig) -> ProcessResult:
-        state = state if state is not None else new_state(event)
-        if not remember_event(state, event_id_of(event), config.seen_window):
-            return state, []
-        handler = HANDLERS.get(event_type_of(event))
-        if handler is None or emitted_by(event, NAME):
-            return state, []
-        return state, handler(state, event, config)
+    @property
+    def state_codec(self) -> StateCodec:
+        return LINKER_STATE
 
-    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> ProcessResult:
-        if state["closed"]:
-            if state.get("session_end") and now_ms - state["closed_at_ms"] >= CLOSE_GRACE_S * 1000:
-                # a new object (the contract): settling changes the state even when it emits nothing
-                state = copy.deepcopy(state)
-                return state, settle_session_end(state, config)
-            expired = now_ms - state["closed_at_ms"] >= config.linker.closed_retention_s * 1000
+    def process(self, state: LinkerSession | None, event: Event, config: PipelineConfig) -> Linked:
+        if state is None:
+            state = LinkerSession(
+                envelope_of(event)["namespace"], session_id_of(event), occurred_at_of(event)
+            )
+        seen = remembered(state.seen, event_id_of(event), config.seen_window)
+        if seen is None:
+            return state, []
+        state = replace(state, seen=seen)
+        event_type = event_type_of(event)
+        if emitted_by(event, NAME):
+            return state, []
+        if event_type == "RequestReceived":
+            return on_request(state, cast(RequestReceived, event), config)
+        if event_type == "ResponseGenerated":
+            return on_response(state, cast(ResponseGenerated, event), config)
+        if event_type == "NextStateObserved":
+            return on_external_next_state(state, cast(NextStateObserved, event)), []
+        if event_type == "SessionClosed":
+            return on_session_closed(state, cast(SessionClosed, event), config)
+        return state, []
+
+    def on_tick(
+        self, state: LinkerSession, now_ms: int, config: PipelineConfig
+    ) -> tuple[LinkerSession | None, list[Emit]]:
+        if state.closed:
+            assert state.closed_at_ms is not None
+            if state.session_end is not None and now_ms - state.closed_at_ms >= CLOSE_GRACE_S * 1000:
+                return settle_session_end(state, state.session_end, config)
+            expired = now_ms - state.closed_at_ms >= config.linker.closed_retention_s * 1000
             return (None, []) if expired else (state, [])
-        deadline_ms = state["last_activity_ms"] + int(config.linker.idle_timeout_s * 1000)
+        deadline_ms = state.last_activity_ms + int(config.linker.idle_timeout_s * 1000)
         if now_ms < deadline_ms:
             return state, []
-        return state, close_idle_session(state, deadline_ms, config)
+        return close_idle_session(state, deadline_ms, config)
 
 
-def new_state(event: Event) -> State:
-    return {
-        "namespace": envelope_of(event)["namespace"],
-        "session_id": session_id_of(event),
-        "seen": [],
-        "last_activity_ms": occurred_at_of(event),
-        "closed": False,
-        "closed_at_ms": None,
-        "closed_reason": None,
-        "session_end": None,
-        "waiting_responses": {},
-        "turns": {},
-    }
+def touched(state: LinkerSession, event: Mapping[str, Any]) -> LinkerSession:
+    return replace(state, last_activity_ms=max(state.last_activity_ms, occurred_at_of(event)))
 
 
-def touch(state: State, event: AnyEvent) -> None:
-    state["last_activity_ms"] = max(state["last_activity_ms"], occurred_at_of(event))
+def with_turn(state: LinkerSession, turn_id: str, turn: LinkedTurn) -> LinkerSession:
+    return replace(state, turns={**state.turns, turn_id: turn})
 
 
-def on_request(state: State, event: RequestReceived, config: PipelineConfig) -> list[Emit]:
-    touch(state, event)
-    if state["closed"] and not belongs_to_closed_session(state, event):
-        reopen(state)  # the user came back after the close: the session goes on
-    turn_id = turn_id_of(event) or event["request_id"]
+def on_request(state: LinkerSession, event: RequestReceived, config: PipelineConfig) -> Linked:
+    state = touched(state, event)
+    if state.closed and not belongs_to_closed_session(state, event):
+        # the user came back after the close: the session goes on
+        state = replace(state, closed=False, closed_at_ms=None, closed_reason=None, session_end=None)
+    request_id = event["request_id"]
+    turn_id = turn_id_of(event) or request_id
     messages: list[dict[str, Any]] = json.loads(event["messages_json"])
-    waiting = state["waiting_responses"].pop(event["request_id"], None)
-    turn = {
-        "index": int(event["turn_index"]),
-        "kind": event["turn_kind"],
-        "request_id": event["request_id"],
-        "request_event_id": event_id_of(event),
-        "response_event_id": waiting,
-        "message_count": len(messages),
-        "messages_digest": conversation_diff.messages_digest(messages),
-        "pending": None,
-        "next_state": "none",
-        "external": turn_id in state.get("external_turns", []),
-    }
-    state["turns"][turn_id] = turn
-    if turn["kind"] != "main":
-        return []
-    previous_id = previous_main_turn(state, turn["index"])
+    waiting = dict(state.waiting_responses)
+    turn = LinkedTurn(
+        index=int(event["turn_index"]),
+        kind=event["turn_kind"],
+        request_id=request_id,
+        request_event_id=event_id_of(event),
+        response_event_id=waiting.pop(request_id, None),
+        message_count=len(messages),
+        messages_digest=conversation_diff.messages_digest(messages),
+        external=turn_id in state.external_turns,
+    )
+    state = with_turn(replace(state, waiting_responses=waiting), turn_id, turn)
+    if turn.kind != "main":
+        return state, []
+    previous_id = previous_main_turn(state, turn.index)
     if previous_id is not None:
-        link_conversation(state, previous_id, messages, event, config)
-    assign_named_session_end(state)
-    return flush_pending(state, config)
+        state = link_conversation(state, previous_id, messages, event)
+    return flush_pending(assign_named_session_end(state), config)
 
 
-def belongs_to_closed_session(state: State, request: RequestReceived) -> bool:
+def belongs_to_closed_session(state: LinkerSession, request: RequestReceived) -> bool:
     """A request that occurred at or before an explicit close was only read after it: it is part of the session."""
-    return state.get("closed_reason") == "explicit" and occurred_at_of(request) <= state["closed_at_ms"]
+    return (
+        state.closed_reason == "explicit"
+        and state.closed_at_ms is not None
+        and occurred_at_of(request) <= state.closed_at_ms
+    )
 
 
-def reopen(state: State) -> None:
-    state["closed"], state["closed_at_ms"] = False, None
-    state["closed_reason"], state["session_end"] = None, None
-
-
-def previous_main_turn(state: State, index: int) -> str | None:
-    earlier = [
-        (t["index"], tid) for tid, t in state["turns"].items() if t["kind"] == "main" and t["index"] < index
-    ]
+def previous_main_turn(state: LinkerSession, index: int) -> str | None:
+    earlier = [(t.index, tid) for tid, t in state.turns.items() if t.kind == "main" and t.index < index]
     return max(earlier)[1] if earlier else None
 
 
-def last_main_turn(state: State) -> str | None:
-    mains = [(t["index"], tid) for tid, t in state["turns"].items() if t["kind"] == "main"]
+def last_main_turn(state: LinkerSession) -> str | None:
+    mains = [(t.index, tid) for tid, t in state.turns.items() if t.kind == "main"]
     return max(mains)[1] if mains else None
 
 
 def link_conversation(
-    state: State,
-    turn_id: str,
-    messages: list[dict[str, Any]],
-    trigger: RequestReceived,
-    config: PipelineConfig,
-) -> None:
-    turn = state["turns"][turn_id]
-    if turn["next_state"] != "none":
-        return
-    appended, how = conversation_diff.appended_messages(
-        turn["message_count"], turn["messages_digest"], messages
-    )
+    state: LinkerSession, turn_id: str, messages: list[dict[str, Any]], trigger: RequestReceived
+) -> LinkerSession:
+    """The previous main turn's next state: every message the client appended after its response."""
+    turn = state.turns[turn_id]
+    if turn.next_state != "none":
+        return state
+    appended, how = conversation_diff.appended_messages(turn.message_count, turn.messages_digest, messages)
     if how != conversation_diff.PREFIX:
         logger.info(
             "turn %s: history was rewritten; next state taken after the last assistant message", turn_id
         )
-    content = render_messages(appended) if appended else RETRY_CONTENT
-    turn["pending"] = {
-        "source": "conversation",
-        "role": next_state_role(appended),
-        "content": content,
-        "messages_json": json.dumps(appended, ensure_ascii=False, sort_keys=True),
-        "trigger_event_id": event_id_of(trigger),
-        "occurred_at_ms": occurred_at_of(trigger),
-    }
-    turn["next_state"] = "pending"
+    pending = PendingNextState(
+        source="conversation",
+        role=next_state_role(appended),
+        content=render_messages(appended) if appended else RETRY_CONTENT,
+        messages_json=json.dumps(appended, ensure_ascii=False, sort_keys=True),
+        trigger_event_id=event_id_of(trigger),
+        occurred_at_ms=occurred_at_of(trigger),
+    )
+    return with_turn(state, turn_id, replace(turn, pending=pending, next_state="pending"))
 
 
-def flush_pending(state: State, config: PipelineConfig) -> list[Emit]:
+def flush_pending(state: LinkerSession, config: PipelineConfig) -> Linked:
     """Emit every pending next state whose turn has its response; in turn order."""
-    emits = []
-    for turn_id, turn in sorted(state["turns"].items(), key=lambda item: item[1]["index"]):
-        if turn["next_state"] == "pending" and turn["response_event_id"] is not None:
-            emits.append(Emit("next_states", next_state_event(state, turn_id, turn["pending"], config)))
-            turn["pending"], turn["next_state"] = None, "emitted"
-    return emits
+    emits, turns = [], dict(state.turns)
+    for turn_id, turn in sorted(state.turns.items(), key=lambda item: item[1].index):
+        if turn.next_state == "pending" and turn.pending is not None and turn.response_event_id is not None:
+            emits.append(Emit("next_states", dict(next_state_event(state, turn_id, turn.pending, config))))
+            turns[turn_id] = replace(turn, pending=None, next_state="emitted")
+    return (replace(state, turns=turns), emits) if emits else (state, [])
 
 
-def next_state_event(state: State, turn_id: str, pending: dict[str, Any], config: PipelineConfig) -> Event:
-    return build_event(
-        "NextStateObserved",
+def next_state_event(
+    state: LinkerSession, turn_id: str, pending: PendingNextState, config: PipelineConfig
+) -> NextStateObserved:
+    origin = EventOrigin(
+        namespace=state.namespace,
         producer=PRODUCER,
-        namespace=state["namespace"],
-        session_id=state["session_id"],
+        occurred_at_ms=pending.occurred_at_ms,
+        id_parts=(turn_id, pending.source, pending.trigger_event_id, config.linker.version),
+        session_id=state.session_id,
         turn_id=turn_id,
-        occurred_at_ms=pending["occurred_at_ms"],
-        id_parts=(turn_id, pending["source"], pending["trigger_event_id"], config.linker.version),
-        source=pending["source"],
-        role=pending["role"],
-        content=pending["content"],
-        messages_json=pending["messages_json"],
+    )
+    return next_state_observed(
+        origin,
+        source=pending.source,
+        role=pending.role,
+        content=pending.content,
+        messages_json=pending.messages_json,
         outcome=None,
     )
 
 
-def on_response(state: State, event: ResponseGenerated, config: PipelineConfig) -> list[Emit]:
-    touch(state, event)
+def on_response(state: LinkerSession, event: ResponseGenerated, config: PipelineConfig) -> Linked:
+    state = touched(state, event)
     request_id = event["request_id"]
-    for turn in state["turns"].values():
-        if turn["request_id"] == request_id:
-            turn["response_event_id"] = event_id_of(event)
-            return flush_pending(state, config)
-    state["waiting_responses"][request_id] = event_id_of(event)
-    return []
+    for turn_id, turn in state.turns.items():
+        if turn.request_id == request_id:
+            return flush_pending(
+                with_turn(state, turn_id, replace(turn, response_event_id=event_id_of(event))), config
+            )
+    return replace(state, waiting_responses={**state.waiting_responses, request_id: event_id_of(event)}), []
 
 
-def on_external_next_state(state: State, event: NextStateObserved, config: PipelineConfig) -> list[Emit]:
+def on_external_next_state(state: LinkerSession, event: NextStateObserved) -> LinkerSession:
     """A connector observed what followed a turn: the session is active, and the turn needs no session_end state."""
-    touch(state, event)
+    state = touched(state, event)
     turn_id = turn_id_of(event)
     if turn_id is None:
-        return []
-    if turn_id in state["turns"]:
-        state["turns"][turn_id]["external"] = True
-    else:
-        state.setdefault("external_turns", []).append(turn_id)
-    return []
+        return state
+    turn = state.turns.get(turn_id)
+    if turn is not None:
+        return with_turn(state, turn_id, replace(turn, external=True))
+    return replace(state, external_turns=(*state.external_turns, turn_id))
 
 
-def on_session_closed(state: State, event: SessionClosed, config: PipelineConfig) -> list[Emit]:
-    if state["closed"]:
-        return []
-    close(state, occurred_at_of(event), "explicit")
-    state["session_end"] = {
-        "last_turn_id": event.get("last_turn_id"),
-        "trigger_event_id": event_id_of(event),
-        "occurred_at_ms": occurred_at_of(event),
-    }
-    assign_named_session_end(state)
-    return flush_pending(state, config)
+def on_session_closed(state: LinkerSession, event: SessionClosed, config: PipelineConfig) -> Linked:
+    if state.closed:
+        return state, []
+    end = SessionEnd(event.get("last_turn_id"), event_id_of(event), occurred_at_of(event))
+    state = replace(closed(state, occurred_at_of(event), "explicit"), session_end=end)
+    return flush_pending(assign_named_session_end(state), config)
 
 
-def close(state: State, closed_at_ms: int, reason: str) -> None:
-    state["closed"], state["closed_at_ms"], state["closed_reason"] = True, closed_at_ms, reason
-    state.pop("external_turns", None)
+def closed(state: LinkerSession, closed_at_ms: int, reason: str) -> LinkerSession:
+    return replace(state, closed=True, closed_at_ms=closed_at_ms, closed_reason=reason, external_turns=())
 
 
-def assign_named_session_end(state: State) -> None:
+def assign_named_session_end(state: LinkerSession) -> LinkerSession:
     """Once the explicit close's named main turn is known, give it the session_end next state."""
-    end = state.get("session_end")
-    if not end:
-        return
-    turn = state["turns"].get(end["last_turn_id"])
-    if turn is None or turn["kind"] != "main":
-        return  # not read yet (or a side turn): wait for it, or for the grace period in on_tick
-    state["session_end"] = None
-    mark_session_end(state, end["last_turn_id"], end["trigger_event_id"], end["occurred_at_ms"])
+    end = state.session_end
+    if end is None or end.last_turn_id is None:
+        return state
+    turn = state.turns.get(end.last_turn_id)
+    if turn is None or turn.kind != "main":
+        return state  # not read yet (or a side turn): wait for it, or for the grace period in on_tick
+    state = replace(state, session_end=None)
+    return with_session_end(state, end.last_turn_id, end.trigger_event_id, end.occurred_at_ms)
 
 
-def settle_session_end(state: State, config: PipelineConfig) -> list[Emit]:
+def settle_session_end(state: LinkerSession, end: SessionEnd, config: PipelineConfig) -> Linked:
     """The close named no known main turn and the grace period is over: end the then-last main turn."""
-    end, state["session_end"] = state["session_end"], None
+    state = replace(state, session_end=None)
     last_turn_id = last_main_turn(state)
     if last_turn_id is None:
-        return []
-    mark_session_end(state, last_turn_id, end["trigger_event_id"], end["occurred_at_ms"])
-    return flush_pending(state, config)
+        return state, []
+    return flush_pending(
+        with_session_end(state, last_turn_id, end.trigger_event_id, end.occurred_at_ms), config
+    )
 
 
-def mark_session_end(state: State, last_turn_id: str, trigger_id: str, occurred_at_ms: int) -> None:
-    """Give the session's last main turn a session_end next state, unless it already has one."""
-    turn = state["turns"][last_turn_id]
-    if turn["next_state"] != "none" or turn["external"]:
-        return
-    turn["pending"] = {
-        "source": "session_end",
-        "role": "environment",
-        "content": SESSION_END_CONTENT,
-        "messages_json": None,
-        "trigger_event_id": trigger_id,
-        "occurred_at_ms": occurred_at_ms,
-    }
-    turn["next_state"] = "pending"
+def with_session_end(
+    state: LinkerSession, last_turn_id: str, trigger_id: str, occurred_at_ms: int
+) -> LinkerSession:
+    """The session's last main turn with a session_end next state, unless it already has one."""
+    turn = state.turns[last_turn_id]
+    if turn.next_state != "none" or turn.external:
+        return state
+    pending = PendingNextState(
+        "session_end", "environment", SESSION_END_CONTENT, None, trigger_id, occurred_at_ms
+    )
+    return with_turn(state, last_turn_id, replace(turn, pending=pending, next_state="pending"))
 
 
-def close_idle_session(state: State, deadline_ms: int, config: PipelineConfig) -> list[Emit]:
+def close_idle_session(state: LinkerSession, deadline_ms: int, config: PipelineConfig) -> Linked:
     """No activity until `deadline_ms`: emit SessionClosed(idle_timeout) and the last turn's session_end state.
 
     The events carry the deadline as occurred_at (not the tick's time), so they do not depend on
     when the runtime happened to tick.
     """
     last_turn_id = last_main_turn(state)
-    closed = build_event(
-        "SessionClosed",
+    origin = EventOrigin(
+        namespace=state.namespace,
         producer=PRODUCER,
-        namespace=state["namespace"],
-        session_id=state["session_id"],
-        turn_id=None,
         occurred_at_ms=deadline_ms,
-        id_parts=(
-            str(state["session_id"]),
-            "idle_timeout",
-            str(state["last_activity_ms"]),
-            config.linker.version,
-        ),
-        reason="idle_timeout",
-        last_turn_id=last_turn_id,
+        id_parts=(str(state.session_id), "idle_timeout", str(state.last_activity_ms), config.linker.version),
+        session_id=state.session_id,
+        turn_id=None,
     )
-    close(state, deadline_ms, "idle_timeout")
+    closing = session_closed(origin, reason="idle_timeout", last_turn_id=last_turn_id)
+    state = closed(state, deadline_ms, "idle_timeout")
     if last_turn_id is not None:
-        mark_session_end(state, last_turn_id, event_id_of(closed), deadline_ms)
-    return [Emit("sessions", closed), *flush_pending(state, config)]
+        state = with_session_end(state, last_turn_id, event_id_of(closing), deadline_ms)
+    state, next_states = flush_pending(state, config)
+    return state, [Emit("sessions", dict(closing)), *next_states]
 
 
-# Dispatch on envelope.event_type: each handler takes the TypedDict of the event type it is filed under.
-HANDLERS: dict[str, Callable[[State, Any, PipelineConfig], list[Emit]]] = {
-    "RequestReceived": on_request,
-    "ResponseGenerated": on_response,
-    "NextStateObserved": on_external_next_state,
-    "SessionClosed": on_session_closed,
-}
-
+LINKER_STATE = frozen_state(LinkerSession)
 TURN_LINKER = TurnLinker()

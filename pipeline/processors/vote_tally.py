@@ -9,8 +9,7 @@ vote is the reward, reason "outcome". The decision waits for `votes_per_judgemen
 `rule_votes_per_judgement`), or for `vote_timeout_s` after the first vote (on_tick; missing votes
 count as failures). Votes are ordered by vote_index and occurred_at is the latest vote's, so the
 arrival order of the votes never changes the output.
-State per session: namespace, session_id, seen, last_activity_ms, judgements (key
-"turn|next_state|judge|config" -> votes by index, or a {"decided": true} marker).
+State per session: vote_collection's VoteSession.
 """
 
 from __future__ import annotations
@@ -20,12 +19,10 @@ from collections import Counter
 from orl.pipeline.processors import vote_collection
 from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit
-from orl.pipeline.processors.event_building import (
-    State,
-    build_event,
-    producer_name,
-)
+from orl.pipeline.processors.event_building import producer_name
 from orl.pipeline.processors.topology import stage_named
+from orl.schemas.event_constructors import reward_decided
+from orl.schemas.events import EventOrigin
 
 NAME = "vote_tally"
 LOGIC_VERSION = "1"
@@ -54,28 +51,34 @@ def rule_judge_reward(scores: list[int | None]) -> tuple[float, str]:
 
 
 def votes_needed(judgement: vote_collection.Judgement, config: PipelineConfig) -> int:
-    if judgement["judge_kind"] == "rule":
+    if judgement.judge_kind == "rule":
         return config.tally.rule_votes_per_judgement
     return config.tally.votes_per_judgement
 
 
 def decide(
-    state: State, key: str, judgement: vote_collection.Judgement, occurred_at_ms: int, config: PipelineConfig
+    state: vote_collection.VoteSession,
+    key: str,
+    judgement: vote_collection.Judgement,
+    occurred_at_ms: int,
+    config: PipelineConfig,
 ) -> Emit:
     votes = vote_collection.votes_in_order(judgement)
-    vote_ids = [vote["event_id"] for vote in votes]
-    scores = [vote["score"] for vote in votes]
-    is_rule = judgement["judge_kind"] == "rule"
+    vote_ids = [vote.event_id for vote in votes]
+    scores = [vote.score for vote in votes]
+    is_rule = judgement.judge_kind == "rule"
     reward, reason = rule_judge_reward(scores) if is_rule else majority(scores)
     rule = RULE_JUDGE_RULE if is_rule else MAJORITY_RULE
-    event = build_event(
-        "RewardDecided",
+    origin = EventOrigin(
+        namespace=state.namespace,
         producer=PRODUCER,
-        namespace=state["namespace"],
-        session_id=state["session_id"],
-        turn_id=judgement["turn_id"],
         occurred_at_ms=occurred_at_ms,
         id_parts=(key, *vote_ids, rule, RULE_VERSION, config.tally.version),
+        session_id=state.session_id,
+        turn_id=judgement.turn_id,
+    )
+    event = reward_decided(
+        origin,
         vote_ids=vote_ids,
         votes=scores,
         rule=rule,
@@ -83,18 +86,18 @@ def decide(
         reward=reward,
         reason=reason,
         promoted=False,
-        judge_id=judgement["judge_id"],
+        judge_id=judgement.judge_id,
         parts=[],
         explanation=None,
     )
-    vote_collection.mark_decided(state, key)
-    return Emit("rewards", event)
+    return Emit("rewards", dict(event))
 
 
 class VoteTally(vote_collection.VoteCollector):
     name = NAME
     inputs = stage_named(NAME).inputs
     outputs = stage_named(NAME).outputs
+    state_codec = vote_collection.VOTE_STATE
     vote_type = "JudgeVoteCast"
 
     votes_needed = staticmethod(votes_needed)

@@ -58,7 +58,7 @@ from orl.pipeline.runtime.faust_patches import (
     SkippedRecordReader,
     check_faust_version,
 )
-from orl.pipeline.runtime.host import Output, ProcessorHost, state_bytes, state_from_bytes, wall_clock_ms
+from orl.pipeline.runtime.host import Output, ProcessorHost, wall_clock_ms
 from orl.schemas.errors import ConfigError
 from orl.schemas.topics import dlq_topic, topic_name
 
@@ -219,7 +219,7 @@ class ProcessorAgent:
         cached = self._decoded.get(key)
         if cached is not None and cached[0] is stored:  # the very bytes this worker stored or decoded
             return cached[1]
-        state = state_from_bytes(stored)
+        state = self.host.state_codec.from_bytes(stored)
         self._decoded[key] = (stored, state)
         return state
 
@@ -237,7 +237,7 @@ class ProcessorAgent:
             if key in self.table:
                 del self.table[key]
         else:
-            value = state_bytes(state)
+            value = self.host.state_codec.to_bytes(state)
             self.table[key] = value
             self._decoded[key] = (value, state)
 

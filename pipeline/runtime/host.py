@@ -15,16 +15,14 @@ before raising leaves that change: stages read and check an event before they ch
 would be its every failure: before this policy, the process died and its restart replayed the same
 record and died again.
 
-A changelog value is the state's compact JSON, keys in insertion order (not sorted: a restored
-state is then the very dict, order included, that was stored, and sorting costs a fifth more); an
-empty value deletes the session. A tick changes a state only by returning another object or
+A changelog value is the state as the stage's `state_codec` writes it (pipeline/processors/contract.py);
+an empty value deletes the session. A tick changes a state only by returning another object or
 emitting something (pipeline/processors/contract.py), so ticks never serialise unchanged states.
 Reads and writes no topics itself.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import traceback
@@ -37,10 +35,12 @@ from orl.pipeline.effects.contract import EffectCall, EffectStage
 from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit, Processor
 from orl.pipeline.processors.event_building import Event, State
+from orl.pipeline.processors.state_codec import StateCodec
 from orl.pipeline.runtime.shared_decodes import SharedDecodes
 from orl.schemas.codec import encode
 from orl.schemas.errors import EventDecodeError
-from orl.schemas.events import make_event
+from orl.schemas.event_constructors import dead_lettered
+from orl.schemas.events import EventOrigin
 from orl.schemas.topics import dlq_topic, record_key, topic_name
 
 logger = logging.getLogger(__name__)
@@ -51,16 +51,6 @@ Output = tuple[str, OutgoingRecord]  # (full topic name, record)
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
-
-
-def state_bytes(state: State) -> bytes:
-    """A changelog value (see the module docstring)."""
-    return json.dumps(state, separators=(",", ":"), check_circular=False).encode()
-
-
-def state_from_bytes(value: bytes) -> State:
-    state: State = json.loads(value)
-    return state
 
 
 @dataclass(slots=True)  # not frozen: one per record, and frozen dataclasses are slower to build
@@ -106,6 +96,11 @@ class ProcessorHost:
     @property
     def name(self) -> str:
         return self.stage.name
+
+    @property
+    def state_codec(self) -> StateCodec:
+        """How the stage's session states become changelog values and back."""
+        return self.stage.state_codec
 
     @property
     def input_topics(self) -> list[str]:
@@ -194,12 +189,14 @@ class ProcessorHost:
         original bytes."""
         self.metrics.count("dead_lettered", topic=record.topic, processor=self.name)
         logger.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
-        event = make_event(
-            "DeadLettered",
+        origin = EventOrigin(
             namespace=self.namespace,
             producer=DEAD_LETTER_PRODUCER,
             occurred_at_ms=record.timestamp_ms,
-            id_parts=[record.topic, record.partition, record.offset],
+            id_parts=(record.topic, record.partition, record.offset),
+        )
+        event = dead_lettered(
+            origin,
             source_topic=record.topic,
             source_partition=record.partition,
             source_offset=record.offset,

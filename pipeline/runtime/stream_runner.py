@@ -48,12 +48,11 @@ from orl.connectors.metrics import Metrics
 from orl.pipeline.effects.contract import EffectCall, EffectStage
 from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit, Processor
+from orl.pipeline.processors.state_codec import StateCodec
 from orl.pipeline.runtime.host import (
     Output,
     ProcessorHost,
     Step,
-    state_bytes,
-    state_from_bytes,
     wall_clock_ms,
 )
 from orl.pipeline.runtime.shared_decodes import SharedDecodes
@@ -111,7 +110,8 @@ class StreamRunner:
         host = self.host
         names = [*host.input_topics, *host.output_topics, *host.dead_letter_topics, self.changelog]
         await self.log.create_topics([TopicSpec(name, self.partitions) for name in names])
-        self.states = await read_changelog(self.log, self.changelog, f"{self.group_id}.restore")
+        restore_group = f"{self.group_id}.restore"
+        self.states = await read_changelog(self.log, self.changelog, restore_group, self.host.state_codec)
         logger.info("%s: restored %d session states", self.processor.name, len(self.states))
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -299,7 +299,7 @@ class StreamRunner:
         records = []
         for key in sorted(dirty):
             state = self.states.get(key)
-            value = b"" if state is None else state_bytes(state)
+            value = b"" if state is None else self.host.state_codec.to_bytes(state)
             records.append((self.changelog, OutgoingRecord(value=value, key=key.encode())))
         return records
 
@@ -329,13 +329,13 @@ def next_poll_size(size: int, records: int, states_written: int, floor: int, cap
     return size
 
 
-async def read_changelog(log: EventLog, topic: str, group_id: str) -> dict[str, Any]:
+async def read_changelog(log: EventLog, topic: str, group_id: str, codec: StateCodec) -> dict[str, Any]:
     """The last state per key on a changelog topic (empty value = deleted), read from the beginning."""
     states: dict[str, Any] = {}
     for record in await read_to_end(log, topic, group_id):
         key = (record.key or b"").decode()
         if record.value:
-            states[key] = state_from_bytes(record.value)
+            states[key] = codec.from_bytes(record.value)
         else:
             states.pop(key, None)
     return states

@@ -268,7 +268,9 @@ def run_processor(
     for event in events:
         key = record_key(event) or ""
         new_state, out = processor.process(states.get(key), event, config)
-        json.dumps(new_state)  # state must stay JSON-serialisable
+        if new_state is not None:  # the state as a runtime restores it from its changelog
+            codec = processor.state_codec
+            new_state = codec.from_bytes(codec.to_bytes(new_state))
         if new_state is None:
             states.pop(key, None)
         else:

@@ -89,7 +89,7 @@ PIPELINE_LAYERS = ("processors", "effects", "runtime", "history")
 PURE_STDLIB = {
     "__future__", "abc", "base64", "bisect", "collections", "copy", "dataclasses", "enum", "functools",
     "hashlib", "heapq", "itertools", "json", "logging", "math", "operator", "re", "string", "struct",
-    "textwrap", "typing",
+    "textwrap", "types", "typing",
 }  # fmt: skip
 IMPURE_BUILTINS = {"open", "input", "print", "exec", "eval", "__import__"}
 

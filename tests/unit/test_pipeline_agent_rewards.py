@@ -1,6 +1,6 @@
 """General-agent rewards: step scores combined with the task's outcome, and group-normalised advantages.
 
-Every expected value below is computed by hand from the rule in pipeline/processors/step_rule.py
+Every expected value below is computed by hand from the rule in rules/step_rewards.py
 and the step-wise normalisation in pipeline/processors/group_advantage.py.
 """
 
@@ -18,7 +18,7 @@ from orl.pipeline.processors.config import (
     SampleConfig,
 )
 from orl.pipeline.processors.event_building import Event, emitted_by, event_type_of, turn_id_of
-from orl.pipeline.processors.group_advantage import normalised_buckets
+from orl.pipeline.processors.group_advantage import GroupStep, normalised_buckets
 from orl.pipeline.processors.sample_builder import SAMPLE_BUILDER
 from orl.schemas.errors import ConfigError
 from orl.schemas.topics import topic_for_event
@@ -193,20 +193,18 @@ def test_an_incomplete_group_is_decided_at_its_timeout_and_a_late_rollout_alone(
 
 def test_normalised_buckets_by_hand() -> None:
     steps = {
-        "s1": [
-            {"turn_id": "x0", "step_index": 0, "reward": 1.0},
-            {"turn_id": "x1", "step_index": 1, "reward": 0.5},
-        ],
-        "s2": [{"turn_id": "y0", "step_index": 0, "reward": 1.0}],
-        "s3": [{"turn_id": "z0", "step_index": 0, "reward": 1.0}],
+        "s1": (GroupStep("x0", 0, 1.0, "r-x0"), GroupStep("x1", 1, 0.5, "r-x1")),
+        "s2": (GroupStep("y0", 0, 1.0, "r-y0"),),
+        "s3": (GroupStep("z0", 0, 1.0, "r-z0"),),
     }
     decided = normalised_buckets(steps)
     assert decided[("s1", "x1")][:2] == (0.5, "single_entry")
     assert {decided[key][:2] for key in [("s1", "x0"), ("s2", "y0"), ("s3", "z0")]} == {
         (0.0, "zero_variance")
     }
-    two = normalised_buckets({"p": [{"turn_id": "p0", "step_index": 0, "reward": 1.0}],
-                              "q": [{"turn_id": "q0", "step_index": 0, "reward": -1.0}]})  # fmt: skip
+    two = normalised_buckets(
+        {"p": (GroupStep("p0", 0, 1.0, "r-p0"),), "q": (GroupStep("q0", 0, -1.0, "r-q0"),)}
+    )
     assert two[("p", "p0")][0] == pytest.approx(1.0 / (1.0 + 1e-6))  # mean 0, std 1
     assert two[("q", "q0")][0] == pytest.approx(-1.0 / (1.0 + 1e-6))
 

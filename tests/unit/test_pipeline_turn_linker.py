@@ -103,7 +103,7 @@ def test_idle_session_is_closed_by_tick_with_a_deterministic_event() -> None:
     c, (_, _, t2) = tool_conversation()
     states, _ = run_processor(TURN_LINKER, c.events, CONFIG)
     assert tick_processor(TURN_LINKER, states, c.now_ms + 59_000, CONFIG) == []
-    first = tick_processor(TURN_LINKER, json.loads(json.dumps(states)), c.now_ms + 61_000, CONFIG)
+    first = tick_processor(TURN_LINKER, dict(states), c.now_ms + 61_000, CONFIG)  # states are frozen
     later = tick_processor(TURN_LINKER, states, c.now_ms + 600_000 - 1, CONFIG)
     assert first == later  # occurred_at is the idle deadline, not the tick time
     closed = of_type(first, "SessionClosed")[0]
@@ -182,7 +182,7 @@ def test_a_close_read_before_the_last_request_still_ends_the_last_turn() -> None
     assert set(by_turn) == {t0, t1, t2, t3}
     assert by_turn[t2]["source"] == "conversation" and "that is all" in by_turn[t2]["content"]
     assert by_turn[t3]["source"] == "session_end"
-    assert next(iter(states.values()))["closed"]  # the late requests did not reopen the session
+    assert next(iter(states.values())).closed  # the late requests did not reopen the session
 
 
 def test_a_close_naming_no_turn_settles_on_the_last_main_turn_after_the_grace_period() -> None:
@@ -207,7 +207,7 @@ def test_a_request_after_an_explicit_close_reopens_the_session() -> None:
     states, emits = run_processor(TURN_LINKER, c.events, CONFIG)
     (end,) = of_type(emits, "NextStateObserved")
     assert (end["envelope"]["turn_id"], end["source"]) == (t0.turn_id, "session_end")
-    assert not next(iter(states.values()))["closed"]
+    assert not next(iter(states.values())).closed
 
 
 @settings(max_examples=60, deadline=None)
@@ -241,9 +241,9 @@ def test_settling_a_close_after_its_grace_period_returns_a_new_state() -> None:
     c.close(name_last_turn=False)
     states, _ = run_processor(TURN_LINKER, c.events, CONFIG)
     (state,) = states.values()
-    assert state["session_end"] is not None
-    before = json.dumps(state, sort_keys=True)
+    assert state.session_end is not None
+    before = TURN_LINKER.state_codec.to_bytes(state)
     new_state, emits = TURN_LINKER.on_tick(state, c.now_ms + int(CLOSE_GRACE_S * 1000), CONFIG)
     assert emits == []
-    assert new_state is not state and new_state["session_end"] is None
-    assert json.dumps(state, sort_keys=True) == before  # the stored state was not changed in place
+    assert new_state is not state and new_state.session_end is None
+    assert TURN_LINKER.state_codec.to_bytes(state) == before  # the stored state was not changed in place

@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from orl.pipeline.processors.step_rule import DEFAULT_STEP_WEIGHT, trajectory_rewards
+from orl.rules.step_rewards import DEFAULT_STEP_WEIGHT, trajectory_rewards
 
 scores = st.lists(st.one_of(st.none(), st.sampled_from([-1, 0, 1])), max_size=20)
 unit = st.floats(min_value=-1.0, max_value=1.0)

@@ -15,7 +15,7 @@ when step-wise PRM rewards are integrated with the outcome reward. The rule here
   DEFAULT_STEP_WEIGHT = 0.5 weighs both equally: it is OpenClaw-RL's own rule (`prm_t + outcome`,
   coefficient 1 in terminal-, swe- and toolcall-rl) scaled by 1/2, which keeps rewards in [-1, 1].
 
-sample_builder applies it under the step_outcome reward rule (pipeline/processors/step_decisions.py).
+sample_builder applies it under the step_outcome reward rule (pipeline/processors/sample_decisions.py).
 Pure function, no I/O; reads and writes no topics.
 """
 
