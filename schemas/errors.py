@@ -13,6 +13,7 @@ orl/cli.py). The tree (module in brackets where it is not this one):
     |-- SchemaDefinitionError
     |-- SchemaCompatibilityError
     |-- UnsupportedContentError          [orl.schemas.messages] a chat message content orl cannot read
+    |-- JsonTooDeep                      [orl.schemas.json_depth] JSON nested deeper than MAX_JSON_DEPTH
     |-- CheckpointError                  a checkpoint cannot be published, verified or loaded
     |   `-- CheckpointRejected           [orl.connectors.checkpoint_store] verification failed
     |-- ObjectStoreError                 [orl.connectors.object_store.base]

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orl.schemas.errors import OrlError
+from orl.schemas.json_depth import loads_within_depth
 
 Message = dict[str, Any]
 
@@ -89,11 +90,12 @@ def tool_call_function(call: Any) -> dict[str, Any]:
 
 
 def parsed_arguments(arguments: Any) -> Any:
-    """Tool-call arguments as JSON values when they are a JSON string; otherwise unchanged."""
+    """Tool-call arguments as JSON values when they are a JSON string within MAX_JSON_DEPTH;
+    otherwise unchanged (never raises: the server refuses too-deep arguments with a 400 itself)."""
     if isinstance(arguments, str):
         try:
-            return json.loads(arguments)
-        except ValueError:
+            return loads_within_depth(arguments)
+        except ValueError:  # JsonTooDeep included
             return arguments  # not JSON: keep the raw string the model produced
     return arguments
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from orl.schemas.errors import CheckpointError
 from orl.serving.checkpoint_follower import CheckpointFollower
-from orl.serving.openai_api import bad_request
-from orl.serving.request_guards import json_object, read_body
+from orl.serving.openai_api import bad_request, json_object
+from orl.serving.request_guards import read_body
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route

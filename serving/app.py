@@ -3,7 +3,9 @@
 Routes: POST /v1/chat/completions (plain and server-sent events), GET /v1/models,
 POST /v1/sessions/{id}/end, POST /v1/orl/score (teacher logprobs for the pipeline), GET /healthz,
 /readyz, /metrics, /openapi.json (`orl.serving.openapi`: every route, no key needed), the ingest routes
-and /admin/* (admin key). Unknown routes and methods get OpenAI-shaped 404 / 405 bodies. Writes RequestReceived, ResponseGenerated and
+and /admin/* (admin key). Unknown routes and methods get OpenAI-shaped 404 / 405 bodies; every other
+error goes through the one error policy (`orl.serving.request_guards`), a failing stream ends with an
+SSE error event. Writes RequestReceived, ResponseGenerated and
 SessionClosed through the recorder; reads nothing from the log itself.
 """
 
@@ -14,7 +16,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +35,7 @@ from orl.serving.openai_api import (
 from orl.serving.openapi import openapi_document
 from orl.serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
 from orl.serving.policy.chat_template import ChatTemplate
-from orl.serving.request_guards import guard, read_body
+from orl.serving.request_guards import FinalErrorHandler, as_api_error, guard, read_body
 from orl.serving.session_tracker import SessionTracker, TurnAssignment
 from orl.serving.settings import ServeSettings
 from orl.serving.tool_calls import (
@@ -48,6 +51,7 @@ from orl.serving.tool_calls import (
 )
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -92,7 +96,11 @@ def build_app(state: ServerState) -> Starlette:
             for r in state.admin_routes
         ],
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(FinalErrorHandler)],  # the last word: no plain-text 500, no dropped connection
+        exception_handlers={HTTPException: _http_error},
+    )
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
@@ -180,7 +188,9 @@ class _ApiHandlers:
         if req.stream:
             await turn_call.spooled()  # the 200 and the first bytes go out only once the request is spooled
             return StreamingResponse(
-                turn_call.sse(self.state.backend.generate_stream(prompt_ids, params)),
+                _ending_in_an_error_event(
+                    turn_call.sse(self.state.backend.generate_stream(prompt_ids, params)), request_id
+                ),
                 media_type="text/event-stream",
                 headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id},
             )
@@ -333,7 +343,7 @@ class _Turn:
             "usage": _usage(generation),
         }
 
-    async def sse(self, stream: GenerationStream) -> AsyncIterator[bytes]:
+    async def sse(self, stream: GenerationStream) -> AsyncGenerator[bytes, None]:
         """The reply as server-sent events: content as it is generated, each tool call once it is whole.
 
         What may be shown when is `orl.serving.tool_calls`' decision; the streamed content and calls add
@@ -452,6 +462,20 @@ async def _disconnected(request: Request) -> None:
     """Returns when the client disconnects (the body has been read, so nothing else can arrive)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+async def _ending_in_an_error_event(
+    chunks: AsyncGenerator[bytes, None], request_id: str
+) -> AsyncIterator[bytes]:
+    """A stream that fails after its 200 went out: the error policy's body as a last SSE event (what
+    OpenAI's SDKs raise as an APIError), then the end of the stream. A client that leaves cancels
+    the stream (not an Exception), which ends it without an event."""
+    async with aclosing(chunks):
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except Exception as error:  # the error policy logs and answers it
+            yield _sse(as_api_error(error, f"request {request_id} (streaming)").body())
 
 
 def _usage(generation: Generation) -> dict[str, int]:

@@ -38,8 +38,8 @@ from orl.connectors.environment.outcome_events import (
     thumbs_value,
 )
 from orl.connectors.environment.webhook import WebhookMapping, load_webhook_mappings
-from orl.serving.openai_api import ApiError, bad_request
-from orl.serving.request_guards import Handler, guard, json_object, read_body
+from orl.serving.openai_api import ApiError, bad_request, json_object
+from orl.serving.request_guards import Handler, guard, read_body
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route

@@ -14,6 +14,7 @@ from typing import Any
 
 from orl.rules.top_k import MAX_TOP_K
 from orl.schemas.errors import OrlError
+from orl.schemas.json_depth import JsonTooDeep, loads_within_depth
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_SEQUENCES = 4
@@ -179,7 +180,10 @@ def _top_k(body: dict[str, Any]) -> int:
     return value
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object: every route that reads a body reads it here, so every kind of
+    bad JSON (not UTF-8, not JSON, nested deeper than MAX_JSON_DEPTH, not an object, not encodable) is
+    a 400 that says which."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -187,7 +191,9 @@ def _json_object(raw: bytes) -> dict[str, Any]:
             f"request body is not valid UTF-8 (byte {error.start})", code="invalid_encoding"
         ) from error
     try:
-        body = json.loads(text)
+        body = loads_within_depth(text)
+    except JsonTooDeep as error:
+        raise too_deep(error, "request body") from error
     except json.JSONDecodeError as error:
         raise bad_request(
             f"request body is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
@@ -200,6 +206,20 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object", code="invalid_type")
     check_encodable(body)
+    return body
+
+
+def too_deep(error: JsonTooDeep, what: str, param: str | None = None) -> ApiError:
+    return bad_request(
+        f"{what} is nested deeper than {error.limit} levels of arrays and objects (the limit)",
+        param=param,
+        code="json_too_deep",
+    )
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """A chat or score body: a JSON object, with OpenAI's `n` (only 1 is supported)."""
+    body = json_object(raw)
     n = body.get("n", 1)
     if isinstance(n, bool) or n != 1:
         raise bad_request("only n=1 is supported", param="n")
@@ -274,6 +294,19 @@ def _check_tool_calls(param: str, calls: Any) -> None:
                 f"{param}.tool_calls[{i}].function.name is required",
                 param=f"{param}.tool_calls[{i}].function",
             )
+        _check_arguments_depth(f"{param}.tool_calls[{i}].function.arguments", function.get("arguments"))
+
+
+def _check_arguments_depth(param: str, arguments: Any) -> None:
+    """Arguments are a JSON text inside the body: the body's depth limit holds inside it too."""
+    if not isinstance(arguments, str):
+        return  # an object is part of the body, whose depth is already checked
+    try:
+        loads_within_depth(arguments)
+    except JsonTooDeep as error:
+        raise too_deep(error, param, param=param) from error
+    except ValueError:
+        return  # arguments that are not JSON are kept as sent (OpenAI allows them)
 
 
 def _tools(value: Any) -> list[dict[str, Any]] | None:

@@ -83,7 +83,8 @@ _ERROR_TEXT = {
     408: "The request body did not arrive in time.",
     409: "Conflict (see the error message).",
     413: "The request body is too large.",
-    500: "The policy backend or the spool failed.",
+    500: "The policy backend failed, or an unexpected server error.",
+    503: "The spool or the model backend cannot take the request now; retry after Retry-After seconds.",
 }
 
 
@@ -236,7 +237,7 @@ def _chat(max_tokens_limit: int) -> dict[str, Any]:
         "required": ["id", "object", "created", "model", "choices", "usage"],
         "properties": {"object": {"const": "chat.completion"}, "choices": {"type": "array", "minItems": 1}},
     }
-    responses = _responses({200: ("The completion.", completion)}, (*_API_ERRORS, 500))
+    responses = _responses({200: ("The completion.", completion)}, (*_API_ERRORS, 500, 503))
     # stream: true; each event's data is a chat.completion.chunk, the last one [DONE]
     event = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
     responses["200"]["content"]["text/event-stream"] = {"schema": event}
@@ -295,7 +296,7 @@ def _score(vocab_size: int) -> dict[str, Any]:
     }
     return _operation(
         "Teacher logprobs of response tokens after a prompt (the pipeline's scorer).",
-        _responses({200: ("The logprobs.", scores)}, (*_API_ERRORS, 500)),
+        _responses({200: ("The logprobs.", scores)}, (*_API_ERRORS, 500, 503)),
         security="apiKey",
         body=body,
     )
@@ -307,7 +308,7 @@ def _end_session() -> dict[str, Any]:
     )
     return _operation(
         "Close a session (records SessionClosed).",
-        _responses({200: ("Closed.", closed)}, (401,)),
+        _responses({200: ("Closed.", closed)}, (401, 503)),
         security="apiKey",
         parameters=[_path_param("session_id")],
     )
@@ -388,7 +389,7 @@ def _ingest(summary: str, body: Schema) -> dict[str, Any]:
     """Without turn_id the session's last main turn is the target: 409 when there is none."""
     return _operation(
         summary + " Recorded as NextStateObserved.",
-        _responses({202: ("Recorded.", _RECORDED)}, (*_API_ERRORS, 409)),
+        _responses({202: ("Recorded.", _RECORDED)}, (*_API_ERRORS, 409, 503)),
         security="apiKey",
         body=body,
     )
@@ -397,7 +398,7 @@ def _ingest(summary: str, body: Schema) -> dict[str, Any]:
 def _webhook() -> dict[str, Any]:
     return _operation(
         "Any JSON object, mapped by the named webhook mapping (--webhooks-file).",
-        _responses({202: ("Recorded.", _RECORDED)}, (*_API_ERRORS, 404, 409)),
+        _responses({202: ("Recorded.", _RECORDED)}, (*_API_ERRORS, 404, 409, 503)),
         security="apiKey",
         body={"type": "object"},
         parameters=[_path_param("name")],

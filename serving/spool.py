@@ -152,7 +152,7 @@ class EventSpool:
             return
         try:
             self._write(rows, turn_indexes)
-        except sqlite3.Error as error:
+        except (sqlite3.Error, OSError) as error:  # OSError too: a group whose commit raised must never hang
             failure = SpoolError(f"the spool could not commit {len(rows)} event(s): {error}")
             if group is not None and not group.done():
                 group.set_exception(failure)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orl.schemas.ids import deterministic_id
+from orl.schemas.json_depth import loads_within_depth
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL_RE = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
@@ -50,7 +51,7 @@ def forced_call(function_name: str, generated: str, request_id: str) -> ParsedRe
     try:
         arguments, _ = json.JSONDecoder().raw_decode(text)
         arguments_text = json.dumps(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested thousands deep, kept as written
         arguments_text = text.split(CLOSE)[0].strip()
     return ParsedReply(
         content=None,
@@ -90,8 +91,8 @@ def parse_reply(text: str, request_id: str) -> ParsedReply:
 
 def _name_and_arguments(body: str) -> tuple[str | None, str]:
     try:
-        payload = json.loads(body)
-    except ValueError:
+        payload = loads_within_depth(body)
+    except ValueError:  # JsonTooDeep included
         return None, "{}"  # not a call: the text stays in `content`, so nothing the model wrote is lost
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return None, "{}"

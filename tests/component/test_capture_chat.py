@@ -113,7 +113,8 @@ async def test_a_session_end_request_spools_the_close_before_answering(server: S
 async def test_a_spool_failure_fails_the_request_and_changes_nothing_else(server: Server) -> None:
     server.reject_topic("live.responses")
     reply = await server.chat()
-    assert reply.status_code == 500
+    assert reply.status_code == 503 and reply.json()["error"]["code"] == "spool_unavailable"
+    assert reply.headers["retry-after"]
     # The request was recorded when it arrived (as for a client that leaves); no response was.
     assert [e["envelope"]["event_type"] for e in server.spooled()] == ["RequestReceived"]
     # The session tracker never learnt of the reply: resending the conversation does not link to it.

@@ -5,9 +5,11 @@ schema-valid and schema-violating requests to every operation, with valid keys. 
 not be a 5xx, must have a documented status, content type and body, and a request the document
 calls invalid must get a 4xx (so the document is never stricter than the handlers). The server is
 `build_app` over the zero-cost echo backend, the real SmolLM2 tokenizer, a real spool file and
-recorder, admin routes over an empty local checkpoint store, and one webhook mapping. Explicit
+recorder, admin routes over an empty local checkpoint store, and one webhook mapping (tests/fuzz/conftest.py,
+fuzz_server.py). Explicit
 cases cover what a generator does not send: huge, truncated and mis-typed bodies, and a body that
-arrives slowly (over real HTTP, uvicorn on loopback).
+arrives slowly (over real HTTP, uvicorn on loopback). Unauthenticated requests and deeply nested
+JSON: test_hostile_auth_and_nesting.py.
 
 Run: .venv/bin/pytest tests/fuzz -m slow -p no:cacheprovider -s   (prints the number of cases)
 """
@@ -17,27 +19,15 @@ from __future__ import annotations
 import json
 import select
 import socket
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from orl.connectors.metrics import Metrics
-from orl.connectors.object_store.local_store import LocalObjectStore
-from orl.serving.admin import admin_routes
-from orl.serving.app import ServerState, build_app
-from orl.serving.capture import EventRecorder
-from orl.serving.checkpoint_follower import CheckpointFollower
-from orl.serving.policy.chat_template import ChatTemplate
-from orl.serving.settings import ServeSettings
-from orl.serving.spool import EventSpool
 from schemathesis import BaseSchema, Case, GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.config._checks import NegativeDataRejectionConfig
@@ -51,16 +41,10 @@ from schemathesis.specs.openapi.checks import (
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from benchmarks.echo_backend import EchoBackend
+from tests.fuzz.fuzz_server import API_KEY, BODY_ROUTES, BODY_TIMEOUT_S, key_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-API_KEY, ADMIN_KEY, METRICS_KEY = "fuzz-api-key", "fuzz-admin-key", "fuzz-metrics-key"
-MAX_BODY_BYTES = 1_000_000
-BODY_TIMEOUT_S = 2.0
-WEBHOOKS = {
-    "ticket": {"session_id": "$.session", "turn_id": "$.turn", "content": "$.text", "reward": "$.score"}
-}
 # Cases per operation: the bodies with the most rules get the most; GETs without inputs need few.
 MAX_EXAMPLES = 150
 CHECKS = [
@@ -70,46 +54,6 @@ CHECKS = [
     response_schema_conformance,
     negative_data_rejection,
 ]
-
-
-@pytest.fixture(scope="module")
-def fuzz_state(tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path) -> Iterator[ServerState]:
-    root = tmp_path_factory.mktemp("fuzz")
-    (root / "webhooks.json").write_text(json.dumps(WEBHOOKS))
-    spool = EventSpool(root / "spool.db", sync="normal")  # durability is not what is tested here
-    backend, metrics = EchoBackend(), Metrics()
-    recorder = EventRecorder(spool, "fuzz", clock_ms=lambda: 1_700_000_000_000)
-    follower = CheckpointFollower(
-        backend, LocalObjectStore(root / "store"), recorder, metrics, "live", "fuzz", root / "served"
-    )
-    state = ServerState(
-        settings=ServeSettings(
-            api_keys=(API_KEY,),
-            admin_key=ADMIN_KEY,
-            metrics_key=METRICS_KEY,
-            webhooks_file=str(root / "webhooks.json"),
-            max_body_bytes=MAX_BODY_BYTES,
-            body_timeout_s=BODY_TIMEOUT_S,
-        ),
-        backend=backend,
-        template=ChatTemplate.from_dir(base_model_dir),
-        recorder=recorder,
-        metrics=metrics,
-        admin_routes=admin_routes(follower),
-    )
-    state.ready = True
-    yield state
-    spool.close()
-
-
-@pytest.fixture(scope="module")
-def fuzz_app(fuzz_state: ServerState) -> Starlette:
-    return build_app(fuzz_state)
-
-
-@pytest.fixture(scope="module")
-def fuzz_client(fuzz_app: Starlette) -> TestClient:
-    return TestClient(fuzz_app, raise_server_exceptions=False)
 
 
 @pytest.fixture(scope="module")
@@ -133,12 +77,6 @@ def case_counts() -> Iterator[Counter[str]]:
         f"\nschemathesis: {sum(counts.values())} cases over {len(counts)} operations in "
         f"{time.perf_counter() - started:.0f} s (this module so far): {dict(sorted(counts.items()))}"
     )
-
-
-def _key(path: str) -> str:
-    if path.startswith("/admin/"):
-        return ADMIN_KEY
-    return METRICS_KEY if path == "/metrics" else API_KEY
 
 
 # Every operation of the document (test_every_route_is_fuzzed keeps this list complete).
@@ -187,7 +125,7 @@ def test_no_generated_request_gets_a_server_error(
 ) -> None:
     """schemathesis' three phases: the document's examples, its coverage cases (each boundary, each
     field missing, null or of the wrong type), then random valid and invalid requests."""
-    key = _key(path)
+    key = key_for(path)
 
     def fuzz(case: Case) -> None:
         case_counts[f"{method} {path}"] += 1
@@ -230,21 +168,11 @@ def test_a_mapped_webhook_never_gets_a_server_error(fuzz_client: TestClient, bod
 
 
 # Explicit hostile bodies: what a schema-driven generator never sends.
-BODY_ROUTES = {  # a valid body for each route that reads one
-    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
-    "/v1/orl/score": {"messages": [{"role": "user", "content": "hi"}], "response_token_ids": [1, 2]},
-    "/v1/feedback": {"session_id": "s", "turn_id": "s/t0", "thumbs": 1},
-    "/v1/rewards": {"session_id": "s", "turn_id": "s/t0", "reward": 1.0},
-    "/v1/observations": {"session_id": "s", "turn_id": "s/t0", "source": "ci", "content": "ok"},
-    "/v1/webhooks/ticket": {"session": "s", "turn": "s/t0", "text": "ok"},
-    "/v1/sessions/start": {"task_id": "t"},
-    "/admin/pin": {"version": 1},
-}
-
-
 def _post(client: TestClient, path: str, headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
     """POST with the route's key; the reply (the TestClient's httpx Response)."""
-    return client.post(path, headers={"Authorization": f"Bearer {_key(path)}", **(headers or {})}, **kwargs)
+    return client.post(
+        path, headers={"Authorization": f"Bearer {key_for(path)}", **(headers or {})}, **kwargs
+    )
 
 
 def _assert_error(reply: Any, status: int, code: str) -> None:
@@ -298,29 +226,11 @@ def test_a_wrong_content_type_never_gets_a_server_error(fuzz_client: TestClient,
     assert labelled.status_code < 500, labelled.text
 
 
-@pytest.fixture(scope="module")
-def loopback_port(fuzz_app: Starlette) -> Iterator[int]:
-    """The fuzzed app behind real uvicorn on 127.0.0.1 (ASGI test clients cannot send slowly)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(fuzz_app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield port
-    server.should_exit = True
-    thread.join(timeout=10)
-
-
 def _slow_post(port: int, path: str, body: bytes, byte_every_s: float | None) -> tuple[str, float]:
     """POST `body` one byte per `byte_every_s` (None: the headers, then nothing); the status line and
     how long it took to come."""
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: orl\r\nAuthorization: Bearer {_key(path)}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: orl\r\nAuthorization: Bearer {key_for(path)}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     started = time.monotonic()
