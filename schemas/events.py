@@ -9,9 +9,8 @@ Reads and writes no topics.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from orl.schemas.errors import EventEncodeError
 from orl.schemas.ids import deterministic_id
@@ -43,22 +42,11 @@ def make_event(
         raise EventEncodeError(
             f"{event_type}: pass envelope fields as keyword arguments, not an 'envelope' payload"
         )
-    version = default_registry().current(event_type).version  # raises UnknownEventTypeError
-    envelope = {
-        "event_id": deterministic_id(event_type, namespace, *id_parts),
-        "event_type": event_type,
-        "schema_version": version,
-        "occurred_at": occurred_at_ms,
-        "producer": producer,
-        "namespace": namespace,
-        "session_id": session_id,
-        "turn_id": turn_id,
-    }
-    return {"envelope": envelope, **payload}
+    origin = EventOrigin(namespace, producer, occurred_at_ms, tuple(id_parts), session_id, turn_id)
+    return {"envelope": envelope_for(event_type, origin), **payload}
 
 
-@dataclass(frozen=True)
-class EventOrigin:
+class EventOrigin(NamedTuple):  # a tuple: one is made per event written, and tuples are the cheapest to make
     """Who wrote an event (`producer`), where (`namespace`, session, turn), when (`occurred_at_ms`),
     and the inputs its deterministic id comes from (`id_parts`, see `make_event`)."""
 
@@ -70,15 +58,23 @@ class EventOrigin:
     turn_id: str | None = None
 
 
-def event_from_origin(event_type: str, origin: EventOrigin, payload: Mapping[str, Any]) -> dict[str, Any]:
-    """`make_event` for an origin and a payload mapping (what the generated constructors call)."""
-    return make_event(
-        event_type,
-        namespace=origin.namespace,
-        producer=origin.producer,
-        occurred_at_ms=origin.occurred_at_ms,
-        id_parts=origin.id_parts,
-        session_id=origin.session_id,
-        turn_id=origin.turn_id,
-        **payload,
-    )
+def envelope_for(event_type: str, origin: EventOrigin) -> dict[str, Any]:
+    """The envelope of an event of `event_type` from `origin`: its deterministic id and current schema version."""
+    namespace, producer, occurred_at_ms, id_parts, session_id, turn_id = origin
+    return {
+        "event_id": deterministic_id(event_type, namespace, *id_parts),
+        "event_type": event_type,
+        "schema_version": default_registry().current(event_type).version,  # raises UnknownEventTypeError
+        "occurred_at": occurred_at_ms,
+        "producer": producer,
+        "namespace": namespace,
+        "session_id": session_id,
+        "turn_id": turn_id,
+    }
+
+
+def event_from_origin(event_type: str, origin: EventOrigin, payload: dict[str, Any]) -> dict[str, Any]:
+    """The event of a generated constructor: `payload` is its own new dict, completed in place with
+    the envelope (Avro encodes fields in schema order, so the dict's key order does not matter)."""
+    payload["envelope"] = envelope_for(event_type, origin)
+    return payload

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import cast
 
 from orl.pipeline.processors.config import GROUP_RULE, PipelineConfig
@@ -36,7 +36,7 @@ from orl.pipeline.processors.event_building import (
     remembered,
     session_id_of,
 )
-from orl.pipeline.processors.state_codec import StateCodec, frozen_state
+from orl.pipeline.processors.state_codec import StateCodec, evolved, frozen_state
 from orl.pipeline.processors.topology import stage_named
 from orl.schemas.event_constructors import reward_decided
 from orl.schemas.event_types import TrajectoryScored
@@ -130,11 +130,11 @@ class GroupAdvantage:
             return state, []
         session_id = session_id_of(event) or ""
         steps = tuple(GroupStep(**step) for step in trajectory["steps"])
-        state = replace(state, seen=seen, last_ms=max(state.last_ms, occurred_at_of(event)))
+        state = evolved(state, seen=seen, last_ms=max(state.last_ms, occurred_at_of(event)))
         if state.decided:
             return state, decide(state, {session_id: steps}, occurred_at_of(event), config)
         if session_id not in state.trajectories:
-            state = replace(state, trajectories={**state.trajectories, session_id: steps})
+            state = evolved(state, trajectories={**state.trajectories, session_id: steps})
         if state.size > 0 and len(state.trajectories) >= state.size:
             return decide_group(state, config)
         return state, []
@@ -157,7 +157,7 @@ def decide_group(
     """Decide the group with the trajectories it has; keep only the decided marker."""
     occurred_at_ms = state.last_ms if deadline_ms is None else max(state.last_ms, deadline_ms)
     emits = decide(state, state.trajectories, occurred_at_ms, config)
-    return replace(state, decided=True, trajectories={}), emits
+    return evolved(state, decided=True, trajectories={}), emits
 
 
 def decide(

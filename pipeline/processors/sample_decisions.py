@@ -47,7 +47,7 @@ import json
 import logging
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from orl.pipeline.processors.config import STEP_RULE, RewardRuleConfig, SampleConfig
 from orl.pipeline.processors.sample_inputs import (
@@ -58,6 +58,7 @@ from orl.pipeline.processors.sample_inputs import (
     SessionSamples,
     Turn,
 )
+from orl.pipeline.processors.state_codec import evolved
 from orl.rules.step_rewards import trajectory_rewards
 from orl.rules.top_k import top_k_rows_aligned
 
@@ -148,9 +149,9 @@ def settle_turn(
     decision = decide_turn(turn, response, samples.method)
     if decision is None:
         return state, []
-    turn = replace(turn, decided=True)
+    turn = evolved(turn, decided=True)
     ready = decision.reason is None
-    state = replace(state, turns={**state.turns, turn_id: turn}, ready_count=state.ready_count + ready)
+    state = evolved(state, turns={**state.turns, turn_id: turn}, ready_count=state.ready_count + ready)
     outcome = Outcome(turn_id, turn, decision, arrays=token_arrays(response) if ready else None)
     return prune_decided_turns(state, samples), [outcome]
 
@@ -229,7 +230,7 @@ def finalize(
     state: SessionSamples, occurred_at_ms: int, samples: SampleConfig, rules: RewardRuleConfig
 ) -> Decided:
     """The session is over: promote a turn if it earned no sample, then drop decided turns' data."""
-    state = replace(state, finalized=True)
+    state = evolved(state, finalized=True)
     if rules.rule == STEP_RULE:
         return finalize_steps(state, occurred_at_ms, samples, rules)
     outcomes: list[Outcome] = []
@@ -243,9 +244,9 @@ def finalize(
         if turn_id is None:
             logger.info("session %s: no judged turn to promote", state.session_id)
         else:
-            turn = replace(state.turns[turn_id], decided=True)
+            turn = evolved(state.turns[turn_id], decided=True)
             assert turn.response is not None
-            state = replace(state, turns={**state.turns, turn_id: turn}, ready_count=state.ready_count + 1)
+            state = evolved(state, turns={**state.turns, turn_id: turn}, ready_count=state.ready_count + 1)
             decision = Decision(reward=promotion_reward(turn.reward, samples.promotion_reward))
             arrays = token_arrays(turn.response)
             outcomes = [Outcome(turn_id, turn, decision, arrays, promoted_at_ms=occurred_at_ms)]
@@ -267,14 +268,14 @@ def finalize_steps(
             continue
         step = rewards.get(turn_id)
         if step is None:  # not trainable
-            turns[turn_id] = turn = replace(turn, decided=True)
+            turns[turn_id] = turn = evolved(turn, decided=True)
             outcomes.append(Outcome(turn_id, turn, Decision(reason=response.problem)))
             continue
         if grouped:
             decision = Decision(reward=step.reward)
             outcomes.append(Outcome(turn_id, turn, decision, None, occurred_at_ms, step, awaits_group=True))
             continue
-        turns[turn_id] = turn = replace(turn, decided=True)
+        turns[turn_id] = turn = evolved(turn, decided=True)
         if step.reward == 0:
             outcomes.append(
                 Outcome(turn_id, turn, Decision(reason="reward_zero"), None, occurred_at_ms, step)
@@ -283,7 +284,7 @@ def finalize_steps(
         ready_count += 1
         arrays = token_arrays(response)
         outcomes.append(Outcome(turn_id, turn, Decision(reward=step.reward), arrays, occurred_at_ms, step))
-    state = replace(state, turns=turns, ready_count=ready_count)
+    state = evolved(state, turns=turns, ready_count=ready_count)
     return prune_decided_turns(state, samples), outcomes
 
 
@@ -320,7 +321,7 @@ def prune_decided_turns(state: SessionSamples, samples: SampleConfig) -> Session
         for turn_id, turn in state.turns.items()
         if turn.decided and turn_id != keep and turn.response is not None
     }
-    return replace(state, turns={**state.turns, **markers}) if markers else state
+    return evolved(state, turns={**state.turns, **markers}) if markers else state
 
 
 def judge_reward(turn: Turn, judge_id: str) -> Reward | None:

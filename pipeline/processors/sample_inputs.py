@@ -27,8 +27,8 @@ import json
 import logging
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
 
 from orl.pipeline.processors.config import GROUP_RULE, PipelineConfig, RewardRuleConfig
 from orl.pipeline.processors.event_building import (
@@ -42,7 +42,7 @@ from orl.pipeline.processors.event_building import (
     session_id_of,
     turn_id_of,
 )
-from orl.pipeline.processors.state_codec import frozen_state
+from orl.pipeline.processors.state_codec import evolved, frozen_state
 from orl.schemas.event_types import (
     HintRejected,
     HintSelected,
@@ -163,8 +163,7 @@ class SessionSamples:
     group: Group | None = None
 
 
-@dataclass(frozen=True)
-class Recorded:
+class Recorded(NamedTuple):  # a tuple: one is made per event, and tuples are the cheapest to make
     """What recording one event gave: the new state, the turn it touched (None: no turn), and
     whether anything may now be decided (False: a redelivery, an own output, an ignored type)."""
 
@@ -180,7 +179,7 @@ def record(state: SessionSamples | None, event: Event, config: PipelineConfig) -
     seen = remembered(state.seen, event_id_of(event), config.seen_window)
     if seen is None:
         return Recorded(state, None, False)
-    state = replace(state, seen=seen)
+    state = evolved(state, seen=seen)
     event_type = event_type_of(event)
     if emitted_by(event, NAME) or event_type not in RECORDED_TYPES:
         return Recorded(state, None, False)
@@ -220,13 +219,16 @@ RECORDED_TYPES = frozenset(
 
 
 def with_turn(state: SessionSamples, turn_id: str, turn: Turn) -> SessionSamples:
-    return replace(state, turns={**state.turns, turn_id: turn})
+    """The state with `turn` as the record of `turn_id` (the state itself if it already is)."""
+    if state.turns.get(turn_id) is turn:
+        return state
+    return evolved(state, turns={**state.turns, turn_id: turn})
 
 
 def record_request(state: SessionSamples, event: RequestReceived) -> tuple[SessionSamples, str | None]:
     request_id = event["request_id"]
     turn_id = turn_id_of(event) or request_id
-    turn = replace(
+    turn = evolved(
         state.turns.get(turn_id, Turn()),
         index=int(event["turn_index"]),
         kind=event["turn_kind"],
@@ -239,14 +241,15 @@ def record_request(state: SessionSamples, event: RequestReceived) -> tuple[Sessi
     waiting = dict(state.waiting_responses)
     response = waiting.pop(request_id, None)
     if response is not None and not turn.decided:
-        turn = replace(turn, response=response)
-    state = replace(
+        turn = evolved(turn, response=response)
+    state = evolved(
         state,
+        turns={**state.turns, turn_id: turn},
         request_turns={**state.request_turns, request_id: turn_id},
         group=group,
         waiting_responses=waiting,
     )
-    return with_turn(state, turn_id, turn), turn_id
+    return state, turn_id
 
 
 def response_of(event: ResponseGenerated, packed: bool) -> Response:
@@ -275,10 +278,10 @@ def record_response(
     turn_id = state.request_turns.get(request_id)
     if turn_id is None:
         waiting = {**state.waiting_responses, request_id: response_of(event, packed)}
-        return replace(state, waiting_responses=waiting), None
+        return evolved(state, waiting_responses=waiting), None
     turn = state.turns.get(turn_id, Turn())
     if not turn.decided:
-        turn = replace(turn, response=response_of(event, packed))
+        turn = evolved(turn, response=response_of(event, packed))
     return with_turn(state, turn_id, turn), turn_id
 
 
@@ -294,7 +297,7 @@ def record_next_state(state: SessionSamples, event: NextStateObserved) -> tuple[
     turn = state.turns.get(turn_id, Turn())
     if not turn.decided:
         next_states = tuple(sorted((*turn.next_states, (occurred_at_of(event), event_id_of(event)))))
-        turn = replace(turn, next_states=next_states, next_state_event_id=next_states[0][1])
+        turn = evolved(turn, next_states=next_states, next_state_event_id=next_states[0][1])
     return with_turn(state, turn_id, turn), turn_id
 
 
@@ -324,16 +327,16 @@ def record_reward(
         if turn.reward is not None:
             logger.info("turn %s: ignoring another reward %s", turn_id, reward.event_id)
             return with_turn(state, turn_id, turn), turn_id
-        return with_turn(state, turn_id, replace(turn, reward=reward)), turn_id
+        return with_turn(state, turn_id, evolved(turn, reward=reward)), turn_id
     judge_id = reward.judge_id
     if judge_id not in (rules.process_judge_id, rules.outcome_judge_id):
         logger.info("turn %s: ignoring reward %s of judge %s", turn_id, reward.event_id, judge_id)
         return state, turn_id
     if turn.decided:
         return with_turn(state, turn_id, turn), turn_id
-    candidate = replace(reward, reason=event["reason"])
+    candidate = evolved(reward, reason=event["reason"])
     if judge_id is not None and better_reward(turn.judge_rewards.get(judge_id), candidate):
-        turn = replace(turn, judge_rewards={**turn.judge_rewards, judge_id: candidate})
+        turn = evolved(turn, judge_rewards={**turn.judge_rewards, judge_id: candidate})
     return with_turn(state, turn_id, turn), turn_id
 
 
@@ -357,7 +360,7 @@ def record_hint(
     if not turn.decided and turn.hint is not None:
         logger.info("turn %s: ignoring another hint %s", turn_id, event_id_of(event))
     elif not turn.decided:
-        turn = replace(turn, hint=Hint(event_id_of(event), occurred_at_of(event), selected, reason))
+        turn = evolved(turn, hint=Hint(event_id_of(event), occurred_at_of(event), selected, reason))
     return with_turn(state, turn_id, turn), turn_id
 
 
@@ -378,14 +381,14 @@ def record_teacher(state: SessionSamples, event: TeacherScored) -> tuple[Session
             teacher_top_ids=event.get("teacher_top_ids"),
             teacher_top_logprobs=event.get("teacher_top_logprobs"),
         )
-        turn = replace(turn, teacher=teacher)
+        turn = evolved(turn, teacher=teacher)
     return with_turn(state, turn_id, turn), turn_id
 
 
 def record_close(state: SessionSamples, event: SessionClosed) -> tuple[SessionSamples, str | None]:
     """A (re)close: the session may now be finalized (sample_decisions.settle)."""
     closed = Closed(event_id_of(event), event.get("last_turn_id"), occurred_at_of(event))
-    return replace(state, closed=closed, finalized=False), None
+    return evolved(state, closed=closed, finalized=False), None
 
 
 def pack_token_arrays(prompt_ids: list[int], response_ids: list[int], logprobs: list[float]) -> PackedArrays:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from orl.pipeline.processors import conversation_diff
@@ -51,7 +51,7 @@ from orl.pipeline.processors.event_building import (
     turn_id_of,
 )
 from orl.pipeline.processors.next_state_text import next_state_role, render_messages
-from orl.pipeline.processors.state_codec import StateCodec, frozen_state
+from orl.pipeline.processors.state_codec import StateCodec, evolved, frozen_state
 from orl.pipeline.processors.topology import stage_named
 from orl.schemas.event_constructors import next_state_observed, session_closed
 from orl.schemas.event_types import NextStateObserved, RequestReceived, ResponseGenerated, SessionClosed
@@ -141,19 +141,18 @@ class TurnLinker:
         seen = remembered(state.seen, event_id_of(event), config.seen_window)
         if seen is None:
             return state, []
-        state = replace(state, seen=seen)
         event_type = event_type_of(event)
-        if emitted_by(event, NAME):
-            return state, []
+        if emitted_by(event, NAME) or event_type not in HANDLED_TYPES:
+            return evolved(state, seen=seen), []
+        if event_type == "SessionClosed":  # a close is no activity
+            return on_session_closed(evolved(state, seen=seen), cast(SessionClosed, event), config)
+        last_activity_ms = max(state.last_activity_ms, occurred_at_of(event))
+        state = evolved(state, seen=seen, last_activity_ms=last_activity_ms)
         if event_type == "RequestReceived":
             return on_request(state, cast(RequestReceived, event), config)
         if event_type == "ResponseGenerated":
             return on_response(state, cast(ResponseGenerated, event), config)
-        if event_type == "NextStateObserved":
-            return on_external_next_state(state, cast(NextStateObserved, event)), []
-        if event_type == "SessionClosed":
-            return on_session_closed(state, cast(SessionClosed, event), config)
-        return state, []
+        return on_external_next_state(state, cast(NextStateObserved, event)), []
 
     def on_tick(
         self, state: LinkerSession, now_ms: int, config: PipelineConfig
@@ -170,19 +169,17 @@ class TurnLinker:
         return close_idle_session(state, deadline_ms, config)
 
 
-def touched(state: LinkerSession, event: Mapping[str, Any]) -> LinkerSession:
-    return replace(state, last_activity_ms=max(state.last_activity_ms, occurred_at_of(event)))
+HANDLED_TYPES = frozenset(("RequestReceived", "ResponseGenerated", "NextStateObserved", "SessionClosed"))
 
 
 def with_turn(state: LinkerSession, turn_id: str, turn: LinkedTurn) -> LinkerSession:
-    return replace(state, turns={**state.turns, turn_id: turn})
+    return evolved(state, turns={**state.turns, turn_id: turn})
 
 
 def on_request(state: LinkerSession, event: RequestReceived, config: PipelineConfig) -> Linked:
-    state = touched(state, event)
     if state.closed and not belongs_to_closed_session(state, event):
         # the user came back after the close: the session goes on
-        state = replace(state, closed=False, closed_at_ms=None, closed_reason=None, session_end=None)
+        state = evolved(state, closed=False, closed_at_ms=None, closed_reason=None, session_end=None)
     request_id = event["request_id"]
     turn_id = turn_id_of(event) or request_id
     messages: list[dict[str, Any]] = json.loads(event["messages_json"])
@@ -197,7 +194,7 @@ def on_request(state: LinkerSession, event: RequestReceived, config: PipelineCon
         messages_digest=conversation_diff.messages_digest(messages),
         external=turn_id in state.external_turns,
     )
-    state = with_turn(replace(state, waiting_responses=waiting), turn_id, turn)
+    state = with_turn(evolved(state, waiting_responses=waiting), turn_id, turn)
     if turn.kind != "main":
         return state, []
     previous_id = previous_main_turn(state, turn.index)
@@ -245,7 +242,7 @@ def link_conversation(
         trigger_event_id=event_id_of(trigger),
         occurred_at_ms=occurred_at_of(trigger),
     )
-    return with_turn(state, turn_id, replace(turn, pending=pending, next_state="pending"))
+    return with_turn(state, turn_id, evolved(turn, pending=pending, next_state="pending"))
 
 
 def flush_pending(state: LinkerSession, config: PipelineConfig) -> Linked:
@@ -254,8 +251,8 @@ def flush_pending(state: LinkerSession, config: PipelineConfig) -> Linked:
     for turn_id, turn in sorted(state.turns.items(), key=lambda item: item[1].index):
         if turn.next_state == "pending" and turn.pending is not None and turn.response_event_id is not None:
             emits.append(Emit("next_states", dict(next_state_event(state, turn_id, turn.pending, config))))
-            turns[turn_id] = replace(turn, pending=None, next_state="emitted")
-    return (replace(state, turns=turns), emits) if emits else (state, [])
+            turns[turn_id] = evolved(turn, pending=None, next_state="emitted")
+    return (evolved(state, turns=turns), emits) if emits else (state, [])
 
 
 def next_state_event(
@@ -280,38 +277,36 @@ def next_state_event(
 
 
 def on_response(state: LinkerSession, event: ResponseGenerated, config: PipelineConfig) -> Linked:
-    state = touched(state, event)
     request_id = event["request_id"]
     for turn_id, turn in state.turns.items():
         if turn.request_id == request_id:
             return flush_pending(
-                with_turn(state, turn_id, replace(turn, response_event_id=event_id_of(event))), config
+                with_turn(state, turn_id, evolved(turn, response_event_id=event_id_of(event))), config
             )
-    return replace(state, waiting_responses={**state.waiting_responses, request_id: event_id_of(event)}), []
+    return evolved(state, waiting_responses={**state.waiting_responses, request_id: event_id_of(event)}), []
 
 
 def on_external_next_state(state: LinkerSession, event: NextStateObserved) -> LinkerSession:
     """A connector observed what followed a turn: the session is active, and the turn needs no session_end state."""
-    state = touched(state, event)
     turn_id = turn_id_of(event)
     if turn_id is None:
         return state
     turn = state.turns.get(turn_id)
     if turn is not None:
-        return with_turn(state, turn_id, replace(turn, external=True))
-    return replace(state, external_turns=(*state.external_turns, turn_id))
+        return with_turn(state, turn_id, evolved(turn, external=True))
+    return evolved(state, external_turns=(*state.external_turns, turn_id))
 
 
 def on_session_closed(state: LinkerSession, event: SessionClosed, config: PipelineConfig) -> Linked:
     if state.closed:
         return state, []
     end = SessionEnd(event.get("last_turn_id"), event_id_of(event), occurred_at_of(event))
-    state = replace(closed(state, occurred_at_of(event), "explicit"), session_end=end)
+    state = evolved(closed(state, occurred_at_of(event), "explicit"), session_end=end)
     return flush_pending(assign_named_session_end(state), config)
 
 
 def closed(state: LinkerSession, closed_at_ms: int, reason: str) -> LinkerSession:
-    return replace(state, closed=True, closed_at_ms=closed_at_ms, closed_reason=reason, external_turns=())
+    return evolved(state, closed=True, closed_at_ms=closed_at_ms, closed_reason=reason, external_turns=())
 
 
 def assign_named_session_end(state: LinkerSession) -> LinkerSession:
@@ -322,13 +317,13 @@ def assign_named_session_end(state: LinkerSession) -> LinkerSession:
     turn = state.turns.get(end.last_turn_id)
     if turn is None or turn.kind != "main":
         return state  # not read yet (or a side turn): wait for it, or for the grace period in on_tick
-    state = replace(state, session_end=None)
+    state = evolved(state, session_end=None)
     return with_session_end(state, end.last_turn_id, end.trigger_event_id, end.occurred_at_ms)
 
 
 def settle_session_end(state: LinkerSession, end: SessionEnd, config: PipelineConfig) -> Linked:
     """The close named no known main turn and the grace period is over: end the then-last main turn."""
-    state = replace(state, session_end=None)
+    state = evolved(state, session_end=None)
     last_turn_id = last_main_turn(state)
     if last_turn_id is None:
         return state, []
@@ -347,7 +342,7 @@ def with_session_end(
     pending = PendingNextState(
         "session_end", "environment", SESSION_END_CONTENT, None, trigger_id, occurred_at_ms
     )
-    return with_turn(state, last_turn_id, replace(turn, pending=pending, next_state="pending"))
+    return with_turn(state, last_turn_id, evolved(turn, pending=pending, next_state="pending"))
 
 
 def close_idle_session(state: LinkerSession, deadline_ms: int, config: PipelineConfig) -> Linked:

@@ -14,7 +14,7 @@ Reads and writes no topics itself.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import cast
 
 from orl.pipeline.processors.config import PipelineConfig
@@ -28,7 +28,7 @@ from orl.pipeline.processors.event_building import (
     remembered,
     turn_id_of,
 )
-from orl.pipeline.processors.state_codec import StateCodec, frozen_state
+from orl.pipeline.processors.state_codec import StateCodec, evolved, frozen_state
 from orl.schemas.event_types import HintVoteCast, JudgeVoteCast
 
 Vote = JudgeVoteCast | HintVoteCast
@@ -101,11 +101,23 @@ class VoteCollector:
         seen = remembered(state.seen, event_id_of(event), config.seen_window)
         if seen is None:
             return state, []
-        state, key, judgement = with_vote(replace(state, seen=seen), cast(Vote, event), self.keeps_hints)
-        if judgement is None or len(judgement.votes) < self.votes_needed(judgement, config):
-            return state, []
-        emit = self.decide(state, key, judgement, last_vote_ms(judgement), config)
-        return with_decided(state, key), [emit]
+        vote = cast(Vote, event)
+        key = judgement_key(vote)
+        judgement = with_vote(state.judgements.get(key), vote, self.keeps_hints)
+        decided = judgement is not None and len(judgement.votes) >= self.votes_needed(judgement, config)
+        emits = (
+            [self.decide(state, key, judgement, last_vote_ms(judgement), config)]
+            if judgement and decided
+            else []
+        )
+        stored = DECIDED if decided else judgement
+        state = evolved(
+            state,
+            seen=seen,
+            last_activity_ms=max(state.last_activity_ms, occurred_at_of(event)),
+            judgements=state.judgements if stored is None else {**state.judgements, key: stored},
+        )
+        return state, emits
 
     def on_tick(
         self, state: VoteSession, now_ms: int, config: PipelineConfig
@@ -130,12 +142,9 @@ def judgement_key(event: Vote) -> str:
     return "|".join(parts)
 
 
-def with_vote(state: VoteSession, event: Vote, keeps_hint: bool) -> tuple[VoteSession, str, Judgement | None]:
-    """The state with a vote stored in its judgement, the judgement's key, and the judgement (None if
-    it is already decided or the vote's index is taken: the vote is ignored)."""
-    state = replace(state, last_activity_ms=max(state.last_activity_ms, occurred_at_of(event)))
-    key = judgement_key(event)
-    judgement = state.judgements.get(key)
+def with_vote(judgement: Judgement | None, event: Vote, keeps_hint: bool) -> Judgement | None:
+    """The judgement (None: its first vote) with the vote stored, or None if the vote is ignored: the
+    judgement is already decided or the vote's index is taken."""
     if judgement is None:
         judgement = Judgement(
             turn_id=turn_id_of(event),
@@ -146,11 +155,10 @@ def with_vote(state: VoteSession, event: Vote, keeps_hint: bool) -> tuple[VoteSe
         )
     index = str(int(event["vote_index"]))
     if judgement.decided or index in judgement.votes:
-        return replace(state, judgements={**state.judgements, key: judgement}), key, None
+        return None
     hint = cast(HintVoteCast, event).get("hint") if keeps_hint else None
     vote = CastVote(event_id_of(event), event.get("score"), occurred_at_of(event), hint)
-    judgement = replace(judgement, votes={**judgement.votes, index: vote})
-    return replace(state, judgements={**state.judgements, key: judgement}), key, judgement
+    return evolved(judgement, votes={**judgement.votes, index: vote})
 
 
 def votes_in_order(judgement: Judgement) -> list[CastVote]:
@@ -164,7 +172,7 @@ def last_vote_ms(judgement: Judgement) -> int:
 
 
 def with_decided(state: VoteSession, key: str) -> VoteSession:
-    return replace(state, judgements={**state.judgements, key: DECIDED})
+    return evolved(state, judgements={**state.judgements, key: DECIDED})
 
 
 def expired_judgements(state: VoteSession, now_ms: int, timeout_s: float) -> list[tuple[str, Judgement, int]]:

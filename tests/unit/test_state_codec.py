@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 from orl.pipeline.processors.sample_builder import SAMPLE_BUILDER
 from orl.pipeline.processors.sample_inputs import InlineArrays, PackedArrays, SessionSamples
-from orl.pipeline.processors.state_codec import frozen_state
+from orl.pipeline.processors.state_codec import evolved, frozen_state
 from orl.pipeline.processors.vote_collection import DECIDED, VoteSession
 from orl.pipeline.processors.vote_tally import VOTE_TALLY
 
@@ -90,3 +90,11 @@ def test_a_vote_state_with_a_decided_marker_reads_as_decided() -> None:
               "judgements": {"t|n|j|c": {"decided": True}}}  # fmt: skip
     restored: VoteSession = VOTE_TALLY.state_codec.from_bytes(json.dumps(stored).encode())
     assert restored.judgements == {"t|n|j|c": DECIDED}
+
+
+def test_evolved_changes_only_the_named_fields_and_refuses_a_name_that_is_no_field() -> None:
+    before = Root("r", ((1, "a"),))
+    after = evolved(before, added_later=True)
+    assert after == Root("r", ((1, "a"),), added_later=True) and before.added_later is False
+    with pytest.raises(TypeError, match="no field"):
+        evolved(before, added_latre=True)
