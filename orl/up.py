@@ -3,7 +3,8 @@
 Each component is its own `orl <command>` process sharing one data folder (the SQLite log and the
 object-store directory live there), so a crash of one is survivable: the supervisor restarts it
 and it resumes from its committed offsets / latest checkpoint. Logs go to <data-dir>/logs/.
-Keys: if none are given, random ones are generated once and kept in <data-dir>/keys.json.
+Keys: if none are given, random ones are generated once and kept in <data-dir>/keys.json (mode 0600,
+written atomically; the data folder is created 0700).
 Compute: every torch process (server, trainer) gets `--cores` threads to use while it computes alone
 and shares them fairly while both compute (`orl.compute.machine.CoreBoard`); OpenMP threads wait
 passively; numerics follow `--precision`. The choice is logged at start.
@@ -204,10 +205,32 @@ def stack_keys(settings: UpSettings) -> tuple[str, str]:
         keys = json.loads(path.read_text())
     else:
         keys = {"api_key": "orl-" + secrets.token_hex(16), "admin_key": "orl-admin-" + secrets.token_hex(16)}
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(keys, indent=2))
-        path.chmod(0o600)
+        private_data_dir(settings.data_dir)
+        write_private(path, json.dumps(keys, indent=2))
     return keys["api_key"], keys["admin_key"]
+
+
+def private_data_dir(data_dir: Path) -> None:
+    """Create the data folder (the log, the spool, the keys) readable by its owner only; a folder that
+    exists is left as it is, with a warning if others may read it."""
+    if not data_dir.exists():
+        data_dir.mkdir(mode=0o700, parents=True)
+    elif data_dir.stat().st_mode & 0o077:
+        logger.warning(
+            "%s can be read by other users (mode %o); chmod 700 it", data_dir, data_dir.stat().st_mode & 0o777
+        )
+
+
+def write_private(path: Path, text: str) -> None:
+    """`text` into `path`, readable by its owner only from its first byte: written to a new file created
+    0600 beside it, then renamed over `path` (never a moment world-readable, never half-written)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
 
 
 def component_env(settings: UpSettings) -> dict[str, str]:
@@ -389,6 +412,7 @@ class Supervisor:
 
 def up(settings: UpSettings) -> int:
     """Entry point of `orl up`."""
+    private_data_dir(settings.data_dir)
     logger.info(compute_budget(settings))
     reward_line = reward_signal(settings).description
     logger.info(reward_line)
