@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit
-from orl.pipeline.processors.event_building import Event, State
+from orl.pipeline.processors.event_building import Event
 from orl.pipeline.processors.state_codec import StateCodec
 
 
@@ -29,7 +29,7 @@ class EffectCall:
     payload: dict[str, Any]
 
 
-PlanResult = tuple[State | None, list[EffectCall]]
+PlanResult = tuple[Any, list[EffectCall]]  # the stage's new state (None: forget it), its calls
 
 
 @runtime_checkable
@@ -46,11 +46,11 @@ class EffectStage(Protocol):
     @property
     def state_codec(self) -> StateCodec: ...
 
-    def plan(self, state: State | None, event: Event, config: PipelineConfig) -> PlanResult:
+    def plan(self, state: Any, event: Event, config: PipelineConfig) -> PlanResult:
         """Pure: update the session state and say which calls to make."""
         ...
 
-    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> tuple[State | None, list[Emit]]:
+    def on_tick(self, state: Any, now_ms: int, config: PipelineConfig) -> tuple[Any, list[Emit]]:
         """Pure: retention of idle session state (the same contract as Processor.on_tick)."""
         ...
 

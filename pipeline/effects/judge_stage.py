@@ -37,20 +37,20 @@ from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
     Event,
-    State,
     event_id_of,
     event_type_of,
     occurred_at_of,
-    remember_event,
     session_id_of,
     turn_id_of,
 )
-from orl.pipeline.processors.state_codec import JSON_STATE, StateCodec
+from orl.pipeline.processors.state_codec import StateCodec
 from orl.pipeline.processors.turn_memory import (
+    TURN_MEMORY_STATE,
+    TurnMemory,
     add_trigger,
     forget_if_idle,
-    new_turn_memory,
     remember_turn_event,
+    seen_first,
     take_ready_triggers,
 )
 from orl.schemas.errors import ConfigError
@@ -103,7 +103,7 @@ class JudgeStage:
     name: str = "judge"
     inputs: tuple[str, ...] = ("requests", "responses", "next_states")
     outputs: tuple[str, ...] = ("judge_votes", "hints")
-    state_codec: StateCodec = JSON_STATE
+    state_codec: StateCodec = TURN_MEMORY_STATE  # the judge keeps no token ids (remember_turn_event)
     _client: httpx.AsyncClient | None = field(default=None, repr=False)
     # Rule judges run inline until one call is slow (see _rule_vote); the versions are hashed once.
     _rule_inline: bool = field(default=True, repr=False)
@@ -124,18 +124,17 @@ class JudgeStage:
         if self.hint_judge is not None:
             self._config_versions[HINT] = self.hint_judge.config_version
 
-    def plan(self, state: State | None, event: Event, config: PipelineConfig) -> PlanResult:
-        state = state or new_turn_memory()
-        if not remember_event(state, event_id_of(event), config.seen_window):
+    def plan(self, state: TurnMemory | None, event: Event, config: PipelineConfig) -> PlanResult:
+        memory = seen_first(state, event, config.seen_window)
+        if memory is None:
             return state, []  # redelivered
         turn_id = turn_id_of(event)
         if event_type_of(event) == "NextStateObserved" and turn_id is not None:
-            add_trigger(state, turn_id, _next_state_view(cast(NextStateObserved, event)))
+            memory = add_trigger(memory, turn_id, _next_state_view(cast(NextStateObserved, event)))
         else:
-            remember_turn_event(state, event)
-            _forget_unjudged_fields(state, turn_id)
+            memory = remember_turn_event(memory, event, keep_tokens=False)
         # A side turn's request is never remembered: its next states wait until retention drops them.
-        turn, next_states = take_ready_triggers(state, turn_id)
+        memory, turn, next_states = take_ready_triggers(memory, turn_id)
         judges = [("reward", judge) for judge in self.reward_judges]
         if self.hint_judge is not None:
             judges.append(("hint", self.hint_judge))
@@ -148,9 +147,11 @@ class JudgeStage:
             for purpose, judge in judges
             for index in range(judge.m)
         ]
-        return state, calls
+        return memory, calls
 
-    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> tuple[State | None, list[Emit]]:
+    def on_tick(
+        self, state: TurnMemory, now_ms: int, config: PipelineConfig
+    ) -> tuple[TurnMemory | None, list[Emit]]:
         return forget_if_idle(state, now_ms, RETENTION_MS), []
 
     async def perform(self, call: EffectCall) -> list[Emit]:
@@ -366,15 +367,6 @@ def _parse(kind: str, judge: JudgeConfig, raw: str) -> tuple[int | None, str | N
         score, error = parse_reward_vote(raw)
         return score, None, error
     return parse_hint_vote(raw)
-
-
-def _forget_unjudged_fields(state: State, turn_id: str | None) -> None:
-    """Drop what turn memory keeps for the teacher but no judge reads (token ids, sampling, tools):
-    the judge's state is written to its changelog after every batch that touches it."""
-    turn = state["turns"].get(turn_id) if turn_id is not None else None
-    if turn is not None:
-        for unused in ("response_token_ids", "temperature", "tools"):
-            turn.pop(unused, None)
 
 
 def _next_state_view(event: NextStateObserved) -> dict[str, Any]:

@@ -26,18 +26,18 @@ from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
     Event,
-    State,
     event_id_of,
     event_type_of,
-    remember_event,
     turn_id_of,
 )
-from orl.pipeline.processors.state_codec import JSON_STATE, StateCodec
+from orl.pipeline.processors.state_codec import StateCodec
 from orl.pipeline.processors.turn_memory import (
+    TURN_MEMORY_STATE,
+    TurnMemory,
     add_trigger,
     forget_if_idle,
-    new_turn_memory,
     remember_turn_event,
+    seen_first,
     take_ready_triggers,
 )
 from orl.schemas.event_constructors import teacher_scored
@@ -105,14 +105,14 @@ class TeacherStage:
     name: str = "teacher"
     inputs: tuple[str, ...] = ("requests", "responses", "hints")
     outputs: tuple[str, ...] = ("teacher_scores",)
-    state_codec: StateCodec = JSON_STATE
+    state_codec: StateCodec = TURN_MEMORY_STATE
     failures: int = 0
     _client: httpx.AsyncClient | None = field(default=None, repr=False)
 
-    def plan(self, state: State | None, event: Event, config: PipelineConfig) -> PlanResult:
-        state = state or new_turn_memory()
-        if not remember_event(state, event_id_of(event), config.seen_window):
-            return state, []
+    def plan(self, state: TurnMemory | None, event: Event, config: PipelineConfig) -> PlanResult:
+        memory = seen_first(state, event, config.seen_window)
+        if memory is None:
+            return state, []  # redelivered
         turn_id = turn_id_of(event)
         if event_type_of(event) == "HintSelected" and turn_id is not None:
             selected = cast(HintSelected, event)
@@ -121,13 +121,15 @@ class TeacherStage:
                 "hint_event_id": event_id_of(selected),
                 "envelope": selected["envelope"],
             }
-            add_trigger(state, turn_id, trigger)
+            memory = add_trigger(memory, turn_id, trigger)
         else:
-            remember_turn_event(state, event)
-        turn, hints = take_ready_triggers(state, turn_id)
-        return state, [EffectCall("teacher", {"turn": turn, **hint}) for hint in hints]
+            memory = remember_turn_event(memory, event)
+        memory, turn, hints = take_ready_triggers(memory, turn_id)
+        return memory, [EffectCall("teacher", {"turn": turn, **hint}) for hint in hints]
 
-    def on_tick(self, state: State, now_ms: int, config: PipelineConfig) -> tuple[State | None, list[Emit]]:
+    def on_tick(
+        self, state: TurnMemory, now_ms: int, config: PipelineConfig
+    ) -> tuple[TurnMemory | None, list[Emit]]:
         return forget_if_idle(state, now_ms, RETENTION_MS), []
 
     async def perform(self, call: EffectCall) -> list[Emit]:

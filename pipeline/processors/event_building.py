@@ -33,6 +33,10 @@ def event_id_of(event: AnyEvent) -> str:
     return str(envelope_of(event)["event_id"])
 
 
+def namespace_of(event: AnyEvent) -> str:
+    return str(envelope_of(event)["namespace"])
+
+
 def session_id_of(event: AnyEvent) -> str | None:
     session_id = envelope_of(event).get("session_id")
     return None if session_id is None else str(session_id)

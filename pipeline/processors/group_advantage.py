@@ -28,9 +28,9 @@ from orl.pipeline.processors.config import GROUP_RULE, PipelineConfig
 from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
     Event,
-    envelope_of,
     event_id_of,
     event_type_of,
+    namespace_of,
     occurred_at_of,
     producer_name,
     remembered,
@@ -121,7 +121,7 @@ class GroupAdvantage:
         trajectory = cast(TrajectoryScored, event)
         if state is None:
             occurred_at_ms = occurred_at_of(event)
-            namespace, group_id = envelope_of(event)["namespace"], trajectory["group_id"]
+            namespace, group_id = namespace_of(event), trajectory["group_id"]
             state = GroupState(
                 namespace, group_id, int(trajectory["group_size"]), occurred_at_ms, occurred_at_ms
             )

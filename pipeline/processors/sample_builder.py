@@ -39,7 +39,7 @@ from typing import cast
 from orl.pipeline.processors import sample_decisions, sample_inputs
 from orl.pipeline.processors.config import STEP_RULE, PipelineConfig
 from orl.pipeline.processors.contract import Emit
-from orl.pipeline.processors.event_building import Event, event_id_of, producer_name
+from orl.pipeline.processors.event_building import Event, event_id_of, occurred_at_of, producer_name
 from orl.pipeline.processors.sample_decisions import Outcome
 from orl.pipeline.processors.sample_inputs import (
     NAME,
@@ -106,7 +106,7 @@ def emits_for(state: SessionSamples, outcomes: list[Outcome], config: PipelineCo
             if outcome.awaits_group:
                 trajectory.append((outcome, step_reward))
             else:
-                reward_id, occurred_at_ms = event_id_of(step_reward), step_reward["envelope"]["occurred_at"]
+                reward_id, occurred_at_ms = event_id_of(step_reward), occurred_at_of(step_reward)
                 emits.append(Emit("samples", sample_event(state, outcome, occurred_at_ms, config, reward_id)))
         elif outcome.promoted_at_ms is not None:
             emits += promotion_emits(state, outcome, outcome.promoted_at_ms, config)
@@ -185,7 +185,7 @@ def trajectory_event(
     group = state.group
     assert group is not None and state.session_id is not None
     reward_ids = tuple(event_id_of(reward) for _, reward in steps)
-    occurred_at_ms = max(reward["envelope"]["occurred_at"] for _, reward in steps)
+    occurred_at_ms = max(occurred_at_of(reward) for _, reward in steps)
     return trajectory_scored(
         origin(
             state, None, occurred_at_ms, (state.session_id, group.id, *reward_ids, config.rewards.version)

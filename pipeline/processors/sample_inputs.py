@@ -34,9 +34,9 @@ from orl.pipeline.processors.config import GROUP_RULE, PipelineConfig, RewardRul
 from orl.pipeline.processors.event_building import (
     Event,
     emitted_by,
-    envelope_of,
     event_id_of,
     event_type_of,
+    namespace_of,
     occurred_at_of,
     remembered,
     session_id_of,
@@ -175,7 +175,7 @@ class Recorded(NamedTuple):  # a tuple: one is made per event, and tuples are th
 def record(state: SessionSamples | None, event: Event, config: PipelineConfig) -> Recorded:
     """`event` recorded into its session's state (None: nothing stored yet)."""
     if state is None:
-        state = SessionSamples(namespace=envelope_of(event)["namespace"], session_id=session_id_of(event))
+        state = SessionSamples(namespace=namespace_of(event), session_id=session_id_of(event))
     seen = remembered(state.seen, event_id_of(event), config.seen_window)
     if seen is None:
         return Recorded(state, None, False)

@@ -41,9 +41,9 @@ from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
     Event,
     emitted_by,
-    envelope_of,
     event_id_of,
     event_type_of,
+    namespace_of,
     occurred_at_of,
     producer_name,
     remembered,
@@ -135,9 +135,7 @@ class TurnLinker:
 
     def process(self, state: LinkerSession | None, event: Event, config: PipelineConfig) -> Linked:
         if state is None:
-            state = LinkerSession(
-                envelope_of(event)["namespace"], session_id_of(event), occurred_at_of(event)
-            )
+            state = LinkerSession(namespace_of(event), session_id_of(event), occurred_at_of(event))
         seen = remembered(state.seen, event_id_of(event), config.seen_window)
         if seen is None:
             return state, []

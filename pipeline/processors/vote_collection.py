@@ -21,11 +21,12 @@ from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit
 from orl.pipeline.processors.event_building import (
     Event,
-    envelope_of,
     event_id_of,
     event_type_of,
+    namespace_of,
     occurred_at_of,
     remembered,
+    session_id_of,
     turn_id_of,
 )
 from orl.pipeline.processors.state_codec import StateCodec, evolved, frozen_state
@@ -94,8 +95,7 @@ class VoteCollector:
         self, state: VoteSession | None, event: Event, config: PipelineConfig
     ) -> tuple[VoteSession, list[Emit]]:
         if state is None:
-            envelope = envelope_of(event)
-            state = VoteSession(envelope["namespace"], envelope.get("session_id"), occurred_at_of(event))
+            state = VoteSession(namespace_of(event), session_id_of(event), occurred_at_of(event))
         if event_type_of(event) != self.vote_type:
             return state, []
         seen = remembered(state.seen, event_id_of(event), config.seen_window)
