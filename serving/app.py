@@ -38,6 +38,7 @@ from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.request_guards import FinalErrorHandler, as_api_error, guard, read_body
 from orl.serving.session_tracker import SessionTracker, TurnAssignment
 from orl.serving.settings import ServeSettings
+from orl.serving.spool import SpoolDrainer
 from orl.serving.tool_calls import (
     ForcedCallStream,
     PlainReplyStream,
@@ -69,6 +70,16 @@ class ServerState:
     tracker: SessionTracker = field(default_factory=SessionTracker)
     ready: bool = False
     admin_routes: list[Route] = field(default_factory=list)
+    drainer: SpoolDrainer | None = None  # None: nothing drains the spool here (tests of the app)
+
+    def not_ready_reason(self) -> str | None:
+        """Why /readyz answers 503 (starting or stopping, the spool over its cap or not draining)."""
+        if not self.ready:
+            return "the server is starting or stopping"
+        full = self.recorder.spool.full_reason()
+        if full is not None:
+            return full
+        return self.drainer.problem if self.drainer is not None else None
 
 
 def build_app(state: ServerState) -> Starlette:
@@ -126,9 +137,11 @@ class _ApiHandlers:
         return JSONResponse(openapi_document(self.state))
 
     async def readyz(self, request: Request) -> Response:
-        ready = self.state.ready
-        body = {"ready": ready, "policy_version": self.state.backend.policy_version}
-        return JSONResponse(body, status_code=200 if ready else 503)
+        reason = self.state.not_ready_reason()
+        body: dict[str, Any] = {"ready": reason is None, "policy_version": self.state.backend.policy_version}
+        if reason is not None:
+            body["reason"] = reason
+        return JSONResponse(body, status_code=200 if reason is None else 503)
 
     async def metrics(self, request: Request) -> Response:
         self.state.metrics.set("policy_version", self.state.backend.policy_version)
@@ -161,6 +174,7 @@ class _ApiHandlers:
 
     async def chat(self, request: Request) -> Response:
         started = time.perf_counter()
+        self.state.recorder.spool.refuse_if_full()  # 503: the event log has not taken what is spooled
         req = parse_chat_request(
             await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s),
             max_tokens_limit=self.settings.max_tokens_limit,
@@ -301,7 +315,12 @@ class _Turn:
 
         The events are committed before the session tracker learns of the response, as when each
         event was written on its own: a spool failure fails the request and changes nothing else.
+        A request whose own commit already failed gets its error before its response is staged:
+        else the response could be committed by a later group, for a turn answered with a 503.
         """
+        for committed in self.events:
+            if isinstance(committed, asyncio.Future) and committed.done():
+                committed.result()  # raises the SpoolError of the failed commit
         text, tool_calls = self._reply(generation)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if tool_calls:

@@ -40,6 +40,7 @@ from orl.connectors.environment.outcome_events import (
 from orl.connectors.environment.webhook import WebhookMapping, load_webhook_mappings
 from orl.serving.openai_api import ApiError, bad_request, json_object
 from orl.serving.request_guards import Handler, guard, read_body
+from orl.serving.spool import SpoolFull
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -74,11 +75,15 @@ def ingest_routes(state: ServerState, webhooks: Mapping[str, WebhookMapping] | N
 
 
 def _rejections_counted(state: ServerState, route: str, handler: Handler) -> Handler:
-    """PayloadError -> 400 naming the field; every rejection is counted with its reason."""
+    """PayloadError -> 400 naming the field, a full spool -> 503; every rejection is counted with its reason."""
 
     async def handle(request: Request) -> Response:
         try:
+            state.recorder.spool.refuse_if_full()  # 503 (the server's error policy), counted here
             return await handler(request)
+        except SpoolFull:
+            state.metrics.count("ingest_rejected", route=route, reason="spool_full")
+            raise
         except PayloadError as error:
             state.metrics.count("ingest_rejected", route=route, reason="invalid_payload")
             raise bad_request(str(error), param=error.field) from error

@@ -61,6 +61,8 @@ def check_settings(settings: ServeSettings) -> None:
         )
     if settings.threads < 0:
         raise ConfigError(f"--threads must be >= 0, not {settings.threads}")
+    if settings.spool_max_bytes <= 0:
+        raise ConfigError(f"--spool-max-bytes must be > 0, not {settings.spool_max_bytes}")
 
 
 def build_backend(settings: ServeSettings) -> tuple[PolicyBackend, ChatTemplate]:
@@ -97,6 +99,7 @@ class RunningServer:
     drainer: SpoolDrainer
     log: EventLog
     follower: CheckpointFollower
+    background: asyncio.Task[None]  # connects the log, drains the spool, follows checkpoints: never ends
 
 
 @asynccontextmanager
@@ -108,7 +111,11 @@ async def running_server(
     if backend is None or template is None:
         backend, template = build_backend(settings)
     log = open_event_log(settings.effective_log_url(), settings.topic_policy(), client_id="orl-serve")
-    spool = EventSpool(settings.data_dir / f"spool-{settings.server_id}.db", sync=settings.spool_sync)
+    spool = EventSpool(
+        settings.data_dir / f"spool-{settings.server_id}.db",
+        sync=settings.spool_sync,
+        max_bytes=settings.spool_max_bytes,
+    )
     metrics = Metrics()
     drainer = SpoolDrainer(spool, log, metrics=metrics)
     spool.on_committed = drainer.wake
@@ -142,6 +149,7 @@ async def running_server(
         metrics,
         tracker=SessionTracker(stored_next_turn_index=spool.next_turn_index),
         admin_routes=admin_routes(follower),
+        drainer=drainer,
     )
     await backend.start()
     if settings.follow_checkpoints and not settings.follow_promoted:
@@ -149,7 +157,7 @@ async def running_server(
     background = asyncio.create_task(_background(log, settings, drainer, follower))
     try:
         state.ready = True
-        yield RunningServer(state, drainer, log, follower)
+        yield RunningServer(state, drainer, log, follower, background)
     finally:
         state.ready = False
         background.cancel()
@@ -174,9 +182,11 @@ async def _background(
         except ConfigError:
             raise
         except Exception as error:  # noqa: BLE001 - any connection failure: keep spooling and retry
-            logger.warning("event log not reachable yet (%s); retrying in %.1f s", error, delay)
+            drainer.problem = f"the event log is not reachable yet: {type(error).__name__}: {error}"
+            logger.warning("%s; retrying in %.1f s", drainer.problem, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
+    drainer.problem = None
     if warning is not None:
         logger.warning("durability: %s", warning)
     tasks = [drainer.run()]
@@ -189,7 +199,7 @@ def serve(settings: ServeSettings) -> int:
     """Entry point of `orl serve`."""
     check_settings(settings)
 
-    async def main() -> None:
+    async def main() -> int:
         async with running_server(settings) as server:
             config = uvicorn.Config(
                 build_app(server.state),
@@ -202,7 +212,25 @@ def serve(settings: ServeSettings) -> int:
             logger.info(
                 "serving %s on http://%s:%d/v1", settings.served_model_name, settings.host, settings.port
             )
-            await uvicorn.Server(config).serve()
+            return await _serve_until_background_ends(uvicorn.Server(config), server.background)
 
-    asyncio.run(main())
-    return 0
+    return asyncio.run(main())
+
+
+async def _serve_until_background_ends(http: uvicorn.Server, background: asyncio.Task[None]) -> int:
+    """Serve HTTP until uvicorn stops (0) or the background task ends, which it never does while
+    the server is healthy (1: the spool no longer drains, so the supervisor must restart us)."""
+    listening = asyncio.create_task(http.serve())
+    await asyncio.wait({listening, background}, return_when=asyncio.FIRST_COMPLETED)
+    if not background.done():
+        return 0
+    error = None if background.cancelled() else background.exception()
+    logger.critical(
+        "the spool drain and checkpoint follower task ended (%r): the server stops so that its "
+        "supervisor restarts it",
+        error,
+        exc_info=error,
+    )
+    http.should_exit = True
+    await listening
+    return 1

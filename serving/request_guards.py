@@ -19,7 +19,7 @@ import httpx
 from orl.schemas.errors import ServiceUnavailable
 from orl.serving.openai_api import ApiError, error_body
 from orl.serving.policy.base import PolicyError
-from orl.serving.spool import SpoolError
+from orl.serving.spool import SpoolError, SpoolFull
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,6 +43,14 @@ def as_api_error(error: Exception, where: str) -> ApiError:
     """
     if isinstance(error, ApiError):
         return error
+    if isinstance(error, SpoolFull):  # the log has not taken what is spooled: not the client's doing
+        logger.warning("%s: %s", where, error)
+        return ApiError(
+            503,
+            "the server's spool is full (the event log is not taking its events); retry later",
+            code="spool_full",
+            error_type="server_error",
+        )
     storage = isinstance(error, OSError) and not isinstance(error, TimeoutError)
     if storage or isinstance(error, SpoolError | sqlite3.Error):  # a full disk, an I/O error
         logger.error("%s: the spool cannot take the request: %r", where, error)

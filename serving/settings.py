@@ -72,6 +72,13 @@ class ServeSettings(ConnectionSettings):
         "survives a power cut) | normal (survives a crash of the server, not of the machine; less disk "
         "wait per commit).",
     )
+    spool_max_bytes: int = setting(
+        1 << 30,
+        "ORL_SPOOL_MAX_BYTES",
+        "Byte cap of the spool: while this many bytes of events wait for the event log (it is down or "
+        "refuses them), new turns get a 503 with Retry-After and /readyz says why; turns already taken "
+        "on are still recorded.",
+    )
     run_id: str = setting("live", "ORL_RUN_ID", "Trainer run whose checkpoints this server follows.")
     webhooks_file: str = setting(
         "",

@@ -21,6 +21,12 @@ A record the log refuses for good (over `--max-record-bytes`, or invalid to the 
 the spool: it moves to the spool file's `set_aside` table with the reason, is counted in the metrics
 (`orl_spool_set_aside_total`) and is listed by `orl spool`; the records behind it drain on.
 
+Supervision: any drain error (the log down, the log's or the spool's SQLite locked past its busy
+timeout, a full disk) is logged and retried with backoff, and `SpoolDrainer.problem` says why the
+spool cannot drain until a drain succeeds again (the server's /readyz reports it). Above its byte
+cap (`max_bytes`: the keys and values not yet drained) `refuse_if_full` raises SpoolFull, which the
+server answers with a 503 for new turns until the spool has drained below it.
+
 Reads and writes: the spool file; appends to whichever topics the events are for.
 """
 
@@ -54,6 +60,10 @@ class SpoolError(OrlError):
     """The spool file refused a commit: the events of that commit are not spooled."""
 
 
+class SpoolFull(SpoolError):
+    """The spool holds more than its byte cap: new turns are refused until it drains below it."""
+
+
 @dataclass(frozen=True)
 class SpooledEvent:
     seq: int
@@ -78,11 +88,16 @@ class EventSpool:
     """A FIFO of (topic, key, value) on disk. Single process; all calls from one event loop.
 
     `on_committed` is called after every commit that wrote rows (the drainer's wake-up); `sync` is
-    "full" (a commit is on disk when it returns) or "normal" (it survives a process crash).
+    "full" (a commit is on disk when it returns) or "normal" (it survives a process crash);
+    `max_bytes` is the byte cap of `refuse_if_full` (None: no cap).
     """
 
     def __init__(
-        self, path: Path, on_committed: Callable[[], None] = lambda: None, sync: str = "full"
+        self,
+        path: Path,
+        on_committed: Callable[[], None] = lambda: None,
+        sync: str = "full",
+        max_bytes: int | None = None,
     ) -> None:
         if sync not in SPOOL_SYNC_MODES:
             raise SpoolError(f"spool sync must be {' or '.join(SPOOL_SYNC_MODES)}, not {sync!r}")
@@ -106,6 +121,13 @@ class EventSpool:
         self._staged: list[_Row] = []
         self._staged_turn_indexes: dict[str, int] = {}
         self._group: asyncio.Future[None] | None = None  # resolved when the staged rows are committed
+        self.max_bytes = max_bytes
+        # the keys and values in the file and not yet drained: counted once here, then kept up to date
+        self.queued_bytes = int(
+            self._db.execute(
+                "SELECT COALESCE(SUM(LENGTH(value) + COALESCE(LENGTH(key), 0)), 0) FROM spool"
+            ).fetchone()[0]
+        )
 
     def put(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Spool one event now: when this returns it is committed (with any events staged before it)."""
@@ -158,6 +180,7 @@ class EventSpool:
                 group.set_exception(failure)
                 group.exception()  # counted as seen: a group nobody awaits (a cancelled request) must not warn
             raise failure from error
+        self.queued_bytes += sum(_row_bytes(row) for row in rows)
         if group is not None and not group.done():
             group.set_result(None)
         if rows:
@@ -187,12 +210,30 @@ class EventSpool:
         rows = self._db.execute("SELECT seq, topic, key, value FROM spool ORDER BY seq LIMIT ?", (limit,))
         return [SpooledEvent(*row) for row in rows]
 
-    def remove_through(self, seq: int) -> None:
-        self._db.execute("DELETE FROM spool WHERE seq <= ?", (seq,))
+    def remove_drained(self, events: list[SpooledEvent]) -> None:
+        """Delete `events`, the oldest in the spool (as `oldest` gave them), once the log has them."""
+        if events:
+            self._db.execute("DELETE FROM spool WHERE seq <= ?", (events[-1].seq,))
+            self.queued_bytes -= sum(_row_bytes((e.topic, e.key, e.value)) for e in events)
+
+    def full_reason(self) -> str | None:
+        """Why new turns are refused (the spool is over its byte cap), or None."""
+        if self.max_bytes is None or self.queued_bytes < self.max_bytes:
+            return None
+        return (
+            f"the spool holds {self.queued_bytes} bytes not yet on the event log, at or over its cap of "
+            f"{self.max_bytes} (--spool-max-bytes)"
+        )
+
+    def refuse_if_full(self) -> None:
+        """Raise SpoolFull while the spool is over its byte cap (before a new turn is taken on)."""
+        reason = self.full_reason()
+        if reason is not None:
+            raise SpoolFull(reason)
 
     def set_aside(self, event: SpooledEvent, reason: str) -> None:
         """Keep an event the log refused for good in `set_aside` (once, however often it is refused);
-        the next `remove_through` past it takes it off the spool."""
+        the next `remove_drained` past it takes it off the spool."""
         self._db.execute(
             "INSERT OR IGNORE INTO set_aside (seq, topic, key, value, reason, set_aside_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
             (event.seq, event.topic, event.key, event.value, reason, int(time.time() * 1000)),
@@ -244,9 +285,12 @@ async def drain_once(
                     for i, e in enumerate(pending)
                     if refused.positions[i] is None and i not in refused.refused
                 ]
-    if events:
-        spool.remove_through(events[-1].seq)
+    spool.remove_drained(events)
     return len(events)
+
+
+def _row_bytes(row: _Row) -> int:
+    return len(row[2]) + len(row[1] or b"")
 
 
 def _set_aside(spool: EventSpool, event: SpooledEvent, reason: str, metrics: Metrics | None) -> None:
@@ -257,7 +301,8 @@ def _set_aside(spool: EventSpool, event: SpooledEvent, reason: str, metrics: Met
 
 
 class SpoolDrainer:
-    """Background task: drain continuously; on log errors retry with bounded exponential backoff.
+    """Background task: drain continuously; on any drain error retry with bounded exponential
+    backoff, `problem` saying why until a drain succeeds.
 
     When woken by a commit it lingers `linger_s` before draining, so that under load one drain (a
     SELECT, one log append per topic, a DELETE) moves the events of many requests instead of one
@@ -284,6 +329,7 @@ class SpoolDrainer:
         self.batch = batch
         self.failures = 0
         self.drains = 0  # drains that moved events (benchmarks report events per drain)
+        self.problem: str | None = None  # why the spool cannot drain now (None: it drains)
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -296,9 +342,15 @@ class SpoolDrainer:
             try:
                 moved = await drain_once(self.spool, self.log, self.batch, self.metrics)
                 backoff = self.idle_s
-            except OrlError as error:  # the log is down: keep spooling, try again later
+                if self.problem is not None:
+                    logger.warning("the spool drains again (%d failed drains)", self.failures)
+                    self.problem = None
+            except (OrlError, sqlite3.Error, OSError) as error:  # keep spooling, try again later
                 self.failures += 1
-                logger.warning("event log unavailable (%s); %d events spooled", error, self.spool.depth())
+                self.problem = f"the spool cannot drain: {type(error).__name__}: {error}"
+                if self.metrics is not None:
+                    self.metrics.count("spool_drain_failures")
+                logger.warning("%s; %d events spooled, retrying", self.problem, self.spool.depth())
                 backoff = min(self.max_backoff_s, max(backoff * 2, 0.1))
                 moved = 0
             self.drains += moved > 0
