@@ -12,6 +12,7 @@ passively; numerics follow `--precision`. The choice is logged at start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -330,6 +331,8 @@ def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launc
 RESTART_DELAY_S = 1.0  # after the first crash in a row; one more second per further crash
 MAX_RESTART_DELAY_S = 10.0
 STABLE_RUN_S = 60.0  # a process that ran this long before it exited starts a new row of crashes
+CRASH_LOOP_AFTER = 5  # crashes in a row that make a crash loop (logged as an error, with the log's tail)
+LOG_TAIL_LINES = 8
 
 
 @dataclass
@@ -341,7 +344,11 @@ class Supervisor:
     starts a new row. The pause never blocks: `check` starts what is due and returns, so the
     other processes' restarts and a stop are not held up. Each child gets SIGTERM from the kernel
     if the supervisor dies without stopping it (kill -9, a crash): `exit_with_supervisor`, called
-    by every `orl` command at start."""
+    by every `orl` command at start.
+    A process that crashes CRASH_LOOP_AFTER times in a row is in a crash loop: an error in the log
+    says so with the last lines of its own log. `status.json` in the log folder holds each
+    process's state (running / restarting / stopped), pid, restarts, crashes in a row, last exit
+    code and whether it is crash-looping, rewritten at every change."""
 
     launches: dict[str, Launch]
     log_dir: Path
@@ -351,6 +358,11 @@ class Supervisor:
     crashes_in_a_row: dict[str, int] = field(default_factory=dict)
     started_at: dict[str, float] = field(default_factory=dict)
     restart_at: dict[str, float] = field(default_factory=dict)  # exited, restarted at this time
+    exit_codes: dict[str, int] = field(default_factory=dict)  # the last exit code, per process
+
+    @property
+    def status_path(self) -> Path:
+        return self.log_dir / "status.json"
 
     def start(self, name: str) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -366,6 +378,7 @@ class Supervisor:
         logger.info(
             "started %s (pid %d), log %s", name, self.processes[name].pid, self.log_dir / f"{name}.log"
         )
+        self.write_status()
 
     def start_all(self) -> None:
         for name in self.launches:
@@ -388,16 +401,27 @@ class Supervisor:
                     self.start(name)
                 continue
             if process.poll() is None:
+                if self.crashes_in_a_row.get(name) and now - self.started_at[name] >= STABLE_RUN_S:
+                    self.crashes_in_a_row[name] = 0  # it runs: its row of crashes is over
+                    self.write_status()
                 continue
             ran_s = now - self.started_at.get(name, now)
             crashes = 1 if ran_s >= STABLE_RUN_S else self.crashes_in_a_row.get(name, 0) + 1
             self.crashes_in_a_row[name] = crashes
+            self.exit_codes[name] = process.returncode
             delay_s = min(MAX_RESTART_DELAY_S, RESTART_DELAY_S * crashes)
             self.restart_at[name] = now + delay_s
             logger.warning(
                 "%s exited with %s; restarting in %.0f s (it ran %.0f s; crash %d in a row, restart #%d)",
                 name, process.returncode, delay_s, ran_s, crashes, self.restarts.get(name, 0) + 1,
             )  # fmt: skip
+            if crashes % CRASH_LOOP_AFTER == 0:
+                logger.error(
+                    "%s is in a crash loop: %d exits in a row, each within %.0f s of its start; the last "
+                    "lines of %s:\n%s",
+                    name, crashes, STABLE_RUN_S, self.log_dir / f"{name}.log", self.log_tail(name),
+                )  # fmt: skip
+            self.write_status()
 
     def stop(self) -> None:
         for process in self.processes.values():
@@ -408,6 +432,42 @@ class Supervisor:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
+        self.restart_at.clear()
+        self.write_status()
+
+    def log_tail(self, name: str) -> str:
+        """The last LOG_TAIL_LINES lines of the process's log."""
+        with contextlib.suppress(OSError):
+            lines = (self.log_dir / f"{name}.log").read_bytes().decode(errors="replace").splitlines()
+            return "\n".join(lines[-LOG_TAIL_LINES:])
+        return "(no log)"
+
+    def status(self) -> dict[str, dict[str, object]]:
+        """Each process's state, as status.json holds it."""
+        now = self.clock()
+        status: dict[str, dict[str, object]] = {}
+        for name, process in self.processes.items():
+            running = process.poll() is None
+            crashes = self.crashes_in_a_row.get(name, 0)
+            status[name] = {
+                "state": "running" if running else "restarting" if name in self.restart_at else "stopped",
+                "pid": process.pid if running else None,
+                "restarts": self.restarts.get(name, 0),
+                "crashes_in_a_row": crashes,
+                "crash_loop": crashes >= CRASH_LOOP_AFTER,
+                "last_exit_code": self.exit_codes.get(name),
+                "restart_in_s": round(max(0.0, self.restart_at[name] - now), 1)
+                if name in self.restart_at
+                else None,
+            }
+        return status
+
+    def write_status(self) -> None:
+        """Replace status.json (written whole, then renamed over the old one)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        partial = self.status_path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(self.status(), indent=2) + "\n")
+        partial.replace(self.status_path)
 
 
 def up(settings: UpSettings) -> int:

@@ -6,13 +6,15 @@ loop. The supervisor's clock is a fake one, moved by the test; the processes are
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from orl.up import Launch, Supervisor
+from orl.up import CRASH_LOOP_AFTER, STABLE_RUN_S, Launch, Supervisor
 from tests.faults.checks import EXITED_LINE
 
 
@@ -82,5 +84,47 @@ def test_the_pause_is_capped_at_ten_seconds(tmp_path: Path) -> None:
             assert supervisor.restart_at["loop"] - clock.now == min(10.0, float(crash))
             clock.now = supervisor.restart_at["loop"]
             supervisor.check()
+    finally:
+        supervisor.stop()
+
+
+def test_a_crash_loop_is_named_in_the_log_with_the_processs_last_lines_and_in_the_status_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    supervisor = Supervisor({"loop": Launch("no-such-command", dict(os.environ))}, tmp_path, clock=clock)
+    supervisor.start_all()
+    try:
+        assert json.loads(supervisor.status_path.read_text())["loop"]["state"] == "running"
+        for crash in range(1, CRASH_LOOP_AFTER + 1):
+            wait_exited(supervisor, "loop")
+            supervisor.check()
+            status = json.loads(supervisor.status_path.read_text())["loop"]
+            assert status["state"] == "restarting" and status["last_exit_code"] == 2
+            assert status["crashes_in_a_row"] == crash and status["restarts"] == crash - 1
+            assert status["crash_loop"] == (crash == CRASH_LOOP_AFTER)
+            assert ("loop is in a crash loop" in caplog.text) == (crash == CRASH_LOOP_AFTER)
+            clock.now = supervisor.restart_at["loop"]
+            supervisor.check()
+        # the error quotes the process's own log: argparse's complaint about the unknown command
+        assert "invalid choice: 'no-such-command'" in caplog.text, caplog.text
+    finally:
+        supervisor.stop()
+    assert json.loads(supervisor.status_path.read_text())["loop"]["state"] == "stopped"
+
+
+def test_a_process_that_runs_a_minute_after_a_crash_loop_is_no_longer_in_one(tmp_path: Path) -> None:
+    clock = FakeClock()
+    supervisor = Supervisor({}, tmp_path, clock=clock)
+    supervisor.processes["steady"] = subprocess.Popen(["sleep", "120"])  # a restart that now runs
+    supervisor.started_at["steady"] = clock.now
+    supervisor.crashes_in_a_row["steady"] = CRASH_LOOP_AFTER
+    try:
+        supervisor.check()
+        assert supervisor.status()["steady"]["crash_loop"]  # not yet a minute
+        clock.now += STABLE_RUN_S
+        supervisor.check()
+        status = json.loads(supervisor.status_path.read_text())["steady"]
+        assert status["state"] == "running" and not status["crash_loop"] and status["crashes_in_a_row"] == 0
     finally:
         supervisor.stop()
