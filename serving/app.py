@@ -39,6 +39,7 @@ from orl.serving.request_guards import FinalErrorHandler, as_api_error, guard, r
 from orl.serving.session_tracker import SessionTracker, TurnAssignment
 from orl.serving.settings import ServeSettings
 from orl.serving.spool import SpoolDrainer
+from orl.serving.tenancy import check_session_owner, request_key_id
 from orl.serving.tool_calls import (
     ForcedCallStream,
     PlainReplyStream,
@@ -167,6 +168,7 @@ class _ApiHandlers:
 
     async def end_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
+        check_session_owner(self.state.recorder.spool, session_id, request)
         last_turn_id = self.state.tracker.last_main_turn(session_id)  # the pipeline ends this turn
         was_open = self.state.tracker.close(session_id)
         await self.state.recorder.session_closed(session_id, last_turn_id)
@@ -183,14 +185,23 @@ class _ApiHandlers:
         group = parse_rollout_group(request.headers.get("x-group-id"), request.headers.get("x-group-size"))
         prompt_ids = self._prompt_ids(req)
         params = self._sampling(req, len(prompt_ids))
+        header_session = request.headers.get("x-session-id")
+        named, _ = self.state.tracker.explicit_session(
+            header_session, req.session_id, req.user, req.prompt_cache_key
+        )
+        if named is not None:  # 403 for a session another key opened
+            check_session_owner(self.state.recorder.spool, named, request)
         turn = self.state.tracker.assign(
             req.messages,
-            header_session=request.headers.get("x-session-id"),
+            header_session=header_session,
             body_session=req.session_id,
             user=req.user,
             cache_key=req.prompt_cache_key,
             main=main,
+            owner=request_key_id(request),
         )
+        if turn.link_method == "new":  # committed with this turn's events
+            self.state.recorder.spool.stage_session_owner(turn.session_id, turn.owner)
         # committed with this turn's events: a restarted server continues the session's numbering
         self.state.recorder.spool.stage_turn_index(turn.session_id, turn.turn_index + 1)
         request_id = "chatcmpl-" + uuid.uuid4().hex

@@ -41,6 +41,7 @@ from orl.connectors.environment.webhook import WebhookMapping, load_webhook_mapp
 from orl.serving.openai_api import ApiError, bad_request, json_object
 from orl.serving.request_guards import Handler, guard, read_body
 from orl.serving.spool import SpoolFull
+from orl.serving.tenancy import check_session_owner, request_key_id
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -109,7 +110,9 @@ class _IngestHandlers:
             text = content_value(text, "text")
         content = text if text is not None else f"(the user gave a thumbs {'up' if thumbs == 1 else 'down'})"
         outcome = Outcome(kind="thumbs", thumbs=thumbs) if thumbs is not None else None
-        return self._record(body, "feedback", Observation(content=content, role="user", outcome=outcome))
+        return self._record(
+            request, body, "feedback", Observation(content=content, role="user", outcome=outcome)
+        )
 
     async def reward(self, request: Request) -> Response:
         body = await self._body(request)
@@ -124,12 +127,12 @@ class _IngestHandlers:
             role="environment",
             outcome=Outcome(kind="reward", reward=reward, detail=detail),
         )
-        return self._record(body, "reward", observation)
+        return self._record(request, body, "reward", observation)
 
     async def observation(self, request: Request) -> Response:
         body = await self._body(request)
         source = check_source(body.get("source"))
-        return self._record(body, source, observation_from_json(body))
+        return self._record(request, body, source, observation_from_json(body))
 
     async def webhook(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -138,12 +141,16 @@ class _IngestHandlers:
             known = ", ".join(sorted(self.webhooks)) or "none configured"
             raise ApiError(404, f"no webhook named {name!r} (known: {known})", code="unknown_webhook")
         target = mapping.apply(await self._body(request))
-        return self._recorded(target.session_id, target.turn_id, f"webhook:{name}", target.observation)
+        return self._recorded(
+            request, target.session_id, target.turn_id, f"webhook:{name}", target.observation
+        )
 
     async def start_session(self, request: Request) -> Response:
         body = await self._body(request, allow_empty=True)
         task_id = optional_str(body, "task_id")
         session_id = self.state.tracker.new_session_id()
+        self.state.recorder.spool.stage_session_owner(session_id, request_key_id(request))
+        self.state.recorder.spool.commit()
         logger.info("session %s started (task %s)", session_id, task_id)
         return JSONResponse(
             {"session_id": session_id, "task_id": task_id, "headers": {"X-Session-Id": session_id}}
@@ -155,13 +162,16 @@ class _IngestHandlers:
             return {}
         return json_object(raw)
 
-    def _record(self, body: dict[str, Any], source: str, observation: Observation) -> Response:
+    def _record(
+        self, request: Request, body: dict[str, Any], source: str, observation: Observation
+    ) -> Response:
         session_id = required_str(body, "session_id")
-        return self._recorded(session_id, optional_str(body, "turn_id"), source, observation)
+        return self._recorded(request, session_id, optional_str(body, "turn_id"), source, observation)
 
     def _recorded(
-        self, session_id: str, turn_id: str | None, source: str, observation: Observation
+        self, request: Request, session_id: str, turn_id: str | None, source: str, observation: Observation
     ) -> Response:
+        check_session_owner(self.state.recorder.spool, session_id, request)
         turn_id = turn_id or self._last_main_turn(session_id)
         event = self.state.recorder.next_state_observed(
             observation, session_id=session_id, turn_id=turn_id, source=source

@@ -20,6 +20,7 @@ from orl.schemas.errors import ServiceUnavailable
 from orl.serving.openai_api import ApiError, error_body
 from orl.serving.policy.base import PolicyError
 from orl.serving.spool import SpoolError, SpoolFull
+from orl.serving.tenancy import KEY_ID_SCOPE, key_id
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -85,8 +86,10 @@ def _where(scope: Scope) -> str:
 
 
 def guard(handler: Handler, keys: tuple[str, ...]) -> Handler:
-    """Bearer-key check (constant time, on bytes); every error the handler raises goes through `as_api_error`."""
+    """Bearer-key check (constant time, on bytes); every error the handler raises goes through `as_api_error`.
+    The handler finds the id of the key that matched in the request's scope (orl.serving.tenancy)."""
     key_bytes = [key.encode("utf-8", "surrogatepass") for key in keys if key]
+    key_ids = [key_id(key) for key in key_bytes]
 
     async def guarded(request: Request) -> Response:
         given = request.headers.get("authorization", "")
@@ -102,6 +105,7 @@ def guard(handler: Handler, keys: tuple[str, ...]) -> Handler:
                 ),
                 status_code=401,
             )
+        request.scope[KEY_ID_SCOPE] = key_ids[matches.index(True)]
         try:
             return await handler(request)
         except Exception as error:  # the error policy answers it; nothing is swallowed unlogged

@@ -14,6 +14,8 @@ its history, so its next request resends the earlier one without it. A response 
 remembered after the request minus its trailing user messages, as long as what is left still ends in
 a user or tool message. A conversation two sessions both answered alike (same key, different
 sessions) links to neither: a new session is safer than a turn chained into another conversation.
+Linking by messages looks only among the sessions of the request's own API key (`owner`): another
+key that resends the same conversation starts a session of its own (orl.serving.tenancy).
 Turn indexes are given at arrival, so concurrent requests in one session are ordered by request.
 A session this tracker does not hold (new, closed, evicted, or from before a restart of the server)
 continues from `stored_next_turn_index`, which the server answers from its spool file, where every
@@ -43,6 +45,7 @@ class TurnAssignment:
     turn_index: int
     previous_turn_id: str | None
     link_method: str  # header | body | user | cache_key | prefix | new
+    owner: str = ""  # the id of the API key the turn came with (its prefix links are kept under it)
 
 
 @dataclass
@@ -71,11 +74,12 @@ class SessionTracker:
         user: str | None = None,
         cache_key: str | None = None,
         main: bool = True,
+        owner: str = "",
     ) -> TurnAssignment:
-        session_id, method = self._explicit_session(header_session, body_session, user, cache_key)
+        session_id, method = self.explicit_session(header_session, body_session, user, cache_key)
         linked_turn: str | None = None
         if session_id is None:
-            found = self._find_prefix(messages)
+            found = self._find_prefix(messages, owner)
             if found is not None:
                 session_id, linked_turn = found
                 method = "prefix"
@@ -88,14 +92,14 @@ class SessionTracker:
         previous = linked_turn or state.last_main_turn_id
         if main:
             state.last_main_turn_id = turn_id
-        return TurnAssignment(session_id, turn_id, index, previous if main else None, method)
+        return TurnAssignment(session_id, turn_id, index, previous if main else None, method, owner)
 
     def record_response(
         self, assignment: TurnAssignment, messages: Sequence[Message], reply: Message
     ) -> None:
         """Remember a main turn's conversation so the client's next request (which repeats it) links to it."""
         for sent in _resendable_requests(messages):
-            self._remember(conversation_link_keys([*sent, reply])[-1], assignment)
+            self._remember(assignment.owner + conversation_link_keys([*sent, reply])[-1], assignment)
 
     def _remember(self, key: str, assignment: TurnAssignment) -> None:
         known = self._by_conversation.get(key)
@@ -117,9 +121,10 @@ class SessionTracker:
         state = self._sessions.pop(session_id, None)
         return state is not None and not state.closed
 
-    def _explicit_session(
+    def explicit_session(
         self, header: str | None, body: str | None, user: str | None, cache_key: str | None
     ) -> tuple[str | None, str]:
+        """The session a request names (and how), or (None, "new") when it names none."""
         if header:
             return header, "header"
         if body:
@@ -130,13 +135,13 @@ class SessionTracker:
             return f"cache:{cache_key}", "cache_key"
         return None, "new"
 
-    def _find_prefix(self, messages: Sequence[Message]) -> tuple[str, str] | None:
+    def _find_prefix(self, messages: Sequence[Message], owner: str) -> tuple[str, str] | None:
         # The longest earlier conversation wins: try prefixes ending in an assistant message, longest first.
         keys = conversation_link_keys(messages)
         for end in range(len(messages) - 1, 0, -1):
             if messages[end - 1].get("role") != "assistant":
                 continue
-            found = self._by_conversation.get(keys[end - 1])
+            found = self._by_conversation.get(owner + keys[end - 1])
             if found is not None:
                 return None if found == _AMBIGUOUS else found
         return None

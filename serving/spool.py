@@ -52,6 +52,7 @@ _SET_TURN_INDEX = (
     "INSERT INTO turn_indexes (session_id, next_turn_index) VALUES (?, ?) ON CONFLICT (session_id) "
     "DO UPDATE SET next_turn_index = MAX(next_turn_index, excluded.next_turn_index)"
 )
+_SET_OWNER = "INSERT OR IGNORE INTO session_owners (session_id, key_id) VALUES (?, ?)"
 SPOOL_SYNC_MODES = ("full", "normal")  # SQLite's synchronous=FULL / NORMAL in WAL mode
 _Row = tuple[str, bytes | None, bytes]
 
@@ -118,8 +119,13 @@ class EventSpool:
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS turn_indexes (session_id TEXT PRIMARY KEY, next_turn_index INTEGER NOT NULL)"
         )
+        # per session: the id of the API key that opened it (orl.serving.tenancy); the first claim stands
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS session_owners (session_id TEXT PRIMARY KEY, key_id TEXT NOT NULL)"
+        )
         self._staged: list[_Row] = []
         self._staged_turn_indexes: dict[str, int] = {}
+        self._staged_owners: dict[str, str] = {}
         self._group: asyncio.Future[None] | None = None  # resolved when the staged rows are committed
         self.max_bytes = max_bytes
         # the keys and values in the file and not yet drained: counted once here, then kept up to date
@@ -153,6 +159,19 @@ class EventSpool:
         known = self._staged_turn_indexes.get(session_id, 0)
         self._staged_turn_indexes[session_id] = max(known, next_turn_index)
 
+    def stage_session_owner(self, session_id: str, key_id: str) -> None:
+        """Record the key that opened a session with the next commit (a session keeps its first owner)."""
+        self._staged_owners.setdefault(session_id, key_id)
+
+    def session_owner(self, session_id: str) -> str | None:
+        """The id of the key that opened the session (staged or committed), or None for one never opened."""
+        if session_id in self._staged_owners:
+            return self._staged_owners[session_id]
+        row = self._db.execute(
+            "SELECT key_id FROM session_owners WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return str(row[0]) if row else None
+
     def next_turn_index(self, session_id: str) -> int:
         """The session's next turn index as recorded (staged or committed); 0 for a session never seen."""
         if session_id in self._staged_turn_indexes:
@@ -163,17 +182,23 @@ class EventSpool:
         return int(row[0]) if row else 0
 
     def commit(self) -> None:
-        """Commit every staged event and turn index in one transaction (nothing to do if none is staged).
+        """Commit every staged event, turn index and session owner in one transaction (nothing to do if
+        none is staged).
 
         On failure the staged events are dropped, the waiters of their group get SpoolError, and
         this raises it too.
         """
-        rows, group, turn_indexes = self._staged, self._group, self._staged_turn_indexes
-        self._staged, self._group, self._staged_turn_indexes = [], None, {}
-        if not rows and not turn_indexes:
+        rows, group, turn_indexes, owners = (
+            self._staged,
+            self._group,
+            self._staged_turn_indexes,
+            self._staged_owners,
+        )
+        self._staged, self._group, self._staged_turn_indexes, self._staged_owners = [], None, {}, {}
+        if not rows and not turn_indexes and not owners:
             return
         try:
-            self._write(rows, turn_indexes)
+            self._write(rows, turn_indexes, owners)
         except (sqlite3.Error, OSError) as error:  # OSError too: a group whose commit raised must never hang
             failure = SpoolError(f"the spool could not commit {len(rows)} event(s): {error}")
             if group is not None and not group.done():
@@ -192,14 +217,15 @@ class EventSpool:
         except SpoolError as error:  # the waiting handlers raise it; the server keeps serving
             logger.error("%s", error)
 
-    def _write(self, rows: list[_Row], turn_indexes: dict[str, int]) -> None:
-        if len(rows) == 1 and not turn_indexes:
+    def _write(self, rows: list[_Row], turn_indexes: dict[str, int], owners: dict[str, str]) -> None:
+        if len(rows) == 1 and not turn_indexes and not owners:
             self._db.execute(_INSERT, rows[0])  # autocommit: one statement is its own transaction
             return
         self._db.execute("BEGIN")
         try:
             self._db.executemany(_INSERT, rows)
             self._db.executemany(_SET_TURN_INDEX, list(turn_indexes.items()))
+            self._db.executemany(_SET_OWNER, list(owners.items()))
             self._db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):  # the transaction may already be gone (disk I/O error)
