@@ -31,6 +31,7 @@ from orl.serving.openai_api import (
     parse_chat_request,
     parse_rollout_group,
     parse_score_request,
+    session_header,
 )
 from orl.serving.openapi import openapi_document
 from orl.serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
@@ -185,7 +186,7 @@ class _ApiHandlers:
         group = parse_rollout_group(request.headers.get("x-group-id"), request.headers.get("x-group-size"))
         prompt_ids = self._prompt_ids(req)
         params = self._sampling(req, len(prompt_ids))
-        header_session = request.headers.get("x-session-id")
+        header_session = session_header(request.headers.get("x-session-id"))
         named, _ = self.state.tracker.explicit_session(
             header_session, req.session_id, req.user, req.prompt_cache_key
         )

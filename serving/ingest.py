@@ -95,6 +95,16 @@ def _rejections_counted(state: ServerState, route: str, handler: Handler) -> Han
     return handle
 
 
+METRIC_SOURCES = ("feedback", "reward", "webhook")  # any other source is counted as "observation"
+
+
+def _metric_source(source: str) -> str:
+    """The `source` label of a next state: one of a fixed few (a client-chosen source would grow the
+    metric's label set without bound)."""
+    kind = source.split(":")[0]
+    return kind if kind in METRIC_SOURCES else "observation"
+
+
 class _IngestHandlers:
     def __init__(self, state: ServerState, webhooks: dict[str, WebhookMapping]) -> None:
         self.state = state
@@ -176,7 +186,7 @@ class _IngestHandlers:
         event = self.state.recorder.next_state_observed(
             observation, session_id=session_id, turn_id=turn_id, source=source
         )
-        self.state.metrics.count("next_states_ingested", source=source.split(":")[0])
+        self.state.metrics.count("next_states_ingested", source=_metric_source(source))
         return JSONResponse(
             {
                 "event_id": event["envelope"]["event_id"],

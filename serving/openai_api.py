@@ -124,6 +124,16 @@ class RolloutGroup:
 MAX_GROUP_SIZE = 1024
 
 
+MAX_ID_CHARS = 256  # a client-chosen id (session, user, prompt cache key, X-Session-Id): longer is a 400
+
+
+def session_header(value: str | None) -> str | None:
+    """The X-Session-Id header, or None; one over MAX_ID_CHARS is a 400."""
+    if value is not None and len(value) > MAX_ID_CHARS:
+        raise bad_request(f"X-Session-Id is longer than {MAX_ID_CHARS} characters", param="X-Session-Id")
+    return value
+
+
 def parse_rollout_group(group_id: str | None, size: str | None) -> RolloutGroup | None:
     """The request's rollout group from its headers, or None; a malformed header is a 400."""
     if group_id is None or not group_id.strip():
@@ -421,4 +431,8 @@ def _optional_str(body: dict[str, Any], name: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise bad_request(f"'{name}' must be a string", param=name, code="invalid_type")
+    if len(value) > MAX_ID_CHARS:
+        raise bad_request(
+            f"'{name}' is longer than {MAX_ID_CHARS} characters", param=name, code="invalid_value"
+        )
     return value or None

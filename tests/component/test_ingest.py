@@ -225,3 +225,17 @@ def test_orl_serve_app_registers_the_ingest_routes(server: Server) -> None:
     client = TestClient(build_app(server.state))
     reply = client.post("/v1/webhooks/ci", json={}, headers=AUTH)  # no mappings configured by default
     assert reply.status_code == 404 and "none configured" in reply.json()["error"]["message"]
+
+
+def test_the_metric_of_next_states_has_a_fixed_set_of_source_labels(server: Server) -> None:
+    for source in ("pytest", "my-own-ci:run-17", "x" * 60):
+        body = {"session_id": "s9", "turn_id": "s9/t0", "source": source, "content": "ok", "role": "tool"}
+        assert server.post("/v1/observations", body).status_code == 202, source
+    server.post("/v1/feedback", {"session_id": "s9", "turn_id": "s9/t0", "thumbs": 1})
+    exposition = server.state.metrics.exposition().decode()
+    labels = {
+        line.split('source="')[1].split('"')[0]
+        for line in exposition.splitlines()
+        if "next_states_ingested" in line and 'source="' in line
+    }
+    assert labels == {"observation", "feedback"}, exposition

@@ -24,6 +24,7 @@ from orl.connectors.metrics import Metrics
 from orl.schemas.json_depth import MAX_JSON_DEPTH
 from orl.serving.app import ServerState, build_app
 from orl.serving.capture import EventRecorder
+from orl.serving.openai_api import MAX_ID_CHARS
 from orl.serving.policy.base import PolicyBackend
 from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.policy.sglang_backend import SGLangBackend
@@ -295,3 +296,19 @@ async def test_an_unexpected_exception_on_an_unguarded_route_is_a_json_500_logge
     with caplog.at_level(logging.ERROR):
         assert_error(await server.client.get("/metrics"), 500, "internal_error")
     assert len(tracebacks(caplog)) == 1 and "GET /metrics" in tracebacks(caplog)[0].getMessage()
+
+
+@pytest.mark.parametrize("where", ["x-session-id", "session_id", "user", "prompt_cache_key"])
+async def test_a_client_chosen_id_over_the_length_cap_is_a_400(server: Server, where: str) -> None:
+    long_id = "s" * (MAX_ID_CHARS + 1)
+    if where == "x-session-id":
+        reply = await server.client.post(
+            "/v1/chat/completions",
+            json={"messages": QUESTION, "max_tokens": 4},
+            headers={"authorization": f"Bearer {KEY}", "x-session-id": long_id},
+        )
+    else:
+        reply = await server.chat(**{where: long_id})
+    assert reply.status_code == 400, reply.text
+    assert str(MAX_ID_CHARS) in reply.json()["error"]["message"]
+    assert (await server.chat(**{"session_id": "s" * MAX_ID_CHARS})).status_code == 200
