@@ -310,21 +310,41 @@ class Launch:
     env: dict[str, str]
 
 
+# The secrets each `orl <command>` of the stack needs; every other secret is kept out of its environment.
+_S3 = ("ORL_S3_ACCESS_KEY", "ORL_S3_SECRET_KEY")
+CHILD_SECRETS: dict[str, tuple[str, ...]] = {
+    "serve": ("ORL_API_KEYS", "ORL_ADMIN_KEY", *_S3),
+    "pipeline": ("ORL_API_KEY", "ORL_JUDGE_API_KEY"),  # the judge and teacher call the server
+    "train": _S3,
+    "gate": ("ORL_API_KEY", "ORL_JUDGE_API_KEY", *_S3),
+}
+STACK_SECRETS = frozenset(name for names in CHILD_SECRETS.values() for name in names)
+
+
+def with_own_secrets(command: str, env: dict[str, str]) -> dict[str, str]:
+    """`env` without the stack's secrets that `orl <command>` does not need."""
+    if command not in CHILD_SECRETS:
+        raise ConfigError(f"--components: no component {command!r} (known: {', '.join(CHILD_SECRETS)})")
+    own = CHILD_SECRETS[command]
+    return {name: value for name, value in env.items() if name not in STACK_SECRETS or name in own}
+
+
 def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launch]:
-    """The processes of `settings.components`, by name: the pipeline as `pipeline_roles` splits it."""
+    """The processes of `settings.components`, by name: the pipeline as `pipeline_roles` splits it.
+    Each gets only the secrets it needs (CHILD_SECRETS)."""
     launches = {}
     for component in settings.components:
         if component == "pipeline":
             roles = pipeline_roles(settings.method, stack_cores(settings), settings.group_advantage)
             for index, (name, role) in enumerate(roles.items()):
-                pipeline_env = {**env, "ORL_PIPELINE_ROLE": role}
+                pipeline_env = {**with_own_secrets("pipeline", env), "ORL_PIPELINE_ROLE": role}
                 if settings.pipeline_metrics_port:
                     pipeline_env["ORL_PIPELINE_METRICS_PORT"] = str(settings.pipeline_metrics_port + index)
                 launches[name] = Launch("pipeline", pipeline_env)
         else:
-            launches[component] = Launch(component, env)
+            launches[component] = Launch(component, with_own_secrets(component, env))
     if runs_gate(settings):
-        launches["gate"] = Launch("gate", env)
+        launches["gate"] = Launch("gate", with_own_secrets("gate", env))
     return launches
 
 
