@@ -40,6 +40,7 @@ from orl.serving.capture import EventRecorder
 from orl.serving.policy.base import PolicyBackend
 
 logger = logging.getLogger(__name__)
+KEPT_DOWNLOADS = 3  # served checkpoints kept on disk: the last activated ones (and a pinned one)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,18 @@ class CheckpointFollower:
                 self.server_id, ref.run_id, ref.version, self._uri(ref), latency_ms
             )
             logger.info("now serving %s v%d (swap %.0f ms)", ref.run_id, ref.version, latency_ms)
+            await asyncio.to_thread(self._prune_downloads)
             return True
+
+    def _prune_downloads(self) -> None:
+        """Delete the downloaded checkpoints of this run but the last KEPT_DOWNLOADS activated and a
+        pinned one (a rollback to an older one downloads it again; the backends hold what they serve
+        in memory, not on these files)."""
+        kept = {ref.version for ref in self.history[-KEPT_DOWNLOADS:]} | {self.pinned}
+        run_dir = self.download_dir / self.run_id
+        for folder in run_dir.iterdir() if run_dir.is_dir() else ():
+            if folder.is_dir() and folder.name.isdigit() and int(folder.name) not in kept:
+                shutil.rmtree(folder, ignore_errors=True)
 
     async def pin(self, version: int) -> bool:
         """Serve exactly `version` of the run and stop following newer ones."""

@@ -226,3 +226,28 @@ def test_a_server_behind_the_gate_serves_the_newest_promoted_version_only(tmp_pa
     first, restarted = asyncio.run(scenario())
     assert first == [2, 4]  # v1 passed over for v2 within one read; v3 never
     assert restarted == [4]
+
+
+def test_served_checkpoints_on_disk_are_the_last_three_and_a_pinned_one(tmp_path: Path) -> None:
+    root, served = tmp_path / "objects", tmp_path / "served"
+
+    async def scenario() -> tuple[list[str], list[str], list[int]]:
+        backend = SwappingBackend()
+        spool = EventSpool(tmp_path / "spool.db")
+        recorder = EventRecorder(spool, NAMESPACE, clock_ms=lambda: int(time.time() * 1000))
+        follower = CheckpointFollower(
+            backend, LocalObjectStore(root), recorder, Metrics(), RUN, SERVER, served
+        )
+        for version in range(1, 6):
+            publish(root, tmp_path, version)
+            await follower.activate_latest()
+        after_five = sorted(path.name for path in (served / RUN).iterdir())
+        await follower.pin(1)  # downloaded again (a rollback), and kept while pinned
+        pinned = sorted(path.name for path in (served / RUN).iterdir())
+        spool.close()
+        return after_five, pinned, backend.loaded
+
+    after_five, pinned, loaded = asyncio.run(scenario())
+    assert loaded == [1, 2, 3, 4, 5, 1]
+    assert after_five == ["00000003", "00000004", "00000005"]
+    assert pinned == ["00000001", "00000004", "00000005"]  # the last three activated: 4, 5, 1
