@@ -36,7 +36,7 @@ from orl.serving.openai_api import (
 from orl.serving.openapi import openapi_document
 from orl.serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
 from orl.serving.policy.chat_template import ChatTemplate
-from orl.serving.request_guards import FinalErrorHandler, as_api_error, guard, read_body
+from orl.serving.request_guards import ConcurrencyLimit, FinalErrorHandler, as_api_error, guard, read_body
 from orl.serving.session_tracker import SessionTracker, TurnAssignment
 from orl.serving.settings import ServeSettings
 from orl.serving.spool import SpoolDrainer
@@ -111,7 +111,10 @@ def build_app(state: ServerState) -> Starlette:
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(FinalErrorHandler)],  # the last word: no plain-text 500, no dropped connection
+        middleware=[
+            Middleware(FinalErrorHandler),  # the last word: no plain-text 500, no dropped connection
+            Middleware(ConcurrencyLimit, limit=state.settings.max_concurrent_requests),
+        ],
         exception_handlers={HTTPException: _http_error},
     )
 

@@ -61,6 +61,8 @@ def check_settings(settings: ServeSettings) -> None:
         )
     if settings.threads < 0:
         raise ConfigError(f"--threads must be >= 0, not {settings.threads}")
+    if settings.max_concurrent_requests <= 0:
+        raise ConfigError(f"--max-concurrent-requests must be > 0, not {settings.max_concurrent_requests}")
     if settings.spool_max_bytes <= 0:
         raise ConfigError(f"--spool-max-bytes must be > 0, not {settings.spool_max_bytes}")
 

@@ -123,6 +123,40 @@ def _header_bytes(value: str) -> bytes:
         return value.encode("utf-8", "surrogatepass")
 
 
+UNLIMITED_PATHS = ("/healthz", "/readyz", "/metrics")  # always answered: supervisors must see a busy server
+
+
+class ConcurrencyLimit:
+    """ASGI middleware: at most `limit` requests in progress (streams until they end); one more is
+    answered at once with a JSON 503 `server_busy` and Retry-After, never queued without bound.
+    The health and metrics routes are not counted and always answered."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.in_progress = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in UNLIMITED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.in_progress >= self.limit:
+            busy = ApiError(
+                503,
+                f"the server is at its limit of {self.limit} requests in progress (--max-concurrent-requests); "
+                "retry later",
+                code="server_busy",
+                error_type="server_error",
+            )
+            await api_error(busy)(scope, receive, send)
+            return
+        self.in_progress += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_progress -= 1
+
+
 class FinalErrorHandler:
     """ASGI middleware around the whole app: an exception no route answered becomes `as_api_error`'s
     JSON (500 `server_error` when unexpected), not a plain-text 500 or a dropped connection.

@@ -72,6 +72,13 @@ class ServeSettings(ConnectionSettings):
         "survives a power cut) | normal (survives a crash of the server, not of the machine; less disk "
         "wait per commit).",
     )
+    max_concurrent_requests: int = setting(
+        256,
+        "ORL_MAX_CONCURRENT_REQUESTS",
+        "Requests in progress at once (a stream counts until it ends); one more gets a 503 server_busy "
+        "with Retry-After at once instead of waiting without bound (/healthz, /readyz, /metrics are not "
+        "counted).",
+    )
     spool_max_bytes: int = setting(
         1 << 30,
         "ORL_SPOOL_MAX_BYTES",

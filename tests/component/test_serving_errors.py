@@ -11,6 +11,7 @@ started; an unexpected exception is a RuntimeError raised by a monkeypatched tra
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
@@ -28,7 +29,7 @@ from orl.serving.openai_api import MAX_ID_CHARS
 from orl.serving.policy.base import PolicyBackend
 from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.policy.sglang_backend import SGLangBackend
-from orl.serving.request_guards import RETRY_AFTER_S
+from orl.serving.request_guards import RETRY_AFTER_S, ConcurrencyLimit
 from orl.serving.settings import ServeSettings
 from orl.serving.spool import EventSpool
 
@@ -312,3 +313,32 @@ async def test_a_client_chosen_id_over_the_length_cap_is_a_400(server: Server, w
     assert reply.status_code == 400, reply.text
     assert str(MAX_ID_CHARS) in reply.json()["error"]["message"]
     assert (await server.chat(**{"session_id": "s" * MAX_ID_CHARS})).status_code == 200
+
+
+async def test_past_the_concurrency_limit_a_request_gets_a_json_503_at_once_and_health_still_answers() -> (
+    None
+):
+    release = asyncio.Event()
+    started = 0
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal started
+        started += 1
+        if scope["path"] == "/v1/chat/completions":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    app = ConcurrencyLimit(slow, limit=2)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://orl") as client:
+        held = [asyncio.create_task(client.post("/v1/chat/completions")) for _ in range(2)]
+        while app.in_progress < 2:
+            await asyncio.sleep(0.01)
+        busy = await client.post("/v1/chat/completions")
+        assert_unavailable(busy, "server_busy")
+        assert (await client.get("/healthz")).status_code == 200  # not counted
+        release.set()
+        assert [reply.status_code for reply in await asyncio.gather(*held)] == [200, 200]
+        assert (await client.post("/v1/chat/completions")).status_code == 200
+    assert app.in_progress == 0 and started == 4
