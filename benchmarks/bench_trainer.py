@@ -212,7 +212,7 @@ def measure_memory(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         store = LocalObjectStore(Path(tmp) / "objects")
-        publish_step(store, settings, policy, 1, batch, step, Path(tmp))
+        publish_step(store, settings, policy, 1, 0, batch, step, Path(tmp))
         publish_s = time.perf_counter() - start
     return {"peak_rss_gb": peak_rss_gb(), "publish_s": publish_s}
 
