@@ -4,11 +4,11 @@ the servers' spools set aside (reads the `spool-*.db` files in --data-dir)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
 
-from orl.connectors.settings import ConnectionSettings, masked
+from orl.connectors.settings import ConnectionSettings, setting
+from orl.schemas.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -18,8 +18,28 @@ class AdminSettings(ConnectionSettings):
     pass
 
 
-def print_settings(settings: AdminSettings) -> int:
-    print(json.dumps(masked(settings), indent=2))
+@dataclass(frozen=True)
+class ShowSettings(ConnectionSettings):
+    of: str = setting(
+        "up", "ORL_SETTINGS_OF", "The command whose settings to show (serve, train, ...).", positional=True
+    )
+
+
+def print_settings(settings: ShowSettings) -> int:
+    """Every setting `orl <of>` would start with here: value and source (its variable, the config file
+    and key, or the default), secrets masked. Flags are the command's own, so none shows here."""
+    from orl.cli import COMMANDS, settings_of_every_command
+    from orl.settings_binding import effective_settings
+
+    settings_of = settings_of_every_command()
+    if settings.of not in settings_of:
+        names = ", ".join(command.name for command in COMMANDS)
+        raise ConfigError(f"orl settings: no command {settings.of!r} (commands: {names})")
+    rows = effective_settings(settings_of[settings.of], settings.of, settings_of)
+    width = max(len(name) for name, _, _ in rows)
+    print(f"orl {settings.of}: {len(rows)} settings")
+    for name, value, source in rows:
+        print(f"  {name:<{width}}  {value or chr(39) * 2:<24}  {source}")
     return 0
 
 

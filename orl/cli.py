@@ -17,7 +17,15 @@ from dataclasses import dataclass
 
 from orl import __version__
 from orl.schemas.errors import OrlError
-from orl.settings_binding import add_settings_arguments, build_settings, log_settings
+from orl.settings_binding import (
+    CONFIG_ENV,
+    ConfigFile,
+    add_settings_arguments,
+    build_settings,
+    config_path,
+    log_settings,
+    read_config_file,
+)
 from orl.supervised import exit_with_supervisor
 
 logger = logging.getLogger("orl")
@@ -130,8 +138,8 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "settings",
-        "Print the effective settings (secrets masked) and exit.",
-        "orl.admin:AdminSettings",
+        "Print the settings a command would start with here, each with its source (secrets masked).",
+        "orl.admin:ShowSettings",
         "orl.admin:print_settings",
     ),
 )
@@ -182,9 +190,31 @@ def build_parser(
             continue
         settings_cls = _load(command.settings)
         assert isinstance(settings_cls, type)
+        sub.add_argument(
+            "--config",
+            default=None,
+            metavar=CONFIG_ENV,
+            help=f"A TOML file of settings for the whole stack (examples/orl.toml) [env {CONFIG_ENV}]",
+        )
         add_settings_arguments(sub, settings_cls)
         sub.set_defaults(_command=command, _settings_cls=settings_cls)
     return parser
+
+
+def settings_of_every_command(commands: Sequence[Command] = COMMANDS) -> dict[str, type]:
+    """command name -> its settings class: what a config file is checked against."""
+    loaded = {command.name: _load(command.settings) for command in commands}
+    return {name: cls for name, cls in loaded.items() if isinstance(cls, type)}
+
+
+def load_config(args: argparse.Namespace) -> ConfigFile | None:
+    """The config file this command line or ORL_CONFIG names, checked against every command, or None.
+    Its path is exported as ORL_CONFIG, so every process this one starts reads the same file."""
+    path = config_path(args, os.environ)
+    if path is None:
+        return None
+    os.environ[CONFIG_ENV] = str(path)
+    return read_config_file(path, settings_of_every_command())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -205,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Command = args._command
     exit_with_supervisor()  # a component started by `orl up` / `orl demo` dies with it
     try:
-        settings = build_settings(args._settings_cls, args, os.environ)
+        config = load_config(args)
+        settings = build_settings(args._settings_cls, args, os.environ, config, command.name)
         log_settings(logger, settings)
         run: Callable[[object], int | None] = _load(command.run)  # type: ignore[assignment]
         return int(run(settings) or 0)

@@ -13,6 +13,7 @@ passively; numerics follow `--precision`. The choice is logged at start.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from orl.connectors.settings import ConnectionSettings, setting
 from orl.pipeline.runtime.main import method_stage_names
 from orl.rules.top_k import check_opd_topk
 from orl.schemas.errors import ConfigError
+from orl.settings_binding import ConfigFile, config_from_environment
 from orl.supervised import SUPERVISOR_PID_ENV
 from orl.trainer.settings import OPD_LOSSES
 
@@ -235,13 +237,18 @@ def write_private(path: Path, text: str) -> None:
 
 
 def component_env(settings: UpSettings) -> dict[str, str]:
-    """The environment every component gets: the shared connection settings and the keys."""
+    """The environment every component gets: this process's, with the stack's settings and keys over it."""
+    return {**os.environ, **stack_env(settings)}
+
+
+def stack_env(settings: UpSettings) -> dict[str, str]:
+    """The settings `orl up` gives every component: the shared connection settings, the keys, and what
+    it decides for all of them (judge, numerics, the gate's hold-out)."""
     api_key, admin_key = stack_keys(settings)
     check_precision(settings.precision)
     rewards = reward_signal(settings)
     check_opd_settings(settings)
     return {
-        **os.environ,
         "ORL_DATA_DIR": str(settings.data_dir.resolve()),
         "ORL_LOG_URL": settings.effective_log_url(),
         "ORL_STORE_URL": settings.effective_store_url(),
@@ -276,6 +283,28 @@ def component_env(settings: UpSettings) -> dict[str, str]:
         "ORL_HOLDOUT_SHARE": str(settings.holdout_share if settings.gate else 0.0),  # trainer and gate
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
+
+
+def check_component_tables(
+    config: ConfigFile | None,
+    settings_of: Mapping[str, type],
+    launches: dict[str, Launch],
+    stack: Mapping[str, str],
+) -> None:
+    """Refuse a config file table that sets, for one component, a setting `orl up` gives every component:
+    the variable `orl up` sets would silently beat it (variables come before the file). Such a setting
+    belongs at the top level of the file (or in [up])."""
+    if config is None:
+        return
+    for command in {launch.command for launch in launches.values()}:
+        fields = {f.name: f for f in dataclasses.fields(settings_of[command])}
+        for name in config.tables.get(command, {}):
+            env = fields[name].metadata.get("env") if name in fields else None
+            if env in stack:
+                raise ConfigError(
+                    f"{config.path}: [{command}] {name}: orl up sets {env} for every component, so it "
+                    f"would be ignored; write it at the top level of the file or in [up]"
+                )
 
 
 def check_opd_settings(settings: UpSettings) -> None:
@@ -496,8 +525,14 @@ def up(settings: UpSettings) -> int:
     logger.info(compute_budget(settings))
     reward_line = reward_signal(settings).description
     logger.info(reward_line)
+    stack = stack_env(settings)
+    launches = stack_launches(settings, {**os.environ, **stack})
+    from orl.cli import settings_of_every_command  # the commands' settings: imported on use, as orl.cli does
+
+    settings_of = settings_of_every_command()
+    check_component_tables(config_from_environment(settings_of), settings_of, launches, stack)
     prepare_model_once(settings)
-    supervisor = Supervisor(stack_launches(settings, component_env(settings)), settings.data_dir / "logs")
+    supervisor = Supervisor(launches, settings.data_dir / "logs")
     stopping = False
 
     def request_stop(signum: int, frame: object) -> None:
