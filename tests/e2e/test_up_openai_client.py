@@ -1,4 +1,4 @@
-"""`orl up` as the README has a user start it, driven by the official `openai` client with no session headers.
+"""`orl up` as the README has a user start it, driven by the README's own `openai` snippet (no session headers).
 
 No judge endpoint is configured, so the stack must judge by rules over the next state (issue 20): the
 user's "thanks" rewards the turn before it (+1), "try again" punishes it (-1). Checks that the start-up
@@ -9,17 +9,27 @@ that the judged turns become samples whose rewards come from rule votes that all
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from openai import OpenAI
 
 from tests.e2e.up_stack import running_up
 from tests.integration.log_reading import read_events
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 NAMESPACE = "live"
+README = Path(__file__).resolve().parents[2] / "README.md"
+README_URL = "http://127.0.0.1:8000/v1"  # `orl up`'s default port; the test's stack listens on a free one
+
+
+def readme_client_snippet() -> str:
+    (snippet,) = re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.MULTILINE | re.DOTALL)
+    assert snippet.count(README_URL) == 1 and '".orl/keys.json"' in snippet, snippet
+    return snippet
 
 
 def samples_of(log_url: str, expected: int, timeout_s: float = 180) -> list[dict]:
@@ -37,12 +47,13 @@ def test_up_with_the_official_client_gives_rule_rewards_out_of_the_box(
 ) -> None:
     with running_up(tmp_path, idle_timeout_s=600) as stack:
         assert "reward signal: rule judge 'reaction'" in stack.log_path.read_text()
-        client = OpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.api_key)
-        messages: list[dict[str, str]] = []
-        for text in ("What is 2 + 2?", "Thanks, that is exactly it. And 3 + 3?", "Try again, that is wrong."):
-            messages.append({"role": "user", "content": text})
-            reply = client.chat.completions.create(model="orl-policy", messages=messages, max_tokens=12)  # type: ignore[arg-type]
-            messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+        (tmp_path / ".orl").symlink_to(stack.data_dir)  # the snippet reads .orl/keys.json from where it runs
+        snippet = readme_client_snippet().replace(README_URL, f"{stack.base_url}/v1")
+        chat = subprocess.run(
+            [sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert chat.returncode == 0, chat.stderr
+        assert len(chat.stdout.strip().splitlines()) >= 3  # it printed the three answers
 
         log_url = stack.log_url
         samples = samples_of(log_url, expected=2)  # turns 0 and 1 have a next state; turn 2 waits for one
