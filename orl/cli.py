@@ -142,6 +142,12 @@ COMMANDS: tuple[Command, ...] = (
         "orl.admin:ShowSettings",
         "orl.admin:print_settings",
     ),
+    Command(
+        "status",
+        "Show where the stack stands: each process, the spools, the versions published, gated and served, the last sample.",
+        "orl.status:StatusSettings",
+        "orl.status:show_status",
+    ),
 )
 
 

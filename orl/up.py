@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -382,6 +383,9 @@ MAX_RESTART_DELAY_S = 10.0
 STABLE_RUN_S = 60.0  # a process that ran this long before it exited starts a new row of crashes
 CRASH_LOOP_AFTER = 5  # crashes in a row that make a crash loop (logged as an error, with the log's tail)
 LOG_TAIL_LINES = 8
+STOP_GRACE_S = (
+    8.0  # SIGTERM, then this long for every process together, then SIGKILL: Ctrl-C ends within 10 s
+)
 
 
 @dataclass
@@ -476,11 +480,14 @@ class Supervisor:
         for process in self.processes.values():
             if process.poll() is None:
                 process.terminate()
-        for process in self.processes.values():
+        deadline = self.clock() + STOP_GRACE_S
+        for name, process in self.processes.items():
             try:
-                process.wait(timeout=20)
+                process.wait(timeout=max(0.0, deadline - self.clock()))
             except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop within %.0f s of SIGTERM: killed", name, STOP_GRACE_S)
                 process.kill()
+                process.wait()
         self.restart_at.clear()
         self.write_status()
 
@@ -519,6 +526,25 @@ class Supervisor:
         partial.replace(self.status_path)
 
 
+def start_banner(settings: UpSettings, reward_line: str) -> str:
+    """What `orl up` prints once its processes are started: where to point a client, with what key, how
+    turns are rewarded, and where to look next."""
+    url = f"http://127.0.0.1:{settings.port}/v1"
+    keys = settings.data_dir / "keys.json"
+    data = f" --data-dir {shlex.quote(str(settings.data_dir))}" if settings.data_dir != Path(".orl") else ""
+    return "\n".join([
+        f"orl is up: point any OpenAI client at {url}",
+        f"  API key: the \"api_key\" of {keys} (mode 0600)",
+        "  try it:",
+        f"    curl -s {url}/chat/completions -H \"Authorization: Bearer $(python3 -c 'import json;"
+        f" print(json.load(open(\"{keys}\"))[\"api_key\"])')\" -H 'Content-Type: application/json'"
+        " -d '{\"model\": \"orl-policy\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",
+        f"  {reward_line}",
+        f"  next: orl status{data} (each process), orl report{data} (is it learning?), orl samples{data}",
+        f"  logs in {settings.data_dir / 'logs'}; Ctrl-C stops everything",
+    ])  # fmt: skip
+
+
 def up(settings: UpSettings) -> int:
     """Entry point of `orl up`."""
     private_data_dir(settings.data_dir)
@@ -542,14 +568,7 @@ def up(settings: UpSettings) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     supervisor.start_all()
-    print(
-        f"orl is up: point any OpenAI client at http://127.0.0.1:{settings.port}/v1 "
-        f"(API key in {settings.data_dir / 'keys.json'})"
-    )
-    print(
-        f"logs in {settings.data_dir / 'logs'}; samples: orl samples --data-dir {settings.data_dir}; Ctrl-C stops"
-    )
-    print(reward_line)
+    print(start_banner(settings, reward_line), flush=True)
     try:
         while not stopping:
             supervisor.check()

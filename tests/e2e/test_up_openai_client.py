@@ -67,3 +67,10 @@ def test_up_with_the_official_client_gives_rule_rewards_out_of_the_box(
         votes = asyncio.run(read_events(log_url, f"{NAMESPACE}.judge_votes"))
         assert votes and {v["judge_kind"] for v in votes} == {"rule"}
         assert all(v["parse_error"] is None for v in votes)
+
+        status = subprocess.run(
+            [sys.executable, "-m", "orl.cli", "status", "--data-dir", str(stack.data_dir)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert re.search(r"^  serve +running: 0 restarts$", status, flags=re.MULTILINE), status
+        assert re.search(r"^  samples: [2-9]\d* built", status, flags=re.MULTILINE), status

@@ -1,0 +1,66 @@
+"""`orl status`: the lines it prints from status.json, the spools and the log's policy events."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from orl.status import stack_status
+
+
+def envelope(event_type: str, occurred_at: int = 0) -> dict:
+    return {"event_type": event_type, "occurred_at": occurred_at}
+
+
+def test_status_names_each_process_the_spools_the_versions_and_the_last_sample() -> None:
+    processes = {
+        "serve": {"state": "running", "restarts": 0, "crash_loop": False, "last_exit_code": None},
+        "train": {"state": "restarting", "restarts": 5, "crash_loop": True, "last_exit_code": 1},
+    }
+    events = {
+        "checkpoints": [
+            {"envelope": envelope("CheckpointPublished"), "version": 1},
+            {"envelope": envelope("CheckpointPublished"), "version": 2},
+            {"envelope": envelope("PolicyGated"), "version": 1, "decision": "promoted"},
+            {"envelope": envelope("PolicyGated"), "version": 2, "decision": "held"},
+        ],
+        "policy_activations": [
+            {"envelope": envelope("PolicyActivated"), "server_id": "serve-a", "version": 1},
+            {"envelope": envelope("PolicyRejected"), "server_id": "serve-a", "version": 2},
+        ],
+        "samples": [
+            {"envelope": envelope("SampleReady", 10_000), "policy_version": 1, "method": "combined"},
+            {"envelope": envelope("SampleRejected", 20_000)},
+        ],
+    }
+    lines = stack_status(processes, {"spool-serve-a.db": 3}, events, now_ms=40_000)
+    assert "  serve                running: 0 restarts" in lines
+    assert "  train                restarting, CRASH LOOP: 5 restarts, last exit 1" in lines
+    assert "  spool-serve-a.db: 3" in lines
+    assert "  checkpoints: 2 published, newest v2" in lines
+    assert "  gate: promoted v1, held v2" in lines
+    assert "  served: v1 on serve-a" in lines
+    assert "  samples: 1 built, 1 rejected; the last 30 s ago (v1, combined)" in lines
+
+
+def test_status_of_a_data_dir_where_nothing_ran_says_so(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "orl.cli", "status", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "none: orl up has not run with this --data-dir" in done.stdout
+    assert "served: the base model" in done.stdout
+    assert "samples: none built yet, 0 rejected" in done.stdout
+
+
+def test_status_reads_the_supervisors_file(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    status = {"pipeline": {"state": "stopped", "restarts": 2, "crash_loop": False, "last_exit_code": -15}}
+    (tmp_path / "logs" / "status.json").write_text(json.dumps(status))
+    done = subprocess.run(
+        [sys.executable, "-m", "orl.cli", "status", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "pipeline             stopped: 2 restarts, last exit -15" in done.stdout
