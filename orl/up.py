@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -526,6 +527,15 @@ class Supervisor:
         partial.replace(self.status_path)
 
 
+def server_ready(port: int) -> bool:
+    """Whether this stack's server answers /readyz with 200 (not yet: False, at once)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=0.3) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def start_banner(settings: UpSettings, reward_line: str) -> str:
     """What `orl up` prints once its processes are started: where to point a client, with what key, how
     turns are rewarded, and where to look next."""
@@ -568,10 +578,17 @@ def up(settings: UpSettings) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     supervisor.start_all()
-    print(start_banner(settings, reward_line), flush=True)
+    announced = False
+    if "serve" in launches:
+        print(
+            f"starting: the server loads the model; the banner follows once it answers (logs in {settings.data_dir / 'logs'})"
+        )
     try:
         while not stopping:
             supervisor.check()
+            if not announced and ("serve" not in launches or server_ready(settings.port)):
+                print(start_banner(settings, reward_line), flush=True)
+                announced = True
             time.sleep(0.5)
     finally:
         supervisor.stop()

@@ -64,3 +64,18 @@ def test_status_reads_the_supervisors_file(tmp_path: Path) -> None:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "pipeline             stopped: 2 restarts, last exit -15" in done.stdout
+
+
+def test_the_start_banner_names_the_url_the_key_the_reward_signal_and_what_to_run_next(
+    tmp_path: Path,
+) -> None:
+    from orl.up import UpSettings, start_banner
+
+    banner = start_banner(
+        UpSettings(data_dir=tmp_path / "my data", port=8123), "reward signal: rule judge 'reaction'"
+    )
+    assert "point any OpenAI client at http://127.0.0.1:8123/v1" in banner
+    assert f"{tmp_path / 'my data' / 'keys.json'}" in banner
+    assert "curl -s http://127.0.0.1:8123/v1/chat/completions" in banner
+    assert "reward signal: rule judge 'reaction'" in banner
+    assert f"orl status --data-dir '{tmp_path / 'my data'}'" in banner
