@@ -1,4 +1,6 @@
-"""Settings shared by every deployable: where the log, the object store and the model live.
+"""Settings shared by every deployable: where the log, the object store and the model live, and the
+groups several deployables compose (the run, numerics and threads, the server a client calls, JSON
+output), each setting declared once.
 
 A setting is a dataclass field whose metadata names its environment variable and its help text
 (`setting(...)`). Entry points (`orl.cli`) turn the fields into command-line flags and read the
@@ -25,6 +27,52 @@ def setting(default: Any, env: str, help: str, *, secret: bool = False, position
     return field(
         default=default, metadata={"env": env, "help": help, "secret": secret, "positional": positional}
     )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The training run whose checkpoints a process trains, gates or serves."""
+
+    run_id: str = setting(
+        "live",
+        "ORL_RUN_ID",
+        "Training run: its checkpoints are checkpoints/<run-id>/<version>/ in the store.",
+    )
+
+
+@dataclass(frozen=True)
+class ServerClientSettings:
+    """How a client process (the pipeline's judge and teacher, `orl rollout`) reaches orl's server."""
+
+    server_url: str = setting("http://127.0.0.1:8000/v1", "ORL_SERVER_URL", "orl server's OpenAI base URL.")
+    api_key: str = setting(
+        "", "ORL_API_KEY", "A bearer key of that server (one of its ORL_API_KEYS).", secret=True
+    )
+
+
+@dataclass(frozen=True)
+class PrecisionSettings:
+    precision: str = setting(
+        "auto",
+        "ORL_PRECISION",
+        "Numerics of the torch forwards: auto (bf16 autocast where the CPU or GPU runs bf16 natively, else "
+        "fp32) | bf16 | fp32; weights stay fp32.",
+    )
+
+
+@dataclass(frozen=True)
+class ThreadSettings:
+    threads: int = setting(
+        0,
+        "ORL_THREADS",
+        "torch threads while this process computes alone (0: every core it may use); while other torch "
+        "processes of the same --data-dir compute, it uses its fair share.",
+    )
+
+
+@dataclass(frozen=True)
+class JsonOutputSettings:
+    json: bool = setting(False, "ORL_JSON", "Print JSON (one object per line) instead of text.")
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.base import ObjectStore
 from orl.connectors.object_store.factory import open_object_store
-from orl.connectors.settings import setting
+from orl.connectors.settings import PrecisionSettings, RunSettings, ThreadSettings, setting
 from orl.gate.promotion_rule import gate_decision_with_base, score_version
 from orl.gate.scoring import relevance
 from orl.pipeline.effects.contract import EffectCall
@@ -78,10 +78,9 @@ NO_REPLY = "(the user ended the session without replying)"
 
 
 @dataclass(frozen=True)
-class GateSettings(PipelineSettings):
+class GateSettings(PipelineSettings, RunSettings, PrecisionSettings, ThreadSettings):
     """The pipeline's judge settings (the run's own judge) and the gate's."""
 
-    run_id: str = setting("live", "ORL_RUN_ID", "Training run whose checkpoints are gated.")
     holdout_share: float = setting(
         0.0,
         "ORL_HOLDOUT_SHARE",
@@ -108,8 +107,6 @@ class GateSettings(PipelineSettings):
     gate_temperature: float = setting(
         0.7, "ORL_GATE_TEMPERATURE", "Sampling temperature of the gate's answers."
     )
-    threads: int = setting(0, "ORL_THREADS", "torch threads while the gate computes alone (0: every core).")
-    precision: str = setting("auto", "ORL_PRECISION", "Numerics: auto | bf16 | fp32.")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.base import ObjectStore
 from orl.connectors.object_store.factory import open_object_store
-from orl.connectors.settings import ConnectionSettings, setting, settings_env
+from orl.connectors.settings import ConnectionSettings, JsonOutputSettings, setting, settings_env
 from orl.pipeline.history import archive as archive_tools
 from orl.pipeline.history.audit import NotFound, audit_id, audit_session, render_chain
 from orl.pipeline.history.audit_index import AuditIndex, index_path
@@ -64,9 +64,6 @@ def _store(settings: ConnectionSettings) -> ObjectStore:
 
 @dataclass(frozen=True)
 class ReplaySettings(PipelineSettings):
-    namespace: str = setting(
-        "live", "ORL_NAMESPACE", "Source namespace to replay (on the log or in the archive)."
-    )
     target_namespace: str = setting("", "ORL_REPLAY_TARGET", "New namespace the replay writes (required).")
     source: str = setting("log", "ORL_REPLAY_SOURCE", "Where history comes from: log | archive | openclaw.")
     openclaw_files: tuple[str, ...] = setting(
@@ -246,7 +243,7 @@ def run_replay(settings: ReplaySettings) -> int:
 
 
 @dataclass(frozen=True)
-class AuditSettings(ConnectionSettings):
+class AuditSettings(ConnectionSettings, JsonOutputSettings):
     id: str = setting(
         "",
         "ORL_AUDIT_ID",
@@ -256,7 +253,6 @@ class AuditSettings(ConnectionSettings):
     session: str = setting(
         "", "ORL_AUDIT_SESSION", "Instead of --id: list the checkpoints this session influenced."
     )
-    json: bool = setting(False, "ORL_JSON", "Print the chain as JSON.")
 
 
 async def _audit(settings: AuditSettings) -> dict[str, Any]:

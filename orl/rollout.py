@@ -38,12 +38,12 @@ import httpx
 from orl.connectors.environment.api import Observation, Outcome
 from orl.connectors.environment.episode import SPLITS, Environment, Message, Task, load_environment
 from orl.connectors.environment.ingest_client import IngestClient, IngestError
-from orl.connectors.settings import setting
+from orl.connectors.settings import ServerClientSettings, setting
 from orl.schemas.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class RolloutSettings:
+class RolloutSettings(ServerClientSettings):
     env: str = setting(
         "tool", "ORL_ROLLOUT_ENV", "Environment: tool, terminal, or one registered under orl.environments."
     )
@@ -52,8 +52,6 @@ class RolloutSettings:
     concurrency: int = setting(4, "ORL_ROLLOUT_CONCURRENCY", "Rollouts running at once.")
     split: str = setting("train", "ORL_ROLLOUT_SPLIT", "Which tasks: train | eval (never the same tasks).")
     seed: int = setting(0, "ORL_ROLLOUT_SEED", "Seed of the drawn tasks (also part of the group id).")
-    server_url: str = setting("http://127.0.0.1:8000/v1", "ORL_SERVER_URL", "orl's OpenAI base URL.")
-    api_key: str = setting("", "ORL_API_KEY", "A bearer key of the server (ORL_API_KEYS).", secret=True)
     model: str = setting("orl-policy", "ORL_ROLLOUT_MODEL", "Model name sent with each request.")
     max_steps: int = setting(6, "ORL_ROLLOUT_MAX_STEPS", "Model calls per rollout at most.")
     max_tokens: int = setting(256, "ORL_ROLLOUT_MAX_TOKENS", "max_tokens of each model call.")

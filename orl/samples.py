@@ -11,15 +11,14 @@ from dataclasses import dataclass
 
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.event_log.reading import read_to_end
-from orl.connectors.settings import ConnectionSettings, setting
+from orl.connectors.settings import ConnectionSettings, JsonOutputSettings, setting
 from orl.schemas.codec import decode
 from orl.schemas.topics import topic_name
 
 
 @dataclass(frozen=True)
-class SamplesSettings(ConnectionSettings):
+class SamplesSettings(ConnectionSettings, JsonOutputSettings):
     limit: int = setting(20, "ORL_LIMIT", "Show at most this many of the newest samples.")
-    json: bool = setting(False, "ORL_JSON", "One JSON object per line instead of a table.")
 
 
 def sample_row(event: dict) -> dict[str, object]:

@@ -29,11 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orl.compute.machine import available_cores, check_precision, cpu_model_name, resolved_numerics
-from orl.connectors.settings import ConnectionSettings, setting
+from orl.connectors.settings import ConnectionSettings, PrecisionSettings, RunSettings, setting
 from orl.pipeline.runtime.main import method_stage_names
+from orl.pipeline.runtime.settings import JudgeEndpointSettings, SignalSettings
 from orl.rules.top_k import check_opd_topk
 from orl.schemas.errors import ConfigError
+from orl.serving.settings import ServerAccessSettings
 from orl.settings_binding import ConfigFile, config_from_environment
+from orl.stack_settings import StackSettings
 from orl.supervised import SUPERVISOR_PID_ENV
 from orl.trainer.settings import OPD_LOSSES
 
@@ -41,15 +44,15 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class UpSettings(ConnectionSettings):
-    port: int = setting(8000, "ORL_PORT", "Port of the policy server.")
-    api_keys: tuple[str, ...] = setting(
-        (), "ORL_API_KEYS", "Client keys (default: generated into keys.json).", secret=True
-    )
-    admin_key: str = setting(
-        "", "ORL_ADMIN_KEY", "Admin key (default: generated into keys.json).", secret=True
-    )
-    method: str = setting("combined", "ORL_METHOD", "Training signal: binary | opd | combined.")
+class UpSettings(
+    ConnectionSettings,
+    ServerAccessSettings,
+    StackSettings,
+    RunSettings,
+    PrecisionSettings,
+    SignalSettings,
+    JudgeEndpointSettings,
+):
     judge: str = setting(
         "auto",
         "ORL_JUDGE",
@@ -60,37 +63,9 @@ class UpSettings(ConnectionSettings):
         "ORL_HINT_JUDGE",
         "Hint extractor: auto (llm with --judge-url, else the 'user_hint' rules), llm, or a rule extractor name.",
     )
-    judge_url: str = setting(
-        "", "ORL_JUDGE_URL", "OpenAI-compatible /v1 base URL of a judge model (default: none; see --judge)."
-    )
-    judge_api_key: str = setting("", "ORL_JUDGE_API_KEY", "API key of the judge endpoint.", secret=True)
-    judge_model: str = setting("", "ORL_JUDGE_MODEL", "Model name sent to the judge endpoint.")
-    reward_rule: str = setting(
-        "single",
-        "ORL_REWARD_RULE",
-        "single | step_outcome (agent tracks: each step's judge score combined with the task's outcome; "
-        "ORL_STEP_WEIGHT and ORL_OUTCOME_JUDGE tune it). See docs/agents.md.",
-    )
-    group_advantage: bool = setting(
-        False,
-        "ORL_GROUP_ADVANTAGE",
-        "step_outcome: normalise step rewards within rollout groups (sessions sharing X-Group-Id).",
-    )
-    run_id: str = setting("live", "ORL_RUN_ID", "Name of the training run (checkpoints/<run_id>/...).")
     batch_size: int = setting(16, "ORL_TRAIN_BATCH_SIZE", "Effective samples per training step.")
     components: tuple[str, ...] = setting(
         ("serve", "pipeline", "train"), "ORL_COMPONENTS", "Which processes to start."
-    )
-    cores: int = setting(
-        0,
-        "ORL_CORES",
-        "CPU cores the stack's torch processes share (0: every core this process may use). Each uses them "
-        "all while it computes alone, a fair share while others compute.",
-    )
-    precision: str = setting(
-        "auto",
-        "ORL_PRECISION",
-        "Numerics of server and trainer: auto (bf16 only where native) | bf16 | fp32.",
     )
     opd_topk: int = setting(
         0,
@@ -102,13 +77,6 @@ class UpSettings(ConnectionSettings):
         "ORL_PIPELINE_METRICS_PORT",
         "Serve the pipeline processes' Prometheus metrics (judge votes, parse failures, events) on "
         "127.0.0.1 from this port up, one port per pipeline process (0: off).",
-    )
-    gate: bool = setting(
-        True,
-        "ORL_GATE",
-        "Promotion gate (--no-gate: off): start `orl gate` beside the trainer; servers serve only the versions "
-        "it promotes (scored no worse than the served one on held-out prompts), and the trainer never trains "
-        "on the held-out sessions.",
     )
     holdout_share: float = setting(
         0.1, "ORL_HOLDOUT_SHARE", "With the gate: the share of sessions held out for the gate's prompts."

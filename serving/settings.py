@@ -4,17 +4,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orl.connectors.settings import ConnectionSettings, setting
+from orl.connectors.settings import (
+    ConnectionSettings,
+    PrecisionSettings,
+    RunSettings,
+    ThreadSettings,
+    setting,
+)
 
 
 @dataclass(frozen=True)
-class ServeSettings(ConnectionSettings):
-    host: str = setting("127.0.0.1", "ORL_HOST", "Address to listen on.")
-    port: int = setting(8000, "ORL_PORT", "Port to listen on.")
+class ServerAccessSettings:
+    """Where orl's server listens and the keys it takes: `orl serve`'s, and `orl up`'s for the server it starts."""
+
+    port: int = setting(8000, "ORL_PORT", "Port of the policy server.")
     api_keys: tuple[str, ...] = setting(
-        (), "ORL_API_KEYS", "Comma-separated bearer keys for the OpenAI surface (required).", secret=True
+        (),
+        "ORL_API_KEYS",
+        "Comma-separated client bearer keys (orl serve: required; orl up: generated into keys.json if none).",
+        secret=True,
     )
-    admin_key: str = setting("", "ORL_ADMIN_KEY", "Bearer key for /admin endpoints (required).", secret=True)
+    admin_key: str = setting(
+        "",
+        "ORL_ADMIN_KEY",
+        "Bearer key of /admin (orl serve: required; orl up: generated into keys.json).",
+        secret=True,
+    )
+
+
+@dataclass(frozen=True)
+class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, PrecisionSettings, ThreadSettings):
+    host: str = setting("127.0.0.1", "ORL_HOST", "Address to listen on.")
     backend: str = setting("transformers", "ORL_BACKEND", "Policy backend: transformers | sglang.")
     sglang_url: str = setting("", "ORL_SGLANG_URL", "Base URL of the SGLang server (backend sglang).")
     sglang_api_key: str = setting("", "ORL_SGLANG_API_KEY", "API key of the SGLang server.", secret=True)
@@ -45,18 +65,6 @@ class ServeSettings(ConnectionSettings):
         "off). SmolLM2-135M needs 45 KiB per token, so 1024 holds about 23k tokens: two or three 8k-token "
         "agent conversations.",
     )
-    threads: int = setting(
-        0,
-        "ORL_THREADS",
-        "torch threads of the transformers backend while it computes alone (0: every core this process may "
-        "use); while other torch processes of the same --data-dir compute, it uses its fair share.",
-    )
-    precision: str = setting(
-        "auto",
-        "ORL_PRECISION",
-        "Numerics of the transformers backend: auto (bf16 autocast where the CPU runs bf16 natively, else "
-        "fp32) | bf16 | fp32.",
-    )
     capture: bool = setting(True, "ORL_CAPTURE", "Record every turn as events (off only for benchmarks).")
     metrics_key: str = setting(
         "",
@@ -86,7 +94,6 @@ class ServeSettings(ConnectionSettings):
         "refuses them), new turns get a 503 with Retry-After and /readyz says why; turns already taken "
         "on are still recorded.",
     )
-    run_id: str = setting("live", "ORL_RUN_ID", "Trainer run whose checkpoints this server follows.")
     webhooks_file: str = setting(
         "",
         "ORL_WEBHOOKS_FILE",

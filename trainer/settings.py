@@ -60,7 +60,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from orl.compute.machine import PRECISIONS
-from orl.connectors.settings import ConnectionSettings, setting
+from orl.connectors.settings import (
+    ConnectionSettings,
+    PrecisionSettings,
+    RunSettings,
+    ThreadSettings,
+    setting,
+)
 from orl.schemas.errors import ConfigError
 
 # recompute: pi_old is the trainer's own logprobs under the current weights, before the update (as
@@ -83,10 +89,7 @@ _INIT_FROM_RE = re.compile(r"^(?P<run>[^/]+)/(?P<version>\d+|latest)$")
 
 
 @dataclass(frozen=True)
-class TrainSettings(ConnectionSettings):
-    run_id: str = setting(
-        "live", "ORL_RUN_ID", "Run name: checkpoints go to checkpoints/<run-id>/<version>/."
-    )
+class TrainSettings(ConnectionSettings, RunSettings, PrecisionSettings, ThreadSettings):
     kind: str = setting("lora", "ORL_TRAIN_KIND", "What to train: lora (adapter) | full (all weights, fp32).")
     init_from: str = setting(
         "",
@@ -185,12 +188,6 @@ class TrainSettings(ConnectionSettings):
         "them) | stop (train no more; the trainer waits, also across restarts, until started with restore).",
     )
     grad_clip: float = setting(1.0, "ORL_TRAIN_GRAD_CLIP", "Clip the global gradient norm to this (0: off).")
-    precision: str = setting(
-        "auto",
-        "ORL_PRECISION",
-        "Numerics of the forwards: auto (bf16 autocast where the CPU or GPU runs bf16 natively, else fp32) | "
-        "bf16 | fp32; weights stay fp32.",
-    )
     old_logprobs: str = setting(
         "recompute",
         "ORL_TRAIN_OLD_LOGPROBS",
@@ -224,12 +221,6 @@ class TrainSettings(ConnectionSettings):
         "ORL_TRAIN_TEMPERATURE",
         "Temperature of the logprobs the gradient, ratio and KL use (empty: each sample's own, needed for "
         "--old-logprobs rollout; see trainer/batch_loss.py for why 1.0).",
-    )
-    threads: int = setting(
-        0,
-        "ORL_THREADS",
-        "torch threads while the trainer computes alone (0: every core this process may use); while other "
-        "torch processes of the same --data-dir compute, it uses its fair share.",
     )
     max_steps: int = setting(
         0, "ORL_TRAIN_MAX_STEPS", "Stop after this many steps in this process (0: run forever)."

@@ -30,7 +30,7 @@ from typing import Any
 from orl.compute.machine import describe_machine, resolved_numerics
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.event_log.reading import read_to_end
-from orl.connectors.settings import ConnectionSettings, setting
+from orl.connectors.settings import ConnectionSettings, PrecisionSettings, setting
 from orl.demo.report import StepResult, merge_results, write_report, write_summaries
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
@@ -41,6 +41,7 @@ from orl.schemas.errors import ConfigError, OrlError
 from orl.schemas.topics import topic_name
 from orl.serving.settings import ServeSettings
 from orl.settings_binding import build_settings
+from orl.stack_settings import StackSettings
 from orl.up import (
     Supervisor,
     UpSettings,
@@ -57,7 +58,7 @@ FLUSH_EVERY_S = 10.0  # how often the demo repeats its flush request while waiti
 
 
 @dataclass(frozen=True)
-class DemoSettings(ConnectionSettings):
+class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings):
     scenario: str = setting("student", "ORL_DEMO_SCENARIO", "Simulated user: student | teacher.")
     methods: tuple[str, ...] = setting(
         ("binary", "opd", "combined"), "ORL_DEMO_METHODS", "Methods to compare, comma-separated."
@@ -111,21 +112,6 @@ class DemoSettings(ConnectionSettings):
         1, "ORL_DEMO_SEEDS", "Seeds per method: --seed, --seed+1, ... (the report gives their spread)."
     )
     step_timeout_s: float = setting(1800.0, "ORL_DEMO_STEP_TIMEOUT_S", "Give up if one step takes longer.")
-    cores: int = setting(
-        0, "ORL_CORES", "CPU cores the demo's server and trainer share (0: every core this process may use)."
-    )
-    precision: str = setting(
-        "auto",
-        "ORL_PRECISION",
-        "Numerics of server and trainer: auto (bf16 only where native) | bf16 | fp32.",
-    )
-    gate: bool = setting(
-        True,
-        "ORL_GATE",
-        "Promotion gate (--no-gate: off): `orl gate` scores every trained version against the served one on "
-        "the scenario's held-out prompts, with its simulated user and the demo's judge, before the server may "
-        "serve it; a held version is never served and the trainer goes back to the promoted weights.",
-    )
     merge: tuple[str, ...] = setting(
         (),
         "ORL_DEMO_MERGE",

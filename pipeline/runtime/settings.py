@@ -4,11 +4,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orl.connectors.settings import ConnectionSettings, setting
+from orl.connectors.settings import ConnectionSettings, ServerClientSettings, setting
 
 
 @dataclass(frozen=True)
-class PipelineSettings(ConnectionSettings):
+class SignalSettings:
+    """What the pipeline turns judged turns into: `orl pipeline`'s, and `orl up`'s for the pipeline it starts."""
+
+    method: str = setting("combined", "ORL_METHOD", "Training signal: binary | opd | combined.")
+    reward_rule: str = setting(
+        "single",
+        "ORL_REWARD_RULE",
+        "How judges' rewards become a turn's reward: single (--judge alone) | step_outcome (agent "
+        "tracks: every turn is a step scored by --judge on its next state, combined with the task's "
+        "outcome from --outcome-judge when the session ends; method binary).",
+    )
+    group_advantage: bool = setting(
+        False,
+        "ORL_GROUP_ADVANTAGE",
+        "step_outcome: normalise the step rewards of sessions that share a group id (X-Group-Id) per step index.",
+    )
+
+
+@dataclass(frozen=True)
+class JudgeEndpointSettings:
+    """An LLM judge's OpenAI-compatible endpoint (`orl pipeline`, and `orl up` for the pipeline it starts)."""
+
+    judge_url: str = setting("", "ORL_JUDGE_URL", "Judge endpoint base URL (default: --server-url).")
+    judge_api_key: str = setting(
+        "",
+        "ORL_JUDGE_API_KEY",
+        "Judge endpoint key. Default: --api-key when the judge is the orl server itself (no --judge-url, "
+        "or --judge-url equal to --server-url); an outside judge gets no key unless this is given.",
+        secret=True,
+    )
+    judge_model: str = setting("", "ORL_JUDGE_MODEL", "Model name sent to the judge endpoint.")
+
+
+@dataclass(frozen=True)
+class PipelineSettings(ConnectionSettings, ServerClientSettings, SignalSettings, JudgeEndpointSettings):
     role: str = setting(
         "all",
         "ORL_PIPELINE_ROLE",
@@ -20,27 +54,11 @@ class PipelineSettings(ConnectionSettings):
         "ORL_PIPELINE_RUNTIME",
         "embedded (StreamRunner over any log) | faust (the pure stages as faust agents on Kafka).",
     )
-    method: str = setting("combined", "ORL_METHOD", "Training signal: binary | opd | combined.")
-    server_url: str = setting(
-        "http://127.0.0.1:8000/v1",
-        "ORL_SERVER_URL",
-        "orl server (scoring calls for the teacher; default LLM judge).",
-    )
-    api_key: str = setting(
-        "", "ORL_API_KEY", "Bearer key for --server-url (and the judge if it is orl).", secret=True
-    )
     judge: str = setting(
         "llm",
         "ORL_JUDGE",
         "Reward judge: 'llm' (OpenAI-compatible endpoint) or a rule judge "
         "name from the orl.judges entry points (built in: outcome).",
-    )
-    reward_rule: str = setting(
-        "single",
-        "ORL_REWARD_RULE",
-        "How judges' rewards become a turn's reward: single (--judge alone) | step_outcome (agent "
-        "tracks: every turn is a step scored by --judge on its next state, combined with the task's "
-        "outcome from --outcome-judge when the session ends; method binary).",
     )
     outcome_judge: str = setting(
         "outcome",
@@ -50,25 +68,11 @@ class PipelineSettings(ConnectionSettings):
     step_weight: float = setting(
         0.5, "ORL_STEP_WEIGHT", "step_outcome: reward = w * step score + (1 - w) * outcome (0: outcome only)."
     )
-    group_advantage: bool = setting(
-        False,
-        "ORL_GROUP_ADVANTAGE",
-        "step_outcome: normalise the step rewards of sessions that share a group id (X-Group-Id) per step index.",
-    )
     group_timeout_s: float = setting(
         600.0,
         "ORL_GROUP_TIMEOUT_S",
         "group_advantage: decide a group this long after its first rollout ended.",
     )
-    judge_url: str = setting("", "ORL_JUDGE_URL", "Judge endpoint base URL (default: --server-url).")
-    judge_api_key: str = setting(
-        "",
-        "ORL_JUDGE_API_KEY",
-        "Judge endpoint key. Default: --api-key when the judge is the orl server itself (no --judge-url, "
-        "or --judge-url equal to --server-url); an outside judge gets no key unless this is given.",
-        secret=True,
-    )
-    judge_model: str = setting("", "ORL_JUDGE_MODEL", "Model name sent to the judge endpoint.")
     judge_votes: int = setting(3, "ORL_JUDGE_VOTES", "Votes per judgement for an LLM judge (m).")
     judge_temperature: float = setting(0.6, "ORL_JUDGE_TEMPERATURE", "Judge sampling temperature.")
     judge_max_tokens: int = setting(1024, "ORL_JUDGE_MAX_TOKENS", "Judge output limit in tokens.")
