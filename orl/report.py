@@ -42,16 +42,13 @@ from matplotlib.figure import Figure
 from prometheus_client import start_http_server
 
 from orl.connectors.event_log.factory import open_event_log
-from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.metrics import Metrics
 from orl.connectors.settings import ConnectionSettings, setting
 from orl.demo.scenarios import get_scenario
 from orl.gate.scoring import ScoreBreakdown, Scorer, bootstrap_ci, relevance, word_count
-from orl.pipeline.history.namespace_io import partition_count
-from orl.schemas.codec import decode
+from orl.pipeline.history.namespace_io import namespace_events
 from orl.schemas.errors import OrlError
 from orl.schemas.messages import prompt_text
-from orl.schemas.topics import topic_name
 
 REPORT_TOPICS = (
     "requests", "responses", "next_states", "rewards", "train_steps", "checkpoints", "policy_activations",
@@ -323,12 +320,7 @@ def plot_report(namespace: str, rows: list[VersionFigures], path: Path) -> None:
 async def read_report_events(log_url: str, namespace: str) -> dict[str, list[Event]]:
     """Every event of the report's topics; a topic the namespace does not have yet reads as empty."""
     async with open_event_log(log_url) as log:
-        events: dict[str, list[Event]] = {}
-        for topic in REPORT_TOPICS:
-            name = topic_name(namespace, topic)
-            exists = await partition_count(log, name) is not None
-            events[topic] = [decode(r.value) for r in await read_to_end(log, name)] if exists else []
-        return events
+        return await namespace_events(log, namespace, REPORT_TOPICS)
 
 
 # VersionFigures field -> the Prometheus gauge `orl_report_<name>{version}` it is exported as

@@ -16,11 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from orl.connectors.event_log.factory import open_event_log
-from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.settings import ConnectionSettings
-from orl.pipeline.history.namespace_io import partition_count
-from orl.schemas.codec import decode
-from orl.schemas.topics import topic_name
+from orl.pipeline.history.namespace_io import namespace_events
 
 STATUS_TOPICS = ("checkpoints", "policy_activations", "samples")
 Event = dict[str, Any]
@@ -105,12 +102,7 @@ def stack_status(
 
 async def read_status_events(log_url: str, namespace: str) -> dict[str, list[Event]]:
     async with open_event_log(log_url) as log:
-        events: dict[str, list[Event]] = {}
-        for topic in STATUS_TOPICS:
-            name = topic_name(namespace, topic)
-            exists = await partition_count(log, name) is not None
-            events[topic] = [decode(r.value) for r in await read_to_end(log, name)] if exists else []
-        return events
+        return await namespace_events(log, namespace, STATUS_TOPICS)
 
 
 def spool_depths(data_dir: Path) -> dict[str, int]:

@@ -35,7 +35,7 @@ from orl.pipeline.runtime.settings import JudgeEndpointSettings, SignalSettings
 from orl.rules.top_k import check_opd_topk
 from orl.schemas.errors import ConfigError
 from orl.serving.settings import ServerAccessSettings
-from orl.settings_binding import ConfigFile, config_from_environment
+from orl.settings_binding import CONFIG_ENV, ConfigFile, config_from_environment
 from orl.stack_settings import StackSettings
 from orl.supervised import SUPERVISOR_PID_ENV
 from orl.trainer.settings import OPD_LOSSES
@@ -352,9 +352,8 @@ MAX_RESTART_DELAY_S = 10.0
 STABLE_RUN_S = 60.0  # a process that ran this long before it exited starts a new row of crashes
 CRASH_LOOP_AFTER = 5  # crashes in a row that make a crash loop (logged as an error, with the log's tail)
 LOG_TAIL_LINES = 8
-STOP_GRACE_S = (
-    8.0  # SIGTERM, then this long for every process together, then SIGKILL: Ctrl-C ends within 10 s
-)
+# SIGTERM, then this long for every process together, then SIGKILL: Ctrl-C ends within 10 s
+STOP_GRACE_S = 8.0
 
 
 @dataclass
@@ -449,10 +448,10 @@ class Supervisor:
         for process in self.processes.values():
             if process.poll() is None:
                 process.terminate()
-        deadline = self.clock() + STOP_GRACE_S
+        deadline = time.monotonic() + STOP_GRACE_S  # wall time, whatever clock schedules restarts
         for name, process in self.processes.items():
             try:
-                process.wait(timeout=max(0.0, deadline - self.clock()))
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 logger.warning("%s did not stop within %.0f s of SIGTERM: killed", name, STOP_GRACE_S)
                 process.kill()
@@ -531,10 +530,11 @@ def up(settings: UpSettings) -> int:
     logger.info(reward_line)
     stack = stack_env(settings)
     launches = stack_launches(settings, {**os.environ, **stack})
-    from orl.cli import settings_of_every_command  # the commands' settings: imported on use, as orl.cli does
+    if os.environ.get(CONFIG_ENV):  # a config file: its component tables must not set what orl up sets
+        from orl.cli import settings_of_every_command  # every command's settings: imported only when needed
 
-    settings_of = settings_of_every_command()
-    check_component_tables(config_from_environment(settings_of), settings_of, launches, stack)
+        settings_of = settings_of_every_command()
+        check_component_tables(config_from_environment(settings_of), settings_of, launches, stack)
     prepare_model_once(settings)
     supervisor = Supervisor(launches, settings.data_dir / "logs")
     stopping = False

@@ -82,6 +82,14 @@ async def read_events(log: EventLog, topic: str) -> AsyncIterator[Event]:
             yield decode(record.value)
 
 
+async def namespace_events(log: EventLog, namespace: str, topics: Iterable[str]) -> dict[str, list[Event]]:
+    """Every decoded event of these topics of a namespace (short names: "samples"), by topic; a topic
+    not created yet reads as empty."""
+    return {
+        topic: [event async for event in read_events(log, topic_name(namespace, topic))] for topic in topics
+    }
+
+
 async def event_ids_on(log: EventLog, topics: Iterable[str]) -> set[str]:
     """The event ids already on these topics (dedup of re-runs)."""
     ids: set[str] = set()
