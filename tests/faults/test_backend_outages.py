@@ -150,8 +150,8 @@ def broker_restart_run(
     tmp_path = tmp_path_factory.mktemp(f"broker-restarts-{brokers}")
     cluster, s3 = start_kafka_cluster(tmp_path / "kafka", nodes=brokers), start_s3_server()
     if brokers == 1:
-        # Held down 15 s each time, so that every outage lasts half a minute or more (the JVM takes
-        # 15-40 s to come back): long enough for clients' requests to fail, not just to wait.
+        # Held down 15 s each time, then the JVM's own 10-30 s to come back: every outage outlasts the
+        # clients' 15 s bounds, long enough for their requests to fail, not just to wait.
         restarts = {"broker-1": lambda: cluster.restart(1, down_s=SINGLE_BROKER_DOWN_S)}
         rounds = 5
     else:
