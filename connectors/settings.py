@@ -19,14 +19,22 @@ from orl.connectors.event_log.topic_policy import DEFAULT_MAX_RECORD_BYTES, Topi
 from orl.schemas.errors import ConfigError
 
 
-def setting(default: Any, env: str, help: str, *, secret: bool = False, positional: bool = False) -> Any:
+def setting(
+    default: Any,
+    env: str,
+    help: str,
+    *,
+    secret: bool = False,
+    positional: bool = False,
+    advanced: bool = False,
+) -> Any:
     """A dataclass field that is also a CLI flag (--name-with-dashes) and an environment variable.
 
     `positional`: the command line also takes the value as its one optional positional argument
-    (`orl audit ID` as well as `orl audit --id ID`)."""
-    return field(
-        default=default, metadata={"env": env, "help": help, "secret": secret, "positional": positional}
-    )
+    (`orl audit ID` as well as `orl audit --id ID`). `advanced`: a tuning knob that `--help` leaves
+    out and `--help-all` shows, so that `--help` lists what a user sets on a first run."""
+    metadata = {"env": env, "help": help, "secret": secret, "positional": positional, "advanced": advanced}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class ThreadSettings:
         "ORL_THREADS",
         "torch threads while this process computes alone (0: every core it may use); while other torch "
         "processes of the same --data-dir compute, it uses its fair share.",
+        advanced=True,
     )
 
 
@@ -88,35 +97,46 @@ class ConnectionSettings:
         "ORL_STORE_URL",
         "Object store: file:///dir or s3://bucket?endpoint=host:port (default: a folder in --data-dir).",
     )
-    s3_access_key: str = setting("", "ORL_S3_ACCESS_KEY", "S3 access key (for an s3:// store).", secret=True)
-    s3_secret_key: str = setting("", "ORL_S3_SECRET_KEY", "S3 secret key (for an s3:// store).", secret=True)
+    s3_access_key: str = setting(
+        "", "ORL_S3_ACCESS_KEY", "S3 access key (for an s3:// store).", secret=True, advanced=True
+    )
+    s3_secret_key: str = setting(
+        "", "ORL_S3_SECRET_KEY", "S3 secret key (for an s3:// store).", secret=True, advanced=True
+    )
     namespace: str = setting("live", "ORL_NAMESPACE", "Namespace of the topics to read and write.")
     topic_partitions: int = setting(
         1,
         "ORL_TOPIC_PARTITIONS",
         "Partitions of every topic this process creates (use the same value everywhere).",
+        advanced=True,
     )
     log_replication_factor: int = setting(
         0,
         "ORL_LOG_REPLICATION_FACTOR",
         "Kafka: replicas of every topic this process creates (0: min(3, the cluster's brokers)).",
+        advanced=True,
     )
     log_min_insync_replicas: int = setting(
         0,
         "ORL_LOG_MIN_INSYNC_REPLICAS",
         "Kafka: min.insync.replicas of the topics it creates (0: 2 with 3 or more replicas, else 1).",
+        advanced=True,
     )
     max_record_bytes: int = setting(
         DEFAULT_MAX_RECORD_BYTES,
         "ORL_MAX_RECORD_BYTES",
         "Largest encoded event recorded on the log: the server answers 413 to a turn over it; the Kafka "
         "producer's max_request_size and the topics' max.message.bytes follow from it.",
+        advanced=True,
     )
     model: str = setting(
         "smollm2-135m", "ORL_MODEL", "Base model: 'smollm2-135m' (shipped) or a Hugging Face folder path."
     )
     model_cache_dir: Path = setting(
-        Path.home() / ".cache" / "orl" / "models", "ORL_MODEL_CACHE", "Where converted models are cached."
+        Path.home() / ".cache" / "orl" / "models",
+        "ORL_MODEL_CACHE",
+        "Where converted models are cached.",
+        advanced=True,
     )
 
     def effective_log_url(self) -> str:

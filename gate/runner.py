@@ -100,12 +100,14 @@ class GateSettings(PipelineSettings, RunSettings, PrecisionSettings, ThreadSetti
         "Evaluate on a demo scenario's held-out prompts with its simulated user (student | teacher; "
         "empty: held-out sessions of the log).",
     )
-    gate_max_tokens: int = setting(128, "ORL_GATE_MAX_TOKENS", "Longest answer the gate generates.")
+    gate_max_tokens: int = setting(
+        128, "ORL_GATE_MAX_TOKENS", "Longest answer the gate generates.", advanced=True
+    )
     gate_seed: int = setting(
-        0, "ORL_GATE_SEED", "Seed of the gate's sampling (with the prompt and sample index)."
+        0, "ORL_GATE_SEED", "Seed of the gate's sampling (with the prompt and sample index).", advanced=True
     )
     gate_temperature: float = setting(
-        0.7, "ORL_GATE_TEMPERATURE", "Sampling temperature of the gate's answers."
+        0.7, "ORL_GATE_TEMPERATURE", "Sampling temperature of the gate's answers.", advanced=True
     )
 
 

@@ -151,6 +151,9 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 
+HELP_ALL = "--help-all"
+
+
 def _load(path: str) -> object:
     module_name, _, attr = path.partition(":")
     return getattr(importlib.import_module(module_name), attr)
@@ -180,11 +183,14 @@ def add_global_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser(
-    commands: Sequence[Command] = COMMANDS, flags_of: Collection[str] | None = None
+    commands: Sequence[Command] = COMMANDS,
+    flags_of: Collection[str] | None = None,
+    show_advanced: bool = False,
 ) -> argparse.ArgumentParser:
     """The whole command line, with the flags of the sub-commands in `flags_of` (None: every one).
     `main` passes only the chosen one, so that a command imports its own settings module and not
-    every other one's (some import torch and transformers: seconds each)."""
+    every other one's (some import torch and transformers: seconds each). The help lists the flags
+    marked advanced only with `show_advanced` (`--help-all`)."""
     parser = argparse.ArgumentParser(
         prog="orl", description="Train a self-hosted LLM agent from its own live use."
     )
@@ -202,7 +208,10 @@ def build_parser(
             metavar=CONFIG_ENV,
             help=f"A TOML file of settings for the whole stack (examples/orl.toml) [env {CONFIG_ENV}]",
         )
-        add_settings_arguments(sub, settings_cls)
+        hidden = add_settings_arguments(sub, settings_cls, show_advanced)
+        sub.add_argument(HELP_ALL, action="help", help="Show every flag, the advanced ones too, and exit.")
+        if hidden:
+            sub.epilog = f"{hidden} more flags, for tuning: orl {command.name} {HELP_ALL}"
         sub.set_defaults(_command=command, _settings_cls=settings_cls)
     return parser
 
@@ -229,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = sys.argv[1:] if argv is None else argv
     chosen = chosen_command(argv)
-    parser = build_parser(flags_of=[chosen] if chosen else [])
+    parser = build_parser(flags_of=[chosen] if chosen else [], show_advanced=HELP_ALL in argv)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

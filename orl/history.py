@@ -75,29 +75,32 @@ class ReplaySettings(PipelineSettings):
         "reuse (recorded votes, same samples) | rejudge (judge again with --judge...).",
     )
     strict: bool = setting(
-        False, "ORL_IMPORT_STRICT", "Abort the import on the first bad line (else skip it)."
+        False, "ORL_IMPORT_STRICT", "Abort the import on the first bad line (else skip it).", advanced=True
     )
     import_logprobs: str = setting(
         "base",
         "ORL_IMPORT_LOGPROBS",
         "Old logprobs of imported responses: base (base model) | placeholder (0.0).",
+        advanced=True,
     )
     import_temperature: float = setting(
-        1.0, "ORL_IMPORT_TEMPERATURE", "Temperature recorded for imported responses."
+        1.0, "ORL_IMPORT_TEMPERATURE", "Temperature recorded for imported responses.", advanced=True
     )
-    flush: bool = setting(True, "ORL_REPLAY_FLUSH", "Advance time past every timeout after the input.")
+    flush: bool = setting(
+        True, "ORL_REPLAY_FLUSH", "Advance time past every timeout after the input.", advanced=True
+    )
     workers: int = setting(
         0,
         "ORL_REPLAY_WORKERS",
         "Worker processes of a reuse replay, each with a share of the sessions (0: one per CPU core, "
         "at most 4; 1: none, all in this process).",
     )
-    progress: bool = setting(True, "ORL_PROGRESS", "Show a progress bar.")
+    progress: bool = setting(True, "ORL_PROGRESS", "Show a progress bar.", advanced=True)
     train_steps: int = setting(
         0, "ORL_REPLAY_TRAIN_STEPS", "Then run `orl train` for this many steps (0: print it)."
     )
     train_run_id: str = setting(
-        "", "ORL_REPLAY_RUN_ID", "Run id of that training (default: the target namespace)."
+        "", "ORL_REPLAY_RUN_ID", "Run id of that training (default: the target namespace).", advanced=True
     )
     train_from: str = setting(
         "",

@@ -39,13 +39,20 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type) -> None:
-    """One flag per settings field; the help text shows the environment variable and the default."""
+def add_settings_arguments(
+    parser: argparse.ArgumentParser, settings_cls: type, show_advanced: bool = True
+) -> int:
+    """One flag per settings field; the help text shows the environment variable and the default.
+    Unless `show_advanced`, the help leaves out the fields marked advanced (they still parse); returns
+    how many it left out."""
+    hidden = 0
     for f in dataclasses.fields(settings_cls):
         env = f.metadata.get("env", "")
         kind = _field_type(settings_cls, f.name)
         default = "***" if f.metadata.get("secret") else f.default
         help_text = f"{f.metadata.get('help', '')} [env {env}; default {default}]"
+        if f.metadata.get("advanced") and not show_advanced:
+            help_text, hidden = argparse.SUPPRESS, hidden + 1
         if kind is bool:
             parser.add_argument(
                 flag_name(f.name),
@@ -63,6 +70,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type) 
                 _positional_dest(f.name), nargs="?", default=None, metavar=f.name.upper(),
                 help=f"The same as {flag_name(f.name)}.",
             )  # fmt: skip
+    return hidden
 
 
 def _positional_dest(field_name: str) -> str:

@@ -71,12 +71,14 @@ class UpSettings(
         0,
         "ORL_OPD_TOPK",
         "Top-K distillation: the pipeline's teacher records its K most likely tokens per position (0: off).",
+        advanced=True,
     )
     pipeline_metrics_port: int = setting(
         0,
         "ORL_PIPELINE_METRICS_PORT",
         "Serve the pipeline processes' Prometheus metrics (judge votes, parse failures, events) on "
         "127.0.0.1 from this port up, one port per pipeline process (0: off).",
+        advanced=True,
     )
     holdout_share: float = setting(
         0.1, "ORL_HOLDOUT_SHARE", "With the gate: the share of sessions held out for the gate's prompts."
@@ -86,6 +88,7 @@ class UpSettings(
         "ORL_OPD_LOSS",
         "The trainer's OPD term: token (teacher - old advantage) | topk (reverse KL to the teacher's top-K; "
         "needs --opd-topk).",
+        advanced=True,
     )
 
 

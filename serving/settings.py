@@ -29,6 +29,7 @@ class ServerAccessSettings:
         "ORL_ADMIN_KEY",
         "Bearer key of /admin (orl serve: required; orl up: generated into keys.json).",
         secret=True,
+        advanced=True,
     )
 
 
@@ -37,19 +38,28 @@ class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, Preci
     host: str = setting("127.0.0.1", "ORL_HOST", "Address to listen on.")
     backend: str = setting("transformers", "ORL_BACKEND", "Policy backend: transformers | sglang.")
     sglang_url: str = setting("", "ORL_SGLANG_URL", "Base URL of the SGLang server (backend sglang).")
-    sglang_api_key: str = setting("", "ORL_SGLANG_API_KEY", "API key of the SGLang server.", secret=True)
+    sglang_api_key: str = setting(
+        "", "ORL_SGLANG_API_KEY", "API key of the SGLang server.", secret=True, advanced=True
+    )
     served_model_name: str = setting("orl-policy", "ORL_SERVED_MODEL_NAME", "Model name shown to clients.")
-    server_id: str = setting("serve-0", "ORL_SERVER_ID", "Name of this server in PolicyActivated events.")
+    server_id: str = setting(
+        "serve-0", "ORL_SERVER_ID", "Name of this server in PolicyActivated events.", advanced=True
+    )
     default_turn_type: str = setting(
-        "main", "ORL_DEFAULT_TURN_TYPE", "Turn type without X-Turn-Type: main|side."
+        "main", "ORL_DEFAULT_TURN_TYPE", "Turn type without X-Turn-Type: main|side.", advanced=True
     )
     default_max_tokens: int = setting(256, "ORL_DEFAULT_MAX_TOKENS", "max_tokens when a request gives none.")
-    max_tokens_limit: int = setting(4096, "ORL_MAX_TOKENS_LIMIT", "Largest max_tokens a request may ask for.")
-    max_body_bytes: int = setting(4_000_000, "ORL_MAX_BODY_BYTES", "Largest request body accepted (bytes).")
+    max_tokens_limit: int = setting(
+        4096, "ORL_MAX_TOKENS_LIMIT", "Largest max_tokens a request may ask for.", advanced=True
+    )
+    max_body_bytes: int = setting(
+        4_000_000, "ORL_MAX_BODY_BYTES", "Largest request body accepted (bytes).", advanced=True
+    )
     body_timeout_s: float = setting(
         30.0,
         "ORL_BODY_TIMEOUT_S",
         "Longest a request body may take to arrive, however it is sent; a slower client gets a 408.",
+        advanced=True,
     )
     max_batch_size: int = setting(
         16,
@@ -64,14 +74,18 @@ class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, Preci
         "Prompt KV kept for reuse by later prompts that start the same way, in MiB (transformers backend; 0: "
         "off). SmolLM2-135M needs 45 KiB per token, so 1024 holds about 23k tokens: two or three 8k-token "
         "agent conversations.",
+        advanced=True,
     )
-    capture: bool = setting(True, "ORL_CAPTURE", "Record every turn as events (off only for benchmarks).")
+    capture: bool = setting(
+        True, "ORL_CAPTURE", "Record every turn as events (off only for benchmarks).", advanced=True
+    )
     metrics_key: str = setting(
         "",
         "ORL_METRICS_KEY",
         "Bearer key that GET /metrics requires (empty: /metrics answers anyone who can reach the port, "
         "like /healthz and /readyz).",
         secret=True,
+        advanced=True,
     )
     spool_sync: str = setting(
         "full",
@@ -79,6 +93,7 @@ class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, Preci
         "Durability of the spool's commits: full (fsync before a turn is answered: an acknowledged turn "
         "survives a power cut) | normal (survives a crash of the server, not of the machine; less disk "
         "wait per commit).",
+        advanced=True,
     )
     max_concurrent_requests: int = setting(
         256,
@@ -86,6 +101,7 @@ class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, Preci
         "Requests in progress at once (a stream counts until it ends); one more gets a 503 server_busy "
         "with Retry-After at once instead of waiting without bound (/healthz, /readyz, /metrics are not "
         "counted).",
+        advanced=True,
     )
     spool_max_bytes: int = setting(
         1 << 30,
@@ -93,11 +109,13 @@ class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, Preci
         "Byte cap of the spool: while this many bytes of events wait for the event log (it is down or "
         "refuses them), new turns get a 503 with Retry-After and /readyz says why; turns already taken "
         "on are still recorded.",
+        advanced=True,
     )
     webhooks_file: str = setting(
         "",
         "ORL_WEBHOOKS_FILE",
         "JSON file of webhook mappings {name: {field: '$.path'}} for POST /v1/webhooks/{name}.",
+        advanced=True,
     )
     follow_checkpoints: bool = setting(
         True, "ORL_FOLLOW_CHECKPOINTS", "Hot-swap to each published checkpoint."

@@ -114,11 +114,13 @@ class TrainSettings(ConnectionSettings, RunSettings, PrecisionSettings, ThreadSe
         "cuda",
         "ORL_TRAIN_MEGATRON_DEVICE",
         "megatron backend: cuda (NCCL, GPU LOCAL_RANK) | cpu (gloo; tests only, needs the test-only CPU patches).",
+        advanced=True,
     )
     megatron_timeout_s: float = setting(
         1800.0,
         "ORL_TRAIN_MEGATRON_TIMEOUT_S",
         "megatron backend: longest a collective may wait (the other ranks wait while rank 0 uploads a checkpoint).",
+        advanced=True,
     )
     lr: float | None = setting(
         None, "ORL_TRAIN_LR", "AdamW learning rate (default: 5e-4 for lora, 1e-5 for full)."
@@ -128,34 +130,46 @@ class TrainSettings(ConnectionSettings, RunSettings, PrecisionSettings, ThreadSe
         0.0,
         "ORL_TRAIN_PARTIAL_BATCH_AFTER_S",
         "Train on fewer than N pending samples once no new sample arrived for this long (0: always wait for N).",
+        advanced=True,
     )
     beta_kl: float = setting(0.02, "ORL_TRAIN_BETA_KL", "Weight of the KL to the base model (0: off).")
     kl_estimator: str = setting(
         "exact",
         "ORL_TRAIN_KL_ESTIMATOR",
         "KL to the base per token: k3 (estimated from the sampled token) | exact (over the whole vocabulary).",
+        advanced=True,
     )
-    eps_low: float = setting(0.2, "ORL_TRAIN_EPS_LOW", "PPO clip below: ratio >= 1 - eps-low.")
-    eps_high: float = setting(0.28, "ORL_TRAIN_EPS_HIGH", "PPO clip above: ratio <= 1 + eps-high.")
-    w_opd: float = setting(1.0, "ORL_TRAIN_W_OPD", "Weight of teacher - old in the combined advantage.")
+    eps_low: float = setting(0.2, "ORL_TRAIN_EPS_LOW", "PPO clip below: ratio >= 1 - eps-low.", advanced=True)
+    eps_high: float = setting(
+        0.28, "ORL_TRAIN_EPS_HIGH", "PPO clip above: ratio <= 1 + eps-high.", advanced=True
+    )
+    w_opd: float = setting(
+        1.0, "ORL_TRAIN_W_OPD", "Weight of teacher - old in the combined advantage.", advanced=True
+    )
     w_rl: float = setting(
         1.0,
         "ORL_TRAIN_W_RL",
         "Weight of the reward in the binary and combined advantage (-1 trains on inverted rewards: a test of "
         "the promotion gate).",
+        advanced=True,
     )
     center_rewards: bool = setting(
-        False, "ORL_TRAIN_CENTER_REWARDS", "Subtract the batch-mean reward (a baseline) before training."
+        False,
+        "ORL_TRAIN_CENTER_REWARDS",
+        "Subtract the batch-mean reward (a baseline) before training.",
+        advanced=True,
     )
     prompt_baseline: bool = setting(
         False,
         "ORL_TRAIN_PROMPT_BASELINE",
         "Subtract, among the batch's answers to the same prompt, their mean reward (a per-prompt baseline).",
+        advanced=True,
     )
     max_staleness: int = setting(
         2,
         "ORL_TRAIN_MAX_STALENESS",
         "Drop samples whose policy version is below current - K (negative: keep all).",
+        advanced=True,
     )
     holdout_share: float = setting(
         0.0,
@@ -174,6 +188,7 @@ class TrainSettings(ConnectionSettings, RunSettings, PrecisionSettings, ThreadSe
         0.25,
         "ORL_ROLLBACK_MARGIN",
         "How much lower a version's approval must be than its parent's to roll back.",
+        advanced=True,
     )
     follow_promoted: bool = setting(
         False,
@@ -186,52 +201,66 @@ class TrainSettings(ConnectionSettings, RunSettings, PrecisionSettings, ThreadSe
         "ORL_ROLLBACK_ACTION",
         "After a rollback has republished the parent's weights (servers serve them): restore (train on from "
         "them) | stop (train no more; the trainer waits, also across restarts, until started with restore).",
+        advanced=True,
     )
-    grad_clip: float = setting(1.0, "ORL_TRAIN_GRAD_CLIP", "Clip the global gradient norm to this (0: off).")
+    grad_clip: float = setting(
+        1.0, "ORL_TRAIN_GRAD_CLIP", "Clip the global gradient norm to this (0: off).", advanced=True
+    )
     old_logprobs: str = setting(
         "recompute",
         "ORL_TRAIN_OLD_LOGPROBS",
         "pi_old for the PPO ratio: recompute (trainer, current weights) | rollout (serving's, importance-corrected).",
+        advanced=True,
     )
     opd_loss: str = setting(
         "token",
         "ORL_OPD_LOSS",
         "OPD term: token (advantage teacher - old on the sampled tokens) | topk (reverse KL to the teacher's "
         "top-K plus a tail bin, for samples the pipeline gave top-K with --opd-topk; the others stay token).",
+        advanced=True,
     )
     loss_reduction: str = setting(
         "token",
         "ORL_TRAIN_LOSS_REDUCTION",
         "How per-token losses become one: token (mean over the batch's tokens) | sample (mean over responses "
         "of each response's token mean, OpenClaw-RL's).",
+        advanced=True,
     )
     opd_anchor: float = setting(
         1.0,
         "ORL_TRAIN_OPD_ANCHOR",
         "Share of the OPD advantage's pull back to the base model to keep, in [0, 1]: 1 is teacher - old "
         "(OpenClaw-RL's), 0 is teacher - the frozen base without the hint (only what the hint changes).",
+        advanced=True,
     )
     opd_advantage_clip: float = setting(
         0.0,
         "ORL_TRAIN_OPD_ADVANTAGE_CLIP",
         "Clamp each token's OPD advantage (teacher - old) to [-c, c]; 0: unclipped, OpenClaw-RL's.",
+        advanced=True,
     )
     train_temperature: float | None = setting(
         1.0,
         "ORL_TRAIN_TEMPERATURE",
         "Temperature of the logprobs the gradient, ratio and KL use (empty: each sample's own, needed for "
         "--old-logprobs rollout; see trainer/batch_loss.py for why 1.0).",
+        advanced=True,
     )
     max_steps: int = setting(
         0, "ORL_TRAIN_MAX_STEPS", "Stop after this many steps in this process (0: run forever)."
     )
-    poll_timeout_s: float = setting(1.0, "ORL_TRAIN_POLL_TIMEOUT_S", "Longest wait for new samples per poll.")
+    poll_timeout_s: float = setting(
+        1.0, "ORL_TRAIN_POLL_TIMEOUT_S", "Longest wait for new samples per poll.", advanced=True
+    )
     idle_exit_s: float = setting(
-        0.0, "ORL_TRAIN_IDLE_EXIT_S", "Exit when no sample arrived for this long (0: wait forever)."
+        0.0,
+        "ORL_TRAIN_IDLE_EXIT_S",
+        "Exit when no sample arrived for this long (0: wait forever).",
+        advanced=True,
     )
     seed: int = setting(0, "ORL_TRAIN_SEED", "torch seed (the LoRA adapter's initialisation).")
     lora_r: int = setting(16, "ORL_TRAIN_LORA_R", "LoRA rank.")
-    lora_alpha: int = setting(32, "ORL_TRAIN_LORA_ALPHA", "LoRA alpha.")
+    lora_alpha: int = setting(32, "ORL_TRAIN_LORA_ALPHA", "LoRA alpha.", advanced=True)
 
     def effective_lr(self) -> float:
         from orl.trainer.policy_model import default_lr

@@ -66,25 +66,34 @@ class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings):
     steps: int = setting(16, "ORL_DEMO_STEPS", "Training steps per method.")
     batch_size: int = setting(16, "ORL_DEMO_BATCH_SIZE", "Effective samples per training step.")
     eval_every: int = setting(
-        4, "ORL_DEMO_EVAL_EVERY", "Evaluate the held-out prompts every this many steps."
+        4, "ORL_DEMO_EVAL_EVERY", "Evaluate the held-out prompts every this many steps.", advanced=True
     )
     eval_prompts: int = setting(16, "ORL_DEMO_EVAL_PROMPTS", "Held-out prompts per evaluation (at most 16).")
-    eval_samples: int = setting(2, "ORL_DEMO_EVAL_SAMPLES", "Responses per held-out prompt per evaluation.")
+    eval_samples: int = setting(
+        2, "ORL_DEMO_EVAL_SAMPLES", "Responses per held-out prompt per evaluation.", advanced=True
+    )
     lr: float = setting(5e-4, "ORL_DEMO_LR", "LoRA learning rate.")
     teacher_kind: str = setting(
-        "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy."
+        "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy.", advanced=True
     )
     opd_topk: int = setting(
-        0, "ORL_OPD_TOPK", "Top-K distillation: the teacher's K most likely tokens per position (0: off)."
+        0,
+        "ORL_OPD_TOPK",
+        "Top-K distillation: the teacher's K most likely tokens per position (0: off).",
+        advanced=True,
     )
     opd_loss: str = setting(
-        "token", "ORL_OPD_LOSS", "The trainer's OPD term: token (teacher - old) | topk (needs --opd-topk)."
+        "token",
+        "ORL_OPD_LOSS",
+        "The trainer's OPD term: token (teacher - old) | topk (needs --opd-topk).",
+        advanced=True,
     )
     partial_batches: bool = setting(
         False,
         "ORL_DEMO_PARTIAL_BATCHES",
         "Train each round's samples as one step even when fewer than --batch-size (OPD's rounds shrink as "
         "users become satisfied); off: the trainer steps on full batches, as under `orl up`.",
+        advanced=True,
     )
     max_tokens: int = setting(
         96, "ORL_DEMO_MAX_TOKENS", "Response length limit (the scenario asks for <= 40 words)."
@@ -94,12 +103,14 @@ class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings):
         "ORL_DEMO_USER_RESTATES_LENGTH",
         "The simulated user's redo of an answer that was short enough also restates the word limit, so "
         "the OPD hint for an off-topic answer keeps asking for short answers.",
+        advanced=True,
     )
     sessions_per_prompt: int = setting(
         1,
         "ORL_DEMO_SESSIONS_PER_PROMPT",
         "Sessions that ask each of a round's prompts (a round asks batch_size / this many prompts); with "
         "ORL_TRAIN_PROMPT_BASELINE the trainer compares the answers to one prompt with each other.",
+        advanced=True,
     )
     port: int = setting(8011, "ORL_DEMO_PORT", "Port of the demo's server.")
     out_dir: Path = setting(
@@ -111,7 +122,9 @@ class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings):
     seeds: int = setting(
         1, "ORL_DEMO_SEEDS", "Seeds per method: --seed, --seed+1, ... (the report gives their spread)."
     )
-    step_timeout_s: float = setting(1800.0, "ORL_DEMO_STEP_TIMEOUT_S", "Give up if one step takes longer.")
+    step_timeout_s: float = setting(
+        1800.0, "ORL_DEMO_STEP_TIMEOUT_S", "Give up if one step takes longer.", advanced=True
+    )
     merge: tuple[str, ...] = setting(
         (),
         "ORL_DEMO_MERGE",

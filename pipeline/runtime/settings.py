@@ -23,6 +23,7 @@ class SignalSettings:
         False,
         "ORL_GROUP_ADVANTAGE",
         "step_outcome: normalise the step rewards of sessions that share a group id (X-Group-Id) per step index.",
+        advanced=True,
     )
 
 
@@ -37,6 +38,7 @@ class JudgeEndpointSettings:
         "Judge endpoint key. Default: --api-key when the judge is the orl server itself (no --judge-url, "
         "or --judge-url equal to --server-url); an outside judge gets no key unless this is given.",
         secret=True,
+        advanced=True,
     )
     judge_model: str = setting("", "ORL_JUDGE_MODEL", "Model name sent to the judge endpoint.")
 
@@ -48,6 +50,7 @@ class PipelineSettings(ConnectionSettings, ServerClientSettings, SignalSettings,
         "ORL_PIPELINE_ROLE",
         "Stages to run: one of turn_linker, judge, vote_tally, hint_selector, teacher, "
         "sample_builder, group_advantage, a comma-separated list of them, or 'all' (the method's stages), all in this process.",
+        advanced=True,
     )
     runtime: str = setting(
         "embedded",
@@ -64,19 +67,30 @@ class PipelineSettings(ConnectionSettings, ServerClientSettings, SignalSettings,
         "outcome",
         "ORL_OUTCOME_JUDGE",
         "step_outcome: the rule judge that reads the task's outcome (a connector's verdict) from a next state.",
+        advanced=True,
     )
     step_weight: float = setting(
-        0.5, "ORL_STEP_WEIGHT", "step_outcome: reward = w * step score + (1 - w) * outcome (0: outcome only)."
+        0.5,
+        "ORL_STEP_WEIGHT",
+        "step_outcome: reward = w * step score + (1 - w) * outcome (0: outcome only).",
+        advanced=True,
     )
     group_timeout_s: float = setting(
         600.0,
         "ORL_GROUP_TIMEOUT_S",
         "group_advantage: decide a group this long after its first rollout ended.",
+        advanced=True,
     )
     judge_votes: int = setting(3, "ORL_JUDGE_VOTES", "Votes per judgement for an LLM judge (m).")
-    judge_temperature: float = setting(0.6, "ORL_JUDGE_TEMPERATURE", "Judge sampling temperature.")
-    judge_max_tokens: int = setting(1024, "ORL_JUDGE_MAX_TOKENS", "Judge output limit in tokens.")
-    judge_timeout_s: float = setting(120.0, "ORL_JUDGE_TIMEOUT_S", "Timeout of one judge call.")
+    judge_temperature: float = setting(
+        0.6, "ORL_JUDGE_TEMPERATURE", "Judge sampling temperature.", advanced=True
+    )
+    judge_max_tokens: int = setting(
+        1024, "ORL_JUDGE_MAX_TOKENS", "Judge output limit in tokens.", advanced=True
+    )
+    judge_timeout_s: float = setting(
+        120.0, "ORL_JUDGE_TIMEOUT_S", "Timeout of one judge call.", advanced=True
+    )
     hint_judge: str = setting(
         "llm", "ORL_HINT_JUDGE", "Hint extractor: 'llm' or a name from the orl.hint_extractors entry points."
     )
@@ -88,22 +102,34 @@ class PipelineSettings(ConnectionSettings, ServerClientSettings, SignalSettings,
         "ORL_OPD_TOPK",
         "Top-K distillation: the teacher also records each response position's K most likely tokens "
         "(0: token-level teacher logprobs only; at most 100). The trainer uses them with --opd-loss topk.",
+        advanced=True,
     )
     idle_timeout_s: float = setting(
-        1800.0, "ORL_IDLE_TIMEOUT_S", "Close a session after this long without events."
+        1800.0, "ORL_IDLE_TIMEOUT_S", "Close a session after this long without events.", advanced=True
     )
     at_least_one: bool = setting(
-        True, "ORL_AT_LEAST_ONE", "Promote a turn of every session that closes without an effective sample."
+        True,
+        "ORL_AT_LEAST_ONE",
+        "Promote a turn of every session that closes without an effective sample.",
+        advanced=True,
     )
     promotion_reward: float = setting(
-        0.1, "ORL_PROMOTION_REWARD", "At-least-one promotion penalty when a session's votes average 0."
+        0.1,
+        "ORL_PROMOTION_REWARD",
+        "At-least-one promotion penalty when a session's votes average 0.",
+        advanced=True,
     )
-    effect_concurrency: int = setting(4, "ORL_EFFECT_CONCURRENCY", "Concurrent judge / teacher calls.")
-    tick_interval_s: float = setting(1.0, "ORL_TICK_INTERVAL_S", "How often idle sessions are checked.")
+    effect_concurrency: int = setting(
+        4, "ORL_EFFECT_CONCURRENCY", "Concurrent judge / teacher calls.", advanced=True
+    )
+    tick_interval_s: float = setting(
+        1.0, "ORL_TICK_INTERVAL_S", "How often idle sessions are checked.", advanced=True
+    )
     metrics_port: int = setting(
         0,
         "ORL_PIPELINE_METRICS_PORT",
         "Serve this process's Prometheus metrics at http://127.0.0.1:PORT/metrics (0: off).",
+        advanced=True,
     )
 
     def judge_key(self) -> str:

@@ -1,13 +1,16 @@
-"""`orl`'s command line: a sub-command loads its own settings module only, so it starts fast."""
+"""`orl`'s command line: a sub-command loads its own settings module only, so it starts fast, and its
+`--help` lists the flags of a first run (`--help-all` every one)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
-from orl.cli import build_parser, chosen_command
+from orl.cli import COMMANDS, HELP_ALL, build_parser, chosen_command, main
+from orl.settings_binding import flag_name
 
 
 @pytest.mark.parametrize(
@@ -45,3 +48,32 @@ def test_the_pipeline_command_imports_neither_torch_nor_transformers() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def flags_in(help_text: str) -> set[str]:
+    """The long options an argparse help text lists (each at the start of its own line)."""
+    return {line.split()[0].rstrip(",") for line in help_text.splitlines() if line.startswith("  --")}
+
+
+@pytest.mark.parametrize("command", [command.name for command in COMMANDS])
+def test_help_lists_at_most_25_flags_and_help_all_lists_every_setting(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    helps = {}
+    for option in ("--help", HELP_ALL):
+        with pytest.raises(SystemExit) as exited:
+            main([command, option])
+        assert exited.value.code == 0
+        helps[option] = capsys.readouterr().out
+    short, full = flags_in(helps["--help"]), flags_in(helps[HELP_ALL])
+    settings_cls = build_parser(flags_of=[command]).parse_args([command])._settings_cls
+    every_setting = {flag_name(f.name) for f in dataclasses.fields(settings_cls)}
+    assert len(short) <= 25, sorted(short)
+    assert every_setting <= full and short <= full
+    hidden = len(every_setting - short)
+    assert (f"{hidden} more flags, for tuning: orl {command} {HELP_ALL}" in helps["--help"]) == (hidden > 0)
+
+
+def test_a_flag_left_out_of_help_still_parses() -> None:
+    args = build_parser(flags_of=["train"]).parse_args(["train", "--eps-high", "0.3"])
+    assert args.eps_high == "0.3"
