@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from orl.compute.machine import PRECISIONS, choose_numerics
+from orl.compute.machine import choose_numerics
 from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
+from orl.schemas.numerics import PRECISIONS
 from orl.serving.policy.base import Generation, SamplingParams
 from orl.serving.policy.transformers_backend import TransformersBackend
 

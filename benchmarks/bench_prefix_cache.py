@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orl.compute.machine import PRECISIONS, choose_numerics
+from orl.compute.machine import choose_numerics
 from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
+from orl.schemas.numerics import PRECISIONS
 from orl.serving.policy.base import Generation, SamplingParams
 from orl.serving.policy.transformers_backend import TransformersBackend
 

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from orl.compute.machine import PRECISIONS, choose_numerics
+from orl.compute.machine import choose_numerics
 from orl.connectors.model_files import DEFAULT_MODEL, resolve_model
+from orl.schemas.numerics import PRECISIONS
 
 EPS_LOW, EPS_HIGH, BETA, LR = 0.2, 0.28, 0.02, {"lora": 5e-4, "full": 1e-5}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

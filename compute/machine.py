@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from orl.schemas.errors import ConfigError
+from orl.schemas.numerics import PRECISIONS
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "bf16", "fp32")
 # x86: avx512_bf16 (Cooper Lake, Zen 4 and later) and amx_bf16 (Sapphire Rapids and later) run bf16
 # matmuls in hardware; Arm: the bf16 extension (Neoverse V1/N2, Apple M2 and later).
 NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})

@@ -17,6 +17,7 @@ from typing import Any
 
 from orl.connectors.event_log.topic_policy import DEFAULT_MAX_RECORD_BYTES, TopicPolicy
 from orl.schemas.errors import ConfigError
+from orl.schemas.numerics import Precision
 
 
 def setting(
@@ -60,7 +61,7 @@ class ServerClientSettings:
 
 @dataclass(frozen=True)
 class PrecisionSettings:
-    precision: str = setting(
+    precision: Precision = setting(
         "auto",
         "ORL_PRECISION",
         "Numerics of the torch forwards: auto (bf16 autocast where the CPU or GPU runs bf16 natively, else "

@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tqdm import tqdm
 
@@ -34,13 +34,14 @@ from orl.pipeline.history import archive as archive_tools
 from orl.pipeline.history.audit import NotFound, audit_id, audit_session, render_chain
 from orl.pipeline.history.audit_index import AuditIndex, index_path
 from orl.pipeline.history.export import export_namespace
-from orl.pipeline.history.import_tokens import HFImportTokenizer, scorer_for
+from orl.pipeline.history.import_tokens import HFImportTokenizer, LogprobMode, scorer_for
 from orl.pipeline.history.openclaw_import import ImportOptions, build_events, parse_files
 from orl.pipeline.history.parquet_export import export_parquet
 from orl.pipeline.history.replay import (
     REJUDGE_TOPICS,
     REUSE_TOPICS,
     ReplayPlan,
+    VoteMode,
     archive_source,
     event_source,
     log_source,
@@ -53,7 +54,7 @@ from orl.schemas.errors import ConfigError
 from orl.settings_binding import flag_name
 from orl.trainer.settings import TrainSettings, parse_init_from
 
-SOURCES = ("log", "archive", "openclaw")
+ReplaySource = Literal["log", "archive", "openclaw"]
 
 
 def _store(settings: ConnectionSettings) -> ObjectStore:
@@ -65,11 +66,13 @@ def _store(settings: ConnectionSettings) -> ObjectStore:
 @dataclass(frozen=True)
 class ReplaySettings(PipelineSettings):
     target_namespace: str = setting("", "ORL_REPLAY_TARGET", "New namespace the replay writes (required).")
-    source: str = setting("log", "ORL_REPLAY_SOURCE", "Where history comes from: log | archive | openclaw.")
+    source: ReplaySource = setting(
+        "log", "ORL_REPLAY_SOURCE", "Where history comes from: log | archive | openclaw."
+    )
     openclaw_files: tuple[str, ...] = setting(
         (), "ORL_OPENCLAW_FILES", "OpenClaw-RL record files (comma separated) for --source openclaw."
     )
-    votes: str = setting(
+    votes: VoteMode = setting(
         "reuse",
         "ORL_REPLAY_VOTES",
         "reuse (recorded votes, same samples) | rejudge (judge again with --judge...).",
@@ -77,7 +80,7 @@ class ReplaySettings(PipelineSettings):
     strict: bool = setting(
         False, "ORL_IMPORT_STRICT", "Abort the import on the first bad line (else skip it).", advanced=True
     )
-    import_logprobs: str = setting(
+    import_logprobs: LogprobMode = setting(
         "base",
         "ORL_IMPORT_LOGPROBS",
         "Old logprobs of imported responses: base (base model) | placeholder (0.0).",
@@ -134,8 +137,6 @@ def _check(settings: ReplaySettings) -> None:
         raise ConfigError(f"--workers must be 0 (one per CPU core) or more, not {settings.workers}")
     if not settings.target_namespace:
         raise ConfigError("--target-namespace is required: a replay writes into a new namespace")
-    if settings.source not in SOURCES:
-        raise ConfigError(f"--source must be one of {', '.join(SOURCES)}, not {settings.source!r}")
     if settings.source == "openclaw" and not settings.openclaw_files:
         raise ConfigError("--source openclaw needs --openclaw-files FILE[,FILE...]")
     if settings.train_from:
@@ -282,7 +283,7 @@ def run_audit(settings: AuditSettings) -> int:
     return 0
 
 
-EXPORT_FORMATS = ("jsonl", "parquet")
+ExportFormat = Literal["jsonl", "parquet"]
 
 
 @dataclass(frozen=True)
@@ -290,7 +291,7 @@ class ExportSettings(ConnectionSettings):
     output: str = setting(
         "-", "ORL_EXPORT_OUTPUT", "jsonl: the file to write ('-': standard output); parquet: a folder."
     )
-    format: str = setting(
+    format: ExportFormat = setting(
         "jsonl",
         "ORL_EXPORT_FORMAT",
         "jsonl (one decoded event per line) | parquet (one file per event type, typed columns; "
@@ -319,8 +320,6 @@ async def _export(settings: ExportSettings) -> int:
 
 
 def run_export(settings: ExportSettings) -> int:
-    if settings.format not in EXPORT_FORMATS:
-        raise ConfigError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, not {settings.format!r}")
     if settings.format == "parquet":
         if settings.output == "-":
             raise ConfigError("--format parquet writes a folder: give it with --output DIR")

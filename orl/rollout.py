@@ -36,10 +36,11 @@ from typing import Any, TextIO
 import httpx
 
 from orl.connectors.environment.api import Observation, Outcome
-from orl.connectors.environment.episode import SPLITS, Environment, Message, Task, load_environment
+from orl.connectors.environment.episode import Environment, Message, Split, Task, load_environment
 from orl.connectors.environment.ingest_client import IngestClient, IngestError
 from orl.connectors.settings import ServerClientSettings, setting
 from orl.schemas.errors import ConfigError
+from orl.serving.settings import TurnType
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class RolloutSettings(ServerClientSettings):
     tasks: int = setting(8, "ORL_ROLLOUT_TASKS", "How many tasks to draw.")
     group_size: int = setting(4, "ORL_ROLLOUT_GROUP_SIZE", "Rollouts per task (one group).")
     concurrency: int = setting(4, "ORL_ROLLOUT_CONCURRENCY", "Rollouts running at once.")
-    split: str = setting("train", "ORL_ROLLOUT_SPLIT", "Which tasks: train | eval (never the same tasks).")
+    split: Split = setting("train", "ORL_ROLLOUT_SPLIT", "Which tasks: train | eval (never the same tasks).")
     seed: int = setting(0, "ORL_ROLLOUT_SEED", "Seed of the drawn tasks (also part of the group id).")
     model: str = setting("orl-policy", "ORL_ROLLOUT_MODEL", "Model name sent with each request.")
     max_steps: int = setting(6, "ORL_ROLLOUT_MAX_STEPS", "Model calls per rollout at most.")
@@ -59,7 +60,7 @@ class RolloutSettings(ServerClientSettings):
     force_tool: bool = setting(
         False, "ORL_ROLLOUT_FORCE_TOOL", "Force a call of the task's first tool on each rollout's first step."
     )
-    turn_type: str = setting(
+    turn_type: TurnType = setting(
         "main",
         "ORL_ROLLOUT_TURN_TYPE",
         "main (the rollouts become training samples) | side (evaluation: X-Turn-Type side, never trained on).",
@@ -71,10 +72,6 @@ class RolloutSettings(ServerClientSettings):
         for name in ("tasks", "group_size", "concurrency", "max_steps", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.turn_type not in ("main", "side"):
-            raise ConfigError(f"--turn-type must be main or side; got {self.turn_type!r}")
-        if self.split not in SPLITS:
-            raise ConfigError(f"--split must be one of {', '.join(SPLITS)}; got {self.split!r}")
         if not self.api_key:
             raise ConfigError("--api-key (ORL_API_KEY) is required: a key of the server's ORL_API_KEYS")
 

@@ -62,9 +62,9 @@ def add_settings_arguments(
                 help=help_text,
             )
         else:
-            parser.add_argument(
-                flag_name(f.name), dest=f.name, default=None, help=help_text, metavar=env or None
-            )
+            choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else ()
+            metavar = "{" + ",".join(choices) + "}" if choices else env or None
+            parser.add_argument(flag_name(f.name), dest=f.name, default=None, help=help_text, metavar=metavar)
         if f.metadata.get("positional"):
             parser.add_argument(
                 _positional_dest(f.name), nargs="?", default=None, metavar=f.name.upper(),
@@ -239,10 +239,12 @@ def _convert(kind: Any, raw: Any, source: str) -> Any:
             if raw.lower() in ("0", "false", "no", "off", ""):
                 return False
             raise ValueError(raw)
+        if typing.get_origin(kind) is typing.Literal:
+            return _choice(kind, raw, source)
         if kind in (int, float, Path, str):
             return kind(raw)
         if typing.get_origin(kind) is tuple:
-            return tuple(part.strip() for part in raw.split(",") if part.strip())
+            return _items(kind, [part.strip() for part in raw.split(",") if part.strip()], source)
     except ValueError as error:
         raise ConfigError(f"{source}: cannot read {raw!r} as {getattr(kind, '__name__', kind)}") from error
     raise ConfigError(f"{source}: unsupported setting type {kind}")
@@ -250,6 +252,8 @@ def _convert(kind: Any, raw: Any, source: str) -> Any:
 
 def _converted_value(kind: Any, value: Any, source: str) -> Any:
     """A TOML value (bool, int, float, list) as the field's type; ConfigError on a mismatch."""
+    if typing.get_origin(kind) is typing.Literal and isinstance(value, str):
+        return _choice(kind, value, source)
     if kind is bool and isinstance(value, bool):
         return value
     if kind is int and isinstance(value, int) and not isinstance(value, bool):
@@ -261,8 +265,26 @@ def _converted_value(kind: Any, value: Any, source: str) -> Any:
         and isinstance(value, list)
         and all(isinstance(v, str) for v in value)
     ):
-        return tuple(value)
+        return _items(kind, value, source)
     if kind in (str, Path) and isinstance(value, (int, float)) and not isinstance(value, bool):
         return kind(str(value))
     name = getattr(kind, "__name__", str(kind))
     raise ConfigError(f"{source}: {value!r} is not of type {name}")
+
+
+def _items(kind: Any, values: list[str], source: str) -> tuple[str, ...]:
+    """A tuple setting's items, each checked when the tuple's items are a Literal's choices."""
+    item = typing.get_args(kind)[0]
+    if typing.get_origin(item) is typing.Literal:
+        return tuple(_choice(item, value, source) for value in values)
+    return tuple(values)
+
+
+def _choice(kind: Any, value: str, source: str) -> str:
+    """`value` if it is one of the Literal `kind`'s choices; else ConfigError listing them."""
+    choices = typing.get_args(kind)
+    if value in choices:
+        return value
+    close = difflib.get_close_matches(value, choices, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"{source}: {value!r} is not one of {' | '.join(choices)}{hint}")

@@ -28,8 +28,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orl.compute.machine import available_cores, check_precision, cpu_model_name, resolved_numerics
+from orl.compute.machine import available_cores, cpu_model_name, resolved_numerics
 from orl.connectors.settings import ConnectionSettings, PrecisionSettings, RunSettings, setting
+from orl.pipeline.processors.config import SampleMethod
 from orl.pipeline.runtime.main import method_stage_names
 from orl.pipeline.runtime.settings import JudgeEndpointSettings, SignalSettings
 from orl.rules.top_k import check_opd_topk
@@ -38,7 +39,7 @@ from orl.serving.settings import ServerAccessSettings
 from orl.settings_binding import CONFIG_ENV, ConfigFile, config_from_environment
 from orl.stack_settings import StackSettings
 from orl.supervised import SUPERVISOR_PID_ENV
-from orl.trainer.settings import OPD_LOSSES
+from orl.trainer.settings import OpdLoss
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class UpSettings(
     holdout_share: float = setting(
         0.1, "ORL_HOLDOUT_SHARE", "With the gate: the share of sessions held out for the gate's prompts."
     )
-    opd_loss: str = setting(
+    opd_loss: OpdLoss = setting(
         "token",
         "ORL_OPD_LOSS",
         "The trainer's OPD term: token (teacher - old advantage) | topk (reverse KL to the teacher's top-K; "
@@ -218,7 +219,6 @@ def stack_env(settings: UpSettings) -> dict[str, str]:
     """The settings `orl up` gives every component: the shared connection settings, the keys, and what
     it decides for all of them (judge, numerics, the gate's hold-out)."""
     api_key, admin_key = stack_keys(settings)
-    check_precision(settings.precision)
     rewards = reward_signal(settings)
     check_opd_settings(settings)
     return {
@@ -283,8 +283,6 @@ def check_component_tables(
 def check_opd_settings(settings: UpSettings) -> None:
     """--opd-loss topk trains on the teacher's top-K, which only --opd-topk makes the pipeline record."""
     check_opd_topk(settings.opd_topk)
-    if settings.opd_loss not in OPD_LOSSES:
-        raise ConfigError(f"--opd-loss must be one of {OPD_LOSSES}, not {settings.opd_loss!r}")
     if settings.opd_loss == "topk" and settings.opd_topk == 0:
         raise ConfigError("--opd-loss topk needs --opd-topk K (K > 0): without it no sample carries a top-K")
 
@@ -294,7 +292,7 @@ def check_opd_settings(settings: UpSettings) -> None:
 DOWNSTREAM_STAGES = ("vote_tally", "hint_selector", "sample_builder", "group_advantage")
 
 
-def pipeline_roles(method: str, cores: int, group_advantage: bool = False) -> dict[str, str]:
+def pipeline_roles(method: SampleMethod, cores: int, group_advantage: bool = False) -> dict[str, str]:
     """The `orl pipeline` processes of the stack: process name -> its --role."""
     names = method_stage_names(method, group_advantage)
     upstream = [name for name in names if name not in DOWNSTREAM_STAGES]

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import uvicorn
-from orl.compute.machine import CoreBoard, available_cores, check_precision, resolved_numerics
+from orl.compute.machine import CoreBoard, available_cores, resolved_numerics
 from orl.connectors.event_log.base import EventLog
 from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.event_log.factory import open_event_log
@@ -31,7 +31,7 @@ from orl.serving.policy.base import PolicyBackend
 from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.session_tracker import SessionTracker
 from orl.serving.settings import ServeSettings
-from orl.serving.spool import SPOOL_SYNC_MODES, EventSpool, SpoolDrainer
+from orl.serving.spool import EventSpool, SpoolDrainer
 
 # How long an idle keep-alive connection stays open. uvicorn's default, 5 s, equals the expiry of
 # httpx's pool (the openai SDK's and the demo's client): a request sent on a pooled connection just as
@@ -50,15 +50,6 @@ def check_settings(settings: ServeSettings) -> None:
         raise ConfigError("no admin key: set --admin-key / ORL_ADMIN_KEY")
     if settings.admin_key in settings.api_keys:
         raise ConfigError("--admin-key must differ from every --api-keys entry")
-    if settings.backend not in ("transformers", "sglang"):
-        raise ConfigError(f"--backend must be transformers or sglang, not {settings.backend!r}")
-    if settings.default_turn_type not in ("main", "side"):
-        raise ConfigError(f"--default-turn-type must be main or side, not {settings.default_turn_type!r}")
-    check_precision(settings.precision)
-    if settings.spool_sync not in SPOOL_SYNC_MODES:
-        raise ConfigError(
-            f"--spool-sync must be {' or '.join(SPOOL_SYNC_MODES)}, not {settings.spool_sync!r}"
-        )
     if settings.threads < 0:
         raise ConfigError(f"--threads must be >= 0, not {settings.threads}")
     if settings.max_concurrent_requests <= 0:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 from orl.connectors.settings import (
     ConnectionSettings,
@@ -11,6 +13,11 @@ from orl.connectors.settings import (
     ThreadSettings,
     setting,
 )
+
+PolicyBackend = Literal["transformers", "sglang"]
+TurnType = Literal["main", "side"]  # side turns are served and recorded, never trained on
+SpoolSync = Literal["full", "normal"]  # SQLite's synchronous=FULL / NORMAL in WAL mode
+SPOOL_SYNC_MODES: tuple[str, ...] = typing.get_args(SpoolSync)
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class ServerAccessSettings:
 @dataclass(frozen=True)
 class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, PrecisionSettings, ThreadSettings):
     host: str = setting("127.0.0.1", "ORL_HOST", "Address to listen on.")
-    backend: str = setting("transformers", "ORL_BACKEND", "Policy backend: transformers | sglang.")
+    backend: PolicyBackend = setting("transformers", "ORL_BACKEND", "Policy backend: transformers | sglang.")
     sglang_url: str = setting("", "ORL_SGLANG_URL", "Base URL of the SGLang server (backend sglang).")
     sglang_api_key: str = setting(
         "", "ORL_SGLANG_API_KEY", "API key of the SGLang server.", secret=True, advanced=True
@@ -45,7 +52,7 @@ class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, Preci
     server_id: str = setting(
         "serve-0", "ORL_SERVER_ID", "Name of this server in PolicyActivated events.", advanced=True
     )
-    default_turn_type: str = setting(
+    default_turn_type: TurnType = setting(
         "main", "ORL_DEFAULT_TURN_TYPE", "Turn type without X-Turn-Type: main|side.", advanced=True
     )
     default_max_tokens: int = setting(256, "ORL_DEFAULT_MAX_TOKENS", "max_tokens when a request gives none.")
@@ -87,7 +94,7 @@ class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, Preci
         secret=True,
         advanced=True,
     )
-    spool_sync: str = setting(
+    spool_sync: SpoolSync = setting(
         "full",
         "ORL_SPOOL_SYNC",
         "Durability of the spool's commits: full (fsync before a turn is answered: an acknowledged turn "

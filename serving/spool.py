@@ -44,6 +44,7 @@ from pathlib import Path
 from orl.connectors.event_log.base import EventLog, OutgoingRecord, RecordRefused
 from orl.connectors.metrics import Metrics
 from orl.schemas.errors import OrlError
+from orl.serving.settings import SPOOL_SYNC_MODES
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,6 @@ _SET_TURN_INDEX = (
     "DO UPDATE SET next_turn_index = MAX(next_turn_index, excluded.next_turn_index)"
 )
 _SET_OWNER = "INSERT OR IGNORE INTO session_owners (session_id, key_id) VALUES (?, ?)"
-SPOOL_SYNC_MODES = ("full", "normal")  # SQLite's synchronous=FULL / NORMAL in WAL mode
 _Row = tuple[str, bytes | None, bytes]
 
 

@@ -63,7 +63,7 @@ from torch import Tensor
 @dataclass(frozen=True)
 class LossConfig:
     beta_kl: float = 0.02
-    kl_estimator: str = "exact"  # exact | k3 (orl.trainer.settings.KL_ESTIMATORS)
+    kl_estimator: str = "exact"  # exact | k3 (orl.trainer.settings.KlEstimator)
     eps_low: float = 0.2
     eps_high: float = 0.28
     w_opd: float = 1.0

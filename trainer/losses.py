@@ -28,12 +28,13 @@ Methods (DESIGN.md "Methods"; OpenClaw-RL sections 2.5, 2.6, 3.5, 3.6):
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 from orl.schemas.errors import OrlError
-from orl.trainer.settings import LOSS_REDUCTIONS
+from orl.trainer.settings import LossReduction
 from torch import Tensor
 
 DEFAULT_EPS_LOW = 0.2  # OpenClaw-RL --eps-clip
@@ -102,7 +103,9 @@ def reduce_loss(values_B_T: Tensor, mask_B_T: Tensor, reduction: str = "token") 
     if reduction == "token":
         return masked_mean(values_B_T, mask_B_T)
     if reduction != "sample":
-        raise LossInputError(f"unknown loss reduction {reduction!r}; expected one of {LOSS_REDUCTIONS}")
+        raise LossInputError(
+            f"unknown loss reduction {reduction!r}; expected one of {typing.get_args(LossReduction)}"
+        )
     valid_B_T = mask_B_T.to(torch.bool)
     tokens_B = valid_B_T.sum(dim=1)
     sums_B = torch.where(valid_B_T, values_B_T, torch.zeros_like(values_B_T)).sum(dim=1)

@@ -34,15 +34,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from orl.schemas.errors import CheckpointError
+from orl.trainer.settings import TrainKind
 from torch import nn
 
 log = logging.getLogger(__name__)
 
-PolicyKind = Literal["full", "lora"]
+PolicyKind = TrainKind  # the `orl train --kind` choices
 ALL_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DEFAULT_LR = {"full": 1e-5, "lora": 5e-4}
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")

@@ -23,9 +23,10 @@ import hashlib
 import json
 import logging
 import random
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from orl.connectors.environment.api import Outcome, discover_plugins
 from orl.schemas.errors import ConfigError
@@ -33,7 +34,8 @@ from orl.schemas.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "orl.environments"
-SPLITS = ("train", "eval")
+Split = Literal["train", "eval"]
+SPLITS: tuple[str, ...] = typing.get_args(Split)
 Message = dict[str, Any]
 
 

@@ -34,6 +34,8 @@ from orl.connectors.settings import ConnectionSettings, PrecisionSettings, setti
 from orl.demo.report import StepResult, merge_results, write_report, write_summaries
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
+from orl.pipeline.processors.config import SampleMethod
+from orl.pipeline.runtime.settings import TeacherKind
 from orl.rules.gate_decisions import HELD, PROMOTED, GateDecisions
 from orl.samples import read_samples
 from orl.schemas.codec import decode
@@ -42,6 +44,7 @@ from orl.schemas.topics import topic_name
 from orl.serving.settings import ServeSettings
 from orl.settings_binding import build_settings
 from orl.stack_settings import StackSettings
+from orl.trainer.settings import OpdLoss
 from orl.up import (
     Supervisor,
     UpSettings,
@@ -60,7 +63,7 @@ FLUSH_EVERY_S = 10.0  # how often the demo repeats its flush request while waiti
 @dataclass(frozen=True)
 class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings):
     scenario: str = setting("student", "ORL_DEMO_SCENARIO", "Simulated user: student | teacher.")
-    methods: tuple[str, ...] = setting(
+    methods: tuple[SampleMethod, ...] = setting(
         ("binary", "opd", "combined"), "ORL_DEMO_METHODS", "Methods to compare, comma-separated."
     )
     steps: int = setting(16, "ORL_DEMO_STEPS", "Training steps per method.")
@@ -73,7 +76,7 @@ class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings):
         2, "ORL_DEMO_EVAL_SAMPLES", "Responses per held-out prompt per evaluation.", advanced=True
     )
     lr: float = setting(5e-4, "ORL_DEMO_LR", "LoRA learning rate.")
-    teacher_kind: str = setting(
+    teacher_kind: TeacherKind = setting(
         "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy.", advanced=True
     )
     opd_topk: int = setting(
@@ -82,7 +85,7 @@ class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings):
         "Top-K distillation: the teacher's K most likely tokens per position (0: off).",
         advanced=True,
     )
-    opd_loss: str = setting(
+    opd_loss: OpdLoss = setting(
         "token",
         "ORL_OPD_LOSS",
         "The trainer's OPD term: token (teacher - old) | topk (needs --opd-topk).",
@@ -258,8 +261,8 @@ async def _gate_summaries(
 ) -> dict[str, dict[str, str]]:
     """What the gate promoted and held in every method's run, from its log."""
     summaries: dict[str, dict[str, str]] = {}
-    for method, by_seed in results.items():
-        for seed in by_seed:
+    for method in settings.methods:
+        for seed in results[method]:
             namespace = _namespace(tag, seed, method)
             _, decisions = await read_gate(up_settings(settings, method, namespace), namespace)
             summaries.setdefault(method, {})[str(seed)] = gate_summary(decisions)
@@ -291,7 +294,7 @@ async def _run_all(
     return results
 
 
-def up_settings(settings: DemoSettings, method: str, namespace: str) -> UpSettings:
+def up_settings(settings: DemoSettings, method: SampleMethod, namespace: str) -> UpSettings:
     """The stack `orl up` would start for one method of the demo, in its own namespace and run."""
     return UpSettings(
         data_dir=settings.data_dir,
@@ -332,7 +335,7 @@ class DemoStack:
         self.supervisor.stop()
 
 
-async def start_stack(settings: DemoSettings, method: str, namespace: str) -> DemoStack:
+async def start_stack(settings: DemoSettings, method: SampleMethod, namespace: str) -> DemoStack:
     """Start the stack `orl up` would start for `method` in `namespace` and wait until it serves."""
     up = up_settings(settings, method, namespace)
     env = {
@@ -372,7 +375,7 @@ async def start_stack(settings: DemoSettings, method: str, namespace: str) -> De
 async def _run_method(
     settings: DemoSettings,
     scenario: Scenario,
-    method: str,
+    method: SampleMethod,
     namespace: str,
     base: Evaluation | None,
     clock: RunClock,

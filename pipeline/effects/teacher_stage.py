@@ -49,7 +49,6 @@ logger = logging.getLogger(__name__)
 PRODUCER = "pipeline.teacher/1"
 RETENTION_MS = 6 * 3600 * 1000
 HINT_HEADER = "\n\n[user's hint / instruction]\n"
-TEACHER_KINDS = ("frozen_reference", "live_policy")
 
 
 def messages_with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:

@@ -12,13 +12,15 @@ them. Reads and writes no topics.
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from orl.schemas import messages as chat_messages
 from orl.schemas.errors import ConfigError
 
-LOGPROB_MODES = ("base", "placeholder")
+LogprobMode = Literal["base", "placeholder"]
+LOGPROB_MODES: tuple[str, ...] = typing.get_args(LogprobMode)
 
 
 class ImportTokenizer(Protocol):

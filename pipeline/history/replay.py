@@ -34,10 +34,11 @@ import functools
 import hashlib
 import json
 import logging
+import typing
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from orl.connectors.event_log.base import EventLog, OutgoingRecord, TopicSpec
 from orl.connectors.event_log.reading import read_to_end
@@ -72,7 +73,8 @@ from orl.schemas.topics import record_key, topic_for_event, topic_name
 logger = logging.getLogger(__name__)
 Event = dict[str, Any]
 Stage = Processor | EffectStage
-VOTE_MODES = ("reuse", "rejudge")
+VoteMode = Literal["reuse", "rejudge"]
+VOTE_MODES: tuple[str, ...] = typing.get_args(VoteMode)
 REUSE_TOPICS = ("requests", "responses", "next_states", "sessions", "judge_votes", "hints", "teacher_scores")
 REJUDGE_TOPICS = ("requests", "responses", "next_states", "sessions")
 REUSE_STAGES = ("vote_tally", "hint_selector", "teacher", "sample_builder", "group_advantage")

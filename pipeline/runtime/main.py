@@ -22,7 +22,7 @@ from orl.pipeline.effects.contract import EffectStage
 from orl.pipeline.effects.judge_stage import JudgeStage
 from orl.pipeline.effects.judging import JudgeConfig
 from orl.pipeline.effects.rule_judges import load_hint_extractor, load_rule_judge
-from orl.pipeline.effects.teacher_stage import TEACHER_KINDS, TeacherStage
+from orl.pipeline.effects.teacher_stage import TeacherStage
 from orl.pipeline.processors.config import (
     GroupConfig,
     HintSelectionConfig,
@@ -30,6 +30,7 @@ from orl.pipeline.processors.config import (
     PipelineConfig,
     RewardRuleConfig,
     SampleConfig,
+    SampleMethod,
     TallyConfig,
 )
 from orl.pipeline.processors.contract import Processor
@@ -86,12 +87,12 @@ def pipeline_config(settings: PipelineSettings) -> PipelineConfig:
         tally=TallyConfig(votes_per_judgement=llm_votes[0] if llm_votes else 1),
         hints=HintSelectionConfig(votes_per_judgement=hint.m if hint else 1),
         samples=SampleConfig(
-            method=settings.method,  # type: ignore[arg-type]  # checked in SampleConfig.__post_init__
+            method=settings.method,
             at_least_one=settings.at_least_one,
             promotion_reward=settings.promotion_reward,
         ),
         rewards=RewardRuleConfig(
-            rule=settings.reward_rule,  # type: ignore[arg-type]  # checked in RewardRuleConfig.__post_init__
+            rule=settings.reward_rule,
             process_judge_id=rewards[0].judge_id,
             outcome_judge_id=rewards[-1].judge_id if len(rewards) > 1 else "",
             step_weight=settings.step_weight,
@@ -101,11 +102,9 @@ def pipeline_config(settings: PipelineSettings) -> PipelineConfig:
     )
 
 
-def method_stage_names(method: str, group_advantage: bool = False) -> list[str]:
+def method_stage_names(method: SampleMethod, group_advantage: bool = False) -> list[str]:
     """The stages a method uses, in topological order (binary has no hints and no teacher; only
     group advantages need group_advantage)."""
-    if method not in ("binary", "opd", "combined"):
-        raise ConfigError(f"--method must be binary, opd or combined, not {method!r}")
     names = [stage.name for stage in STAGES]
     if method == "binary":
         names = [n for n in names if n not in ("hint_selector", "teacher")]
@@ -117,8 +116,6 @@ def method_stage_names(method: str, group_advantage: bool = False) -> list[str]:
 def build_stages(settings: PipelineSettings, metrics: Metrics | None = None) -> list[Stage]:
     pipeline_config(settings)  # checks the reward rule's settings before anything starts
     names = method_stage_names(settings.method, settings.group_advantage)
-    if settings.teacher_kind not in TEACHER_KINDS:
-        raise ConfigError(f"--teacher-kind must be one of {', '.join(TEACHER_KINDS)}")
     rewards, hint = judge_configs(settings)
     choices = {rewards[0].judge_id: settings.judge}
     if len(rewards) > 1:
@@ -252,8 +249,6 @@ def run(settings: PipelineSettings) -> int:
     """
     if settings.runtime == "faust":
         return _run_faust(settings)
-    if settings.runtime != "embedded":
-        raise ConfigError(f"--runtime must be embedded or faust, not {settings.runtime!r}")
 
     async def main() -> None:
         stop = asyncio.Event()

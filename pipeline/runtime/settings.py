@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from orl.connectors.settings import ConnectionSettings, ServerClientSettings, setting
+from orl.pipeline.processors.config import RewardRule, SampleMethod
+
+PipelineRuntime = Literal["embedded", "faust"]
+TeacherKind = Literal["frozen_reference", "live_policy"]  # orl.pipeline.effects.teacher_stage
 
 
 @dataclass(frozen=True)
 class SignalSettings:
     """What the pipeline turns judged turns into: `orl pipeline`'s, and `orl up`'s for the pipeline it starts."""
 
-    method: str = setting("combined", "ORL_METHOD", "Training signal: binary | opd | combined.")
-    reward_rule: str = setting(
+    method: SampleMethod = setting("combined", "ORL_METHOD", "Training signal: binary | opd | combined.")
+    reward_rule: RewardRule = setting(
         "single",
         "ORL_REWARD_RULE",
         "How judges' rewards become a turn's reward: single (--judge alone) | step_outcome (agent "
@@ -52,7 +57,7 @@ class PipelineSettings(ConnectionSettings, ServerClientSettings, SignalSettings,
         "sample_builder, group_advantage, a comma-separated list of them, or 'all' (the method's stages), all in this process.",
         advanced=True,
     )
-    runtime: str = setting(
+    runtime: PipelineRuntime = setting(
         "embedded",
         "ORL_PIPELINE_RUNTIME",
         "embedded (StreamRunner over any log) | faust (the pure stages as faust agents on Kafka).",
@@ -94,7 +99,7 @@ class PipelineSettings(ConnectionSettings, ServerClientSettings, SignalSettings,
     hint_judge: str = setting(
         "llm", "ORL_HINT_JUDGE", "Hint extractor: 'llm' or a name from the orl.hint_extractors entry points."
     )
-    teacher_kind: str = setting(
+    teacher_kind: TeacherKind = setting(
         "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy."
     )
     opd_topk: int = setting(

@@ -19,6 +19,7 @@ from orl.schemas.codec import decode, encode
 from orl.schemas.errors import ConfigError
 from orl.schemas.events import make_event
 
+from orl.cli import main
 from orl.history import ExportSettings, run_export
 from tests.integration.test_replay import SOURCE, record, recorded_settings
 
@@ -73,8 +74,10 @@ def test_every_event_lands_in_its_type_file_with_typed_columns(tmp_path: Path) -
     assert dead_row["original_bytes"] == b"\x00\xffbad"
 
 
-def test_parquet_needs_a_folder_and_a_known_format(tmp_path: Path) -> None:
+def test_parquet_needs_a_folder_and_a_known_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(ConfigError, match="writes a folder"):
         run_export(ExportSettings(data_dir=tmp_path, format="parquet"))
-    with pytest.raises(ConfigError, match="--format must be one of jsonl, parquet"):
-        run_export(ExportSettings(data_dir=tmp_path, format="csv"))
+    assert main(["export", f"--data-dir={tmp_path}", "--format=csv"]) == 1
+    assert "--format: 'csv' is not one of jsonl | parquet" in capsys.readouterr().err

@@ -203,7 +203,7 @@ def test_settings_are_checked_before_anything_runs(
     assert main(["rollout", "--api-key=k", "--env=nope", f"--out={tmp_path / 'x'}"]) == 1
     assert "no environment 'nope'; known: terminal, tool, tool_result" in capsys.readouterr().err
     assert main(["rollout", "--api-key=k", "--turn-type=eval", f"--out={tmp_path / 'x'}"]) == 1
-    assert "--turn-type must be main or side" in capsys.readouterr().err
+    assert "--turn-type: 'eval' is not one of main | side" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 

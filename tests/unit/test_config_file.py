@@ -14,6 +14,7 @@ from orl.serving.settings import ServeSettings
 from orl.trainer.settings import TrainSettings
 
 from orl.cli import build_parser, settings_of_every_command
+from orl.demo.run import DemoSettings
 from orl.settings_binding import read_config_file, resolve_settings
 from orl.up import UpSettings, check_component_tables, stack_env, stack_launches
 
@@ -136,3 +137,24 @@ def test_a_command_started_with_a_config_file_hands_it_to_the_processes_it_start
     env = {k: v for k, v in os.environ.items() if k != "ORL_CONFIG"}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.strip() == str(path.resolve())
+
+
+def test_a_choice_is_checked_once_where_it_is_read_from_a_flag_a_variable_or_the_file(tmp_path: Path) -> None:
+    file = read_config_file(config(tmp_path, 'precision = "fp16"\n'), SETTINGS_OF)
+    with pytest.raises(ConfigError, match=r": precision: 'fp16' is not one of auto \| bf16 \| fp32"):
+        resolve_settings(TrainSettings, train_args(), {}, file, "train")
+    with pytest.raises(ConfigError, match=r"ORL_PRECISION: 'bf61' is not one of .*\(did you mean 'bf16'\?\)"):
+        resolve_settings(TrainSettings, train_args(), {"ORL_PRECISION": "bf61"}, None, "train")
+    with pytest.raises(ConfigError, match=r"--kind: 'LoRA' is not one of lora \| full"):
+        resolve_settings(TrainSettings, train_args("--kind", "LoRA"), {}, None, "train")
+    demo = build_parser(flags_of=["demo"]).parse_args(["demo", "--methods", "binary,rl"])
+    with pytest.raises(ConfigError, match=r"--methods: 'rl' is not one of binary \| opd \| combined"):
+        resolve_settings(DemoSettings, demo, {}, None, "demo")
+    settings, _ = resolve_settings(TrainSettings, train_args("--kind", "full"), {}, None, "train")
+    assert settings.kind == "full"
+
+
+def test_help_lists_a_choice_flags_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser(flags_of=["train"]).parse_args(["train", "--help"])
+    assert "--kind {lora,full}" in capsys.readouterr().out

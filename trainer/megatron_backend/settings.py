@@ -16,7 +16,14 @@ from typing import Any
 
 from orl.schemas.errors import ConfigError
 from orl.trainer.policy_model import default_lr
-from orl.trainer.settings import loss_flag_problems
+from orl.trainer.settings import (
+    KlEstimator,
+    LossReduction,
+    MegatronDevice,
+    OldLogprobs,
+    OpdLoss,
+    loss_flag_problems,
+)
 
 
 def flag(default: Any, help: str) -> Any:
@@ -28,11 +35,13 @@ class MegatronSettings:
     model_dir: Path = flag(Path(), "Hugging Face Llama-family model folder (config.json + safetensors).")
     samples_file: Path = flag(Path(), "JSON lines, one training sample per line (see batch_file.py).")
     tensor_parallel: int = flag(1, "Tensor-parallel size; the torchrun world size must be a multiple.")
-    device: str = flag("cuda", "cuda (NCCL) | cpu (gloo; tests only, needs tests/support/megatron_cpu.py).")
+    device: MegatronDevice = flag(
+        "cuda", "cuda (NCCL) | cpu (gloo; tests only, needs tests/support/megatron_cpu.py)."
+    )
     batch_size: int = flag(16, "Samples per optimizer step (the file is cut into batches in order).")
     lr: float = flag(default_lr("full"), "AdamW learning rate (all weights).")
     beta_kl: float = flag(0.02, "Weight of the KL to the base model (0: off, no reference model).")
-    kl_estimator: str = flag(
+    kl_estimator: KlEstimator = flag(
         "exact", "KL per token: exact (over the vocabulary) | k3 (from the sampled token)."
     )
     eps_low: float = flag(0.2, "PPO clip below: ratio >= 1 - eps-low.")
@@ -41,13 +50,15 @@ class MegatronSettings:
     w_rl: float = flag(1.0, "Weight of the reward in the combined advantage.")
     center_rewards: bool = flag(False, "Subtract the batch-mean reward (a baseline) before training.")
     prompt_baseline: bool = flag(False, "Subtract the mean reward of the batch's answers to the same prompt.")
-    old_logprobs: str = flag("recompute", "pi_old for the PPO ratio: recompute | rollout.")
-    loss_reduction: str = flag("token", "Per-token losses to one: token (batch token mean) | sample.")
+    old_logprobs: OldLogprobs = flag("recompute", "pi_old for the PPO ratio: recompute | rollout.")
+    loss_reduction: LossReduction = flag(
+        "token", "Per-token losses to one: token (batch token mean) | sample."
+    )
     opd_advantage_clip: float = flag(0.0, "Clamp teacher - old per token to [-c, c] (0: off).")
     opd_anchor: float = flag(
         1.0, "Share of the OPD advantage's pull back to the base model to keep, in [0, 1]."
     )
-    opd_loss: str = flag(
+    opd_loss: OpdLoss = flag(
         "token", "OPD term: token (teacher - old on the sampled tokens); topk is torch only."
     )
     train_temperature: float | None = flag(

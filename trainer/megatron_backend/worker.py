@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per MegatronSettings field (booleans as --x / --no-x)."""
+    """One flag per MegatronSettings field (booleans as --x / --no-x, Literal choices checked)."""
     parser = argparse.ArgumentParser(
         prog="orl.trainer.megatron_backend.worker", description=__doc__.split("\n\n")[0]
     )
@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(
                 name, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
             )
+        elif typing.get_origin(kind) is typing.Literal:
+            parser.add_argument(name, choices=typing.get_args(kind), default=f.default, help=help_text)
         else:
             parser.add_argument(name, type=kind, default=f.default, help=help_text)
     return parser
