@@ -39,7 +39,8 @@ from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.object_store.local_store import LocalObjectStore
 from orl.gate.promotion_rule import VersionScore, gate_decision
-from orl.gate.runner import GateLog, GateSettings, gate_once, running_evaluator
+from orl.gate.runner import GateLog, gate_once, running_evaluator
+from orl.gate.settings import GateSettings
 from orl.rules.gate_decisions import PROMOTED
 from orl.schemas.codec import decode
 from orl.trainer.rollback import RollbackWatch

@@ -50,6 +50,31 @@ class RunSettings:
 
 
 @dataclass(frozen=True)
+class PromotionSettings:
+    """Whether the stack follows the promotion gate (`orl gate`); `orl up --gate` sets it for all."""
+
+    follow_promoted: bool = setting(
+        False,
+        "ORL_FOLLOW_PROMOTED",
+        "Follow the promotion gate: a server serves only the checkpoints it promoted, not every published "
+        "one; the trainer publishes at most max(1, --max-staleness) versions beyond the newest promoted one, "
+        "then waits for the gate.",
+    )
+
+
+@dataclass(frozen=True)
+class HoldoutSettings:
+    """The sessions the trainer never trains on and the promotion gate draws its prompts from."""
+
+    holdout_share: float = setting(
+        0.0,
+        "ORL_HOLDOUT_SHARE",
+        "Share of sessions held out (orl.schemas.ids.held_out_session): the trainer skips them, the "
+        "promotion gate draws its prompts from them; give both the same value (`orl up` does).",
+    )
+
+
+@dataclass(frozen=True)
 class ServerClientSettings:
     """How a client process (the pipeline's judge and teacher, `orl rollout`) reaches orl's server."""
 
@@ -181,3 +206,9 @@ def masked(settings: object) -> dict[str, str]:
         else:
             shown[f.name] = str(value)
     return shown
+
+
+def group_env(settings: object, *groups: type) -> dict[str, str]:
+    """The fields `settings` has from these shared groups, as the environment variables that give them
+    back: how `orl up` passes a child the group it shares with it, not a copy of its fields."""
+    return settings_env(settings, [f.name for group in groups for f in dataclasses.fields(group)])

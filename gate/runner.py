@@ -50,15 +50,14 @@ from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.base import ObjectStore
 from orl.connectors.object_store.factory import open_object_store
-from orl.connectors.settings import PrecisionSettings, RunSettings, ThreadSettings, setting
 from orl.gate.promotion_rule import gate_decision_with_base, score_version
 from orl.gate.scoring import relevance
+from orl.gate.settings import GateSettings
 from orl.pipeline.effects.contract import EffectCall
 from orl.pipeline.effects.judge_stage import JudgeStage
 from orl.pipeline.effects.rule_judges import load_rule_judge
 from orl.pipeline.processors.vote_tally import majority
 from orl.pipeline.runtime.main import judge_configs
-from orl.pipeline.runtime.settings import PipelineSettings
 from orl.rules.gate_decisions import HELD, PROMOTED, GateDecisions
 from orl.schemas.codec import decode, encode
 from orl.schemas.errors import CheckpointError, ConfigError
@@ -75,40 +74,6 @@ from orl.serving.policy.transformers_backend import TransformersBackend
 log = logging.getLogger(__name__)
 PRODUCER = "orl.gate/1"
 NO_REPLY = "(the user ended the session without replying)"
-
-
-@dataclass(frozen=True)
-class GateSettings(PipelineSettings, RunSettings, PrecisionSettings, ThreadSettings):
-    """The pipeline's judge settings (the run's own judge) and the gate's."""
-
-    holdout_share: float = setting(
-        0.0,
-        "ORL_HOLDOUT_SHARE",
-        "Share of sessions held out: the trainer skips them, the gate draws its prompts from them (give "
-        "the trainer the same value; `orl up` does).",
-    )
-    gate_prompts: int = setting(16, "ORL_GATE_PROMPTS", "Held-out prompts per evaluation (the newest).")
-    gate_samples: int = setting(2, "ORL_GATE_SAMPLES", "Answers per prompt and version (paired seeds).")
-    gate_margin: float = setting(
-        0.1,
-        "ORL_GATE_MARGIN",
-        "How far below the promoted version a candidate's approval or relevance may fall and still be promoted.",
-    )
-    gate_scenario: str = setting(
-        "",
-        "ORL_GATE_SCENARIO",
-        "Evaluate on a demo scenario's held-out prompts with its simulated user (student | teacher; "
-        "empty: held-out sessions of the log).",
-    )
-    gate_max_tokens: int = setting(
-        128, "ORL_GATE_MAX_TOKENS", "Longest answer the gate generates.", advanced=True
-    )
-    gate_seed: int = setting(
-        0, "ORL_GATE_SEED", "Seed of the gate's sampling (with the prompt and sample index).", advanced=True
-    )
-    gate_temperature: float = setting(
-        0.7, "ORL_GATE_TEMPERATURE", "Sampling temperature of the gate's answers.", advanced=True
-    )
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "gate",
         "Promote a published checkpoint to the servers only if it scores no worse than the promoted one on held-out prompts.",
-        "orl.gate.runner:GateSettings",
+        "orl.gate.settings:GateSettings",
         "orl.gate_scenarios:run_gate",
     ),
     Command(

@@ -14,7 +14,8 @@ from typing import Any
 
 from orl.demo.scenarios import get_scenario
 from orl.demo.simulated_user import react
-from orl.gate.runner import GateSettings, HeldOutPrompt, NextState, PromptSource, run_gate_loop
+from orl.gate.runner import HeldOutPrompt, NextState, PromptSource, run_gate_loop
+from orl.gate.settings import GateSettings
 
 
 def scenario_user(name: str) -> NextState:

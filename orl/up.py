@@ -29,17 +29,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orl.compute.machine import available_cores, cpu_model_name, resolved_numerics
-from orl.connectors.settings import ConnectionSettings, PrecisionSettings, RunSettings, setting
+from orl.connectors.settings import ConnectionSettings, PrecisionSettings, RunSettings, group_env, setting
 from orl.pipeline.processors.config import SampleMethod
 from orl.pipeline.runtime.main import method_stage_names
-from orl.pipeline.runtime.settings import JudgeEndpointSettings, SignalSettings
+from orl.pipeline.runtime.settings import (
+    JudgeEndpointSettings,
+    PipelineMetricsSettings,
+    SignalSettings,
+    TeacherSettings,
+)
 from orl.rules.top_k import check_opd_topk
 from orl.schemas.errors import ConfigError
 from orl.serving.settings import ServerAccessSettings
 from orl.settings_binding import CONFIG_ENV, ConfigFile, config_from_environment
 from orl.stack_settings import StackSettings
 from orl.supervised import SUPERVISOR_PID_ENV
-from orl.trainer.settings import OpdLoss
+from orl.trainer.settings import OpdLossSettings, TrainBatchSettings
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +58,10 @@ class UpSettings(
     PrecisionSettings,
     SignalSettings,
     JudgeEndpointSettings,
+    TeacherSettings,
+    PipelineMetricsSettings,
+    TrainBatchSettings,
+    OpdLossSettings,
 ):
     judge: str = setting(
         "auto",
@@ -64,32 +73,11 @@ class UpSettings(
         "ORL_HINT_JUDGE",
         "Hint extractor: auto (llm with --judge-url, else the 'user_hint' rules), llm, or a rule extractor name.",
     )
-    batch_size: int = setting(16, "ORL_TRAIN_BATCH_SIZE", "Effective samples per training step.")
     components: tuple[str, ...] = setting(
         ("serve", "pipeline", "train"), "ORL_COMPONENTS", "Which processes to start."
     )
-    opd_topk: int = setting(
-        0,
-        "ORL_OPD_TOPK",
-        "Top-K distillation: the pipeline's teacher records its K most likely tokens per position (0: off).",
-        advanced=True,
-    )
-    pipeline_metrics_port: int = setting(
-        0,
-        "ORL_PIPELINE_METRICS_PORT",
-        "Serve the pipeline processes' Prometheus metrics (judge votes, parse failures, events) on "
-        "127.0.0.1 from this port up, one port per pipeline process (0: off).",
-        advanced=True,
-    )
     holdout_share: float = setting(
         0.1, "ORL_HOLDOUT_SHARE", "With the gate: the share of sessions held out for the gate's prompts."
-    )
-    opd_loss: OpdLoss = setting(
-        "token",
-        "ORL_OPD_LOSS",
-        "The trainer's OPD term: token (teacher - old advantage) | topk (reverse KL to the teacher's top-K; "
-        "needs --opd-topk).",
-        advanced=True,
     )
 
 
@@ -247,11 +235,9 @@ def stack_env(settings: UpSettings) -> dict[str, str]:
         "ORL_JUDGE_API_KEY": settings.judge_api_key,
         "ORL_JUDGE_MODEL": settings.judge_model,
         "ORL_RUN_ID": settings.run_id,
-        "ORL_TRAIN_BATCH_SIZE": str(settings.batch_size),
         "ORL_THREADS": str(stack_cores(settings)),
         "ORL_PRECISION": settings.precision,
-        "ORL_OPD_TOPK": str(settings.opd_topk),  # read by the pipeline
-        "ORL_OPD_LOSS": settings.opd_loss,  # read by the trainer
+        **group_env(settings, TeacherSettings, TrainBatchSettings, OpdLossSettings),  # pipeline, trainer
         "ORL_FOLLOW_PROMOTED": "true" if settings.gate else "false",  # read by the server
         "ORL_HOLDOUT_SHARE": str(settings.holdout_share if settings.gate else 0.0),  # trainer and gate
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),

@@ -9,6 +9,7 @@ from typing import Literal
 from orl.connectors.settings import (
     ConnectionSettings,
     PrecisionSettings,
+    PromotionSettings,
     RunSettings,
     ThreadSettings,
     setting,
@@ -41,7 +42,14 @@ class ServerAccessSettings:
 
 
 @dataclass(frozen=True)
-class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, PrecisionSettings, ThreadSettings):
+class ServeSettings(
+    ConnectionSettings,
+    ServerAccessSettings,
+    RunSettings,
+    PrecisionSettings,
+    ThreadSettings,
+    PromotionSettings,
+):
     host: str = setting("127.0.0.1", "ORL_HOST", "Address to listen on.")
     backend: PolicyBackend = setting("transformers", "ORL_BACKEND", "Policy backend: transformers | sglang.")
     sglang_url: str = setting("", "ORL_SGLANG_URL", "Base URL of the SGLang server (backend sglang).")
@@ -126,9 +134,4 @@ class ServeSettings(ConnectionSettings, ServerAccessSettings, RunSettings, Preci
     )
     follow_checkpoints: bool = setting(
         True, "ORL_FOLLOW_CHECKPOINTS", "Hot-swap to each published checkpoint."
-    )
-    follow_promoted: bool = setting(
-        False,
-        "ORL_FOLLOW_PROMOTED",
-        "Follow only the checkpoints the promotion gate (orl gate) promoted, not every published one.",
     )

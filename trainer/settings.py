@@ -62,7 +62,9 @@ from typing import Literal, Protocol
 
 from orl.connectors.settings import (
     ConnectionSettings,
+    HoldoutSettings,
     PrecisionSettings,
+    PromotionSettings,
     RunSettings,
     ThreadSettings,
     setting,
@@ -90,7 +92,32 @@ _INIT_FROM_RE = re.compile(r"^(?P<run>[^/]+)/(?P<version>\d+|latest)$")
 
 
 @dataclass(frozen=True)
-class TrainSettings(ConnectionSettings, RunSettings, PrecisionSettings, ThreadSettings):
+class TrainBatchSettings:
+    batch_size: int = setting(16, "ORL_TRAIN_BATCH_SIZE", "Effective samples per optimizer step (N).")
+
+
+@dataclass(frozen=True)
+class OpdLossSettings:
+    opd_loss: OpdLoss = setting(
+        "token",
+        "ORL_OPD_LOSS",
+        "OPD term: token (advantage teacher - old on the sampled tokens) | topk (reverse KL to the teacher's "
+        "top-K plus a tail bin, for samples the pipeline gave top-K with --opd-topk; the others stay token).",
+        advanced=True,
+    )
+
+
+@dataclass(frozen=True)
+class TrainSettings(
+    ConnectionSettings,
+    RunSettings,
+    PrecisionSettings,
+    ThreadSettings,
+    PromotionSettings,
+    HoldoutSettings,
+    TrainBatchSettings,
+    OpdLossSettings,
+):
     kind: TrainKind = setting(
         "lora", "ORL_TRAIN_KIND", "What to train: lora (adapter) | full (all weights, fp32)."
     )
@@ -128,7 +155,6 @@ class TrainSettings(ConnectionSettings, RunSettings, PrecisionSettings, ThreadSe
     lr: float | None = setting(
         None, "ORL_TRAIN_LR", "AdamW learning rate (default: 5e-4 for lora, 1e-5 for full)."
     )
-    batch_size: int = setting(16, "ORL_TRAIN_BATCH_SIZE", "Effective samples per optimizer step (N).")
     partial_batch_after_s: float = setting(
         0.0,
         "ORL_TRAIN_PARTIAL_BATCH_AFTER_S",
@@ -174,12 +200,6 @@ class TrainSettings(ConnectionSettings, RunSettings, PrecisionSettings, ThreadSe
         "Drop samples whose policy version is below current - K (negative: keep all).",
         advanced=True,
     )
-    holdout_share: float = setting(
-        0.0,
-        "ORL_HOLDOUT_SHARE",
-        "Share of sessions never trained on (orl.schemas.ids.held_out_session): the promotion gate's held-out "
-        "prompts come from them.",
-    )
     rollback_window: int = setting(
         0,
         "ORL_ROLLBACK_WINDOW",
@@ -192,12 +212,6 @@ class TrainSettings(ConnectionSettings, RunSettings, PrecisionSettings, ThreadSe
         "ORL_ROLLBACK_MARGIN",
         "How much lower a version's approval must be than its parent's to roll back.",
         advanced=True,
-    )
-    follow_promoted: bool = setting(
-        False,
-        "ORL_FOLLOW_PROMOTED",
-        "The servers serve only versions the promotion gate promoted (`orl up`'s gate): publish at most "
-        "max(1, --max-staleness) versions beyond the newest promoted one, then wait for the gate.",
     )
     rollback_action: RollbackAction = setting(
         "restore",
@@ -213,13 +227,6 @@ class TrainSettings(ConnectionSettings, RunSettings, PrecisionSettings, ThreadSe
         "recompute",
         "ORL_TRAIN_OLD_LOGPROBS",
         "pi_old for the PPO ratio: recompute (trainer, current weights) | rollout (serving's, importance-corrected).",
-        advanced=True,
-    )
-    opd_loss: OpdLoss = setting(
-        "token",
-        "ORL_OPD_LOSS",
-        "OPD term: token (advantage teacher - old on the sampled tokens) | topk (reverse KL to the teacher's "
-        "top-K plus a tail bin, for samples the pipeline gave top-K with --opd-topk; the others stay token).",
         advanced=True,
     )
     loss_reduction: LossReduction = setting(

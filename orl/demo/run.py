@@ -35,7 +35,7 @@ from orl.demo.report import StepResult, merge_results, write_report, write_summa
 from orl.demo.scenarios import Scenario, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
 from orl.pipeline.processors.config import SampleMethod
-from orl.pipeline.runtime.settings import TeacherKind
+from orl.pipeline.runtime.settings import TeacherSettings
 from orl.rules.gate_decisions import HELD, PROMOTED, GateDecisions
 from orl.samples import read_samples
 from orl.schemas.codec import decode
@@ -44,7 +44,7 @@ from orl.schemas.topics import topic_name
 from orl.serving.settings import ServeSettings
 from orl.settings_binding import build_settings
 from orl.stack_settings import StackSettings
-from orl.trainer.settings import OpdLoss
+from orl.trainer.settings import OpdLossSettings
 from orl.up import (
     Supervisor,
     UpSettings,
@@ -61,7 +61,7 @@ FLUSH_EVERY_S = 10.0  # how often the demo repeats its flush request while waiti
 
 
 @dataclass(frozen=True)
-class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings):
+class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings, TeacherSettings, OpdLossSettings):
     scenario: str = setting("student", "ORL_DEMO_SCENARIO", "Simulated user: student | teacher.")
     methods: tuple[SampleMethod, ...] = setting(
         ("binary", "opd", "combined"), "ORL_DEMO_METHODS", "Methods to compare, comma-separated."
@@ -76,21 +76,6 @@ class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings):
         2, "ORL_DEMO_EVAL_SAMPLES", "Responses per held-out prompt per evaluation.", advanced=True
     )
     lr: float = setting(5e-4, "ORL_DEMO_LR", "LoRA learning rate.")
-    teacher_kind: TeacherKind = setting(
-        "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy.", advanced=True
-    )
-    opd_topk: int = setting(
-        0,
-        "ORL_OPD_TOPK",
-        "Top-K distillation: the teacher's K most likely tokens per position (0: off).",
-        advanced=True,
-    )
-    opd_loss: OpdLoss = setting(
-        "token",
-        "ORL_OPD_LOSS",
-        "The trainer's OPD term: token (teacher - old) | topk (needs --opd-topk).",
-        advanced=True,
-    )
     partial_batches: bool = setting(
         False,
         "ORL_DEMO_PARTIAL_BATCHES",
@@ -313,6 +298,7 @@ def up_settings(settings: DemoSettings, method: SampleMethod, namespace: str) ->
         batch_size=settings.batch_size,
         cores=settings.cores,
         precision=settings.precision,
+        teacher_kind=settings.teacher_kind,
         opd_topk=settings.opd_topk,
         opd_loss=settings.opd_loss,
         gate=settings.gate,
@@ -341,7 +327,6 @@ async def start_stack(settings: DemoSettings, method: SampleMethod, namespace: s
     env = {
         **component_env(up),
         "ORL_TRAIN_LR": str(settings.lr),
-        "ORL_TEACHER_KIND": settings.teacher_kind,
         "ORL_SERVED_MODEL_NAME": "orl-policy",
         "ORL_TRAIN_SEED": str(settings.seed),
         # the gate evaluates as the demo does: the scenario's held-out prompts, answers of the same length

@@ -183,9 +183,9 @@ async def run_pipeline(settings: PipelineSettings, stop: asyncio.Event) -> None:
     """Run the stages of `settings.role` in this process until `stop`; one failing stage stops the others."""
     metrics = Metrics()
     stages = build_stages(settings, metrics)
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr="127.0.0.1", registry=metrics.registry)
-        logger.info("metrics at http://127.0.0.1:%d/metrics", settings.metrics_port)
+    if settings.pipeline_metrics_port:
+        start_http_server(settings.pipeline_metrics_port, addr="127.0.0.1", registry=metrics.registry)
+        logger.info("metrics at http://127.0.0.1:%d/metrics", settings.pipeline_metrics_port)
     with tuned_for_streams():
         async with open_event_log(
             settings.effective_log_url(), settings.topic_policy(), client_id="orl-pipeline"

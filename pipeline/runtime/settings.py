@@ -13,6 +13,34 @@ TeacherKind = Literal["frozen_reference", "live_policy"]  # orl.pipeline.effects
 
 
 @dataclass(frozen=True)
+class TeacherSettings:
+    """The OPD teacher the pipeline runs: `orl pipeline`'s, and what `orl up` and `orl demo` give theirs."""
+
+    teacher_kind: TeacherKind = setting(
+        "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy."
+    )
+    opd_topk: int = setting(
+        0,
+        "ORL_OPD_TOPK",
+        "Top-K distillation: the teacher also records each response position's K most likely tokens "
+        "(0: token-level teacher logprobs only; at most 100). The trainer uses them with --opd-loss topk.",
+        advanced=True,
+    )
+
+
+@dataclass(frozen=True)
+class PipelineMetricsSettings:
+    pipeline_metrics_port: int = setting(
+        0,
+        "ORL_PIPELINE_METRICS_PORT",
+        "Serve the pipeline's Prometheus metrics (judge votes, parse failures, events) at "
+        "http://127.0.0.1:PORT/metrics (0: off); `orl up` gives its pipeline processes this port and the "
+        "next ones, one each.",
+        advanced=True,
+    )
+
+
+@dataclass(frozen=True)
 class SignalSettings:
     """What the pipeline turns judged turns into: `orl pipeline`'s, and `orl up`'s for the pipeline it starts."""
 
@@ -49,7 +77,14 @@ class JudgeEndpointSettings:
 
 
 @dataclass(frozen=True)
-class PipelineSettings(ConnectionSettings, ServerClientSettings, SignalSettings, JudgeEndpointSettings):
+class PipelineSettings(
+    ConnectionSettings,
+    ServerClientSettings,
+    SignalSettings,
+    JudgeEndpointSettings,
+    TeacherSettings,
+    PipelineMetricsSettings,
+):
     role: str = setting(
         "all",
         "ORL_PIPELINE_ROLE",
@@ -99,16 +134,6 @@ class PipelineSettings(ConnectionSettings, ServerClientSettings, SignalSettings,
     hint_judge: str = setting(
         "llm", "ORL_HINT_JUDGE", "Hint extractor: 'llm' or a name from the orl.hint_extractors entry points."
     )
-    teacher_kind: TeacherKind = setting(
-        "frozen_reference", "ORL_TEACHER_KIND", "OPD teacher: frozen_reference | live_policy."
-    )
-    opd_topk: int = setting(
-        0,
-        "ORL_OPD_TOPK",
-        "Top-K distillation: the teacher also records each response position's K most likely tokens "
-        "(0: token-level teacher logprobs only; at most 100). The trainer uses them with --opd-loss topk.",
-        advanced=True,
-    )
     idle_timeout_s: float = setting(
         1800.0, "ORL_IDLE_TIMEOUT_S", "Close a session after this long without events.", advanced=True
     )
@@ -129,12 +154,6 @@ class PipelineSettings(ConnectionSettings, ServerClientSettings, SignalSettings,
     )
     tick_interval_s: float = setting(
         1.0, "ORL_TICK_INTERVAL_S", "How often idle sessions are checked.", advanced=True
-    )
-    metrics_port: int = setting(
-        0,
-        "ORL_PIPELINE_METRICS_PORT",
-        "Serve this process's Prometheus metrics at http://127.0.0.1:PORT/metrics (0: off).",
-        advanced=True,
     )
 
     def judge_key(self) -> str:

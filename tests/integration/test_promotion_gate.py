@@ -24,7 +24,8 @@ from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.event_log.sqlite_log import SqliteEventLog
 from orl.connectors.object_store.local_store import LocalObjectStore
-from orl.gate.runner import GateSettings, run_gate_loop
+from orl.gate.runner import run_gate_loop
+from orl.gate.settings import GateSettings
 from orl.pipeline.history.audit import audit_id
 from orl.pipeline.history.audit_index import AuditIndex, index_path
 from orl.schemas.codec import decode

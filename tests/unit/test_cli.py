@@ -77,3 +77,15 @@ def test_help_lists_at_most_25_flags_and_help_all_lists_every_setting(
 def test_a_flag_left_out_of_help_still_parses() -> None:
     args = build_parser(flags_of=["train"]).parse_args(["train", "--eps-high", "0.3"])
     assert args.eps_high == "0.3"
+
+
+def test_reading_every_commands_settings_imports_neither_torch_nor_transformers() -> None:
+    """What a config file is checked against, in every process that is given one."""
+    probe = (
+        "import sys\n"
+        "from orl.cli import settings_of_every_command\n"
+        "settings_of_every_command()\n"
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -15,15 +15,9 @@ from collections import defaultdict
 from orl.cli import settings_of_every_command
 
 NOT_YET_SHARED = {
-    "ORL_FOLLOW_PROMOTED",  # serve: follow the gate's promotions; train: wait for them (two meanings)
     "ORL_HINT_JUDGE",  # pipeline 'llm', up 'auto' (the rule extractor unless --judge-url)
     "ORL_JUDGE",  # pipeline 'llm', up 'auto' (the rule judge unless --judge-url)
     "ORL_HOLDOUT_SHARE",  # train and gate 0.0, up 0.1 (the gate is on by default there)
-    "ORL_OPD_LOSS",
-    "ORL_OPD_TOPK",
-    "ORL_PIPELINE_METRICS_PORT",
-    "ORL_TEACHER_KIND",
-    "ORL_TRAIN_BATCH_SIZE",
 }
 
 

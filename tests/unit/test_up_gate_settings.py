@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from orl.gate.runner import GateSettings
+from orl.gate.settings import GateSettings
 from orl.schemas.errors import ConfigError
 from orl.serving.settings import ServeSettings
 from orl.trainer.settings import TrainSettings, check_settings
