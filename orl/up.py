@@ -204,41 +204,36 @@ def component_env(settings: UpSettings) -> dict[str, str]:
 
 
 def stack_env(settings: UpSettings) -> dict[str, str]:
-    """The settings `orl up` gives every component: the shared connection settings, the keys, and what
-    it decides for all of them (judge, numerics, the gate's hold-out)."""
+    """The settings `orl up` gives every component: the groups of settings it shares with them, whole,
+    then what it decides for all of them (paths, keys, judge, threads, the gate's hold-out)."""
     api_key, admin_key = stack_keys(settings)
     rewards = reward_signal(settings)
     check_opd_settings(settings)
+    shared_groups = (
+        ConnectionSettings,
+        RunSettings,
+        PrecisionSettings,
+        SignalSettings,
+        JudgeEndpointSettings,
+        TeacherSettings,  # read by the pipeline
+        TrainBatchSettings,  # the trainer
+        OpdLossSettings,  # the trainer
+    )
     return {
+        **group_env(settings, *shared_groups),
+        # what orl up decides for all of them
         "ORL_DATA_DIR": str(settings.data_dir.resolve()),
         "ORL_LOG_URL": settings.effective_log_url(),
         "ORL_STORE_URL": settings.effective_store_url(),
-        "ORL_NAMESPACE": settings.namespace,
-        "ORL_LOG_REPLICATION_FACTOR": str(settings.log_replication_factor),
-        "ORL_LOG_MIN_INSYNC_REPLICAS": str(settings.log_min_insync_replicas),
-        "ORL_MAX_RECORD_BYTES": str(settings.max_record_bytes),
-        "ORL_MODEL": settings.model,
-        "ORL_MODEL_CACHE": str(settings.model_cache_dir),
-        "ORL_S3_ACCESS_KEY": settings.s3_access_key,
-        "ORL_S3_SECRET_KEY": settings.s3_secret_key,
         "ORL_PORT": str(settings.port),
         "ORL_API_KEYS": api_key,
         "ORL_ADMIN_KEY": admin_key,
         "ORL_API_KEY": api_key,
         "ORL_SERVER_URL": f"http://127.0.0.1:{settings.port}/v1",
-        "ORL_METHOD": settings.method,
-        "ORL_REWARD_RULE": settings.reward_rule,
-        "ORL_GROUP_ADVANTAGE": "true" if settings.group_advantage else "false",
         "ORL_JUDGE": rewards.judge,
         "ORL_HINT_JUDGE": rewards.hint_judge,
-        "ORL_JUDGE_URL": settings.judge_url,
-        "ORL_JUDGE_API_KEY": settings.judge_api_key,
-        "ORL_JUDGE_MODEL": settings.judge_model,
-        "ORL_RUN_ID": settings.run_id,
         "ORL_THREADS": str(stack_cores(settings)),
-        "ORL_PRECISION": settings.precision,
-        **group_env(settings, TeacherSettings, TrainBatchSettings, OpdLossSettings),  # pipeline, trainer
-        "ORL_FOLLOW_PROMOTED": "true" if settings.gate else "false",  # read by the server
+        "ORL_FOLLOW_PROMOTED": "true" if settings.gate else "false",  # read by the server and the trainer
         "ORL_HOLDOUT_SHARE": str(settings.holdout_share if settings.gate else 0.0),  # trainer and gate
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
