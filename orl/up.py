@@ -33,10 +33,12 @@ from orl.connectors.settings import ConnectionSettings, PrecisionSettings, RunSe
 from orl.pipeline.processors.config import SampleMethod
 from orl.pipeline.runtime.main import method_stage_names
 from orl.pipeline.runtime.settings import (
+    JudgeChoiceSettings,
     JudgeEndpointSettings,
     PipelineMetricsSettings,
     SignalSettings,
     TeacherSettings,
+    resolved_judges,
 )
 from orl.rules.top_k import check_opd_topk
 from orl.schemas.errors import ConfigError
@@ -58,21 +60,12 @@ class UpSettings(
     PrecisionSettings,
     SignalSettings,
     JudgeEndpointSettings,
+    JudgeChoiceSettings,
     TeacherSettings,
     PipelineMetricsSettings,
     TrainBatchSettings,
     OpdLossSettings,
 ):
-    judge: str = setting(
-        "auto",
-        "ORL_JUDGE",
-        "Reward judge: auto (llm with --judge-url, else the 'reaction' rule judge), llm, or a rule judge name.",
-    )
-    hint_judge: str = setting(
-        "auto",
-        "ORL_HINT_JUDGE",
-        "Hint extractor: auto (llm with --judge-url, else the 'user_hint' rules), llm, or a rule extractor name.",
-    )
     components: tuple[str, ...] = setting(
         ("serve", "pipeline", "train"), "ORL_COMPONENTS", "Which processes to start."
     )
@@ -91,18 +84,14 @@ class RewardSignal:
 
 
 def reward_signal(settings: UpSettings) -> RewardSignal:
-    """`auto` resolved: an LLM judge when a judge endpoint is given; else rules that need no model.
+    """`auto` resolved (`resolved_judges`): an LLM judge when a judge endpoint is given; else rules that
+    need no model.
 
     A small served model (SmolLM2-135M on a CPU) cannot judge: most of its votes do not parse. So
     without --judge-url the stack judges by rules over the next state (explicit feedback, outcome
     connectors, then the user's next message) and says so at start.
     """
-    judge = settings.judge if settings.judge != "auto" else ("llm" if settings.judge_url else "reaction")
-    hint = (
-        settings.hint_judge
-        if settings.hint_judge != "auto"
-        else ("llm" if settings.judge_url else "user_hint")
-    )
+    judge, hint = resolved_judges(settings.judge, settings.hint_judge, settings.judge_url)
     where = f"the judge endpoint {settings.judge_url}" if settings.judge_url else "the served model itself"
     parts = []
     if judge == "llm":

@@ -37,7 +37,7 @@ from orl.pipeline.processors.contract import Processor
 from orl.pipeline.processors.registry import PURE_PROCESSORS
 from orl.pipeline.processors.topology import STAGES
 from orl.pipeline.runtime.gc_tuning import tuned_for_streams
-from orl.pipeline.runtime.settings import PipelineSettings
+from orl.pipeline.runtime.settings import PipelineSettings, resolved_judges
 from orl.pipeline.runtime.shared_decodes import SharedDecodes
 from orl.pipeline.runtime.stream_runner import StreamRunner
 from orl.rules.top_k import check_opd_topk
@@ -70,12 +70,13 @@ def judge_configs(settings: PipelineSettings) -> tuple[tuple[JudgeConfig, ...], 
             timeout_s=settings.judge_timeout_s,
         )
 
-    rewards = [config("prm", settings.judge)]
+    judge, hint_judge = resolved_judges(settings.judge, settings.hint_judge, settings.judge_url)
+    rewards = [config("prm", judge)]
     if settings.reward_rule == "step_outcome":
         if settings.outcome_judge == "llm":
             raise ConfigError("--outcome-judge names a rule judge (built in: outcome), not llm")
         rewards.append(config("outcome", settings.outcome_judge))
-    hint = config("hint", settings.hint_judge) if settings.method in ("opd", "combined") else None
+    hint = config("hint", hint_judge) if settings.method in ("opd", "combined") else None
     return tuple(rewards), hint
 
 
@@ -117,7 +118,8 @@ def build_stages(settings: PipelineSettings, metrics: Metrics | None = None) -> 
     pipeline_config(settings)  # checks the reward rule's settings before anything starts
     names = method_stage_names(settings.method, settings.group_advantage)
     rewards, hint = judge_configs(settings)
-    choices = {rewards[0].judge_id: settings.judge}
+    reward_judge, hint_judge = resolved_judges(settings.judge, settings.hint_judge, settings.judge_url)
+    choices = {rewards[0].judge_id: reward_judge}
     if len(rewards) > 1:
         choices[rewards[1].judge_id] = settings.outcome_judge
     judge = JudgeStage(
@@ -129,7 +131,7 @@ def build_stages(settings: PipelineSettings, metrics: Metrics | None = None) -> 
             for judge in rewards
             if judge.kind == "rule"
         },
-        hint_extractor=load_hint_extractor(settings.hint_judge) if hint and hint.kind == "rule" else None,
+        hint_extractor=load_hint_extractor(hint_judge) if hint and hint.kind == "rule" else None,
         concurrency=settings.effect_concurrency,
         metrics=metrics or Metrics(),
     )

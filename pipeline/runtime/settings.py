@@ -10,6 +10,7 @@ from orl.pipeline.processors.config import RewardRule, SampleMethod
 
 PipelineRuntime = Literal["embedded", "faust"]
 TeacherKind = Literal["frozen_reference", "live_policy"]  # orl.pipeline.effects.teacher_stage
+AUTO = "auto"  # the judge choice resolved by resolved_judges
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,35 @@ class PipelineMetricsSettings:
         "http://127.0.0.1:PORT/metrics (0: off); `orl up` gives its pipeline processes this port and the "
         "next ones, one each.",
         advanced=True,
+    )
+
+
+@dataclass(frozen=True)
+class JudgeChoiceSettings:
+    """Which judge scores turns and which extracts hints, in `orl pipeline`, `orl up`, the gate and replay.
+    `auto` (`resolved_judges`): an LLM judge when --judge-url names an endpoint, else rules over the next
+    state, since a small served model cannot judge (most of its votes do not parse)."""
+
+    judge: str = setting(
+        AUTO,
+        "ORL_JUDGE",
+        "Reward judge: auto (llm with --judge-url, else the 'reaction' rule judge), llm (an OpenAI-compatible "
+        "endpoint: --judge-url, else the orl server), or a rule judge name from the orl.judges entry points.",
+    )
+    hint_judge: str = setting(
+        AUTO,
+        "ORL_HINT_JUDGE",
+        "Hint extractor: auto (llm with --judge-url, else the 'user_hint' rules), llm, or a name from the "
+        "orl.hint_extractors entry points.",
+    )
+
+
+def resolved_judges(judge: str, hint_judge: str, judge_url: str) -> tuple[str, str]:
+    """(reward judge, hint extractor) with `auto` resolved: llm when a judge endpoint is given, else the
+    rules that need no model ('reaction', 'user_hint')."""
+    return (
+        judge if judge != AUTO else ("llm" if judge_url else "reaction"),
+        hint_judge if hint_judge != AUTO else ("llm" if judge_url else "user_hint"),
     )
 
 
@@ -82,6 +112,7 @@ class PipelineSettings(
     ServerClientSettings,
     SignalSettings,
     JudgeEndpointSettings,
+    JudgeChoiceSettings,
     TeacherSettings,
     PipelineMetricsSettings,
 ):
@@ -96,12 +127,6 @@ class PipelineSettings(
         "embedded",
         "ORL_PIPELINE_RUNTIME",
         "embedded (StreamRunner over any log) | faust (the pure stages as faust agents on Kafka).",
-    )
-    judge: str = setting(
-        "llm",
-        "ORL_JUDGE",
-        "Reward judge: 'llm' (OpenAI-compatible endpoint) or a rule judge "
-        "name from the orl.judges entry points (built in: outcome).",
     )
     outcome_judge: str = setting(
         "outcome",
@@ -130,9 +155,6 @@ class PipelineSettings(
     )
     judge_timeout_s: float = setting(
         120.0, "ORL_JUDGE_TIMEOUT_S", "Timeout of one judge call.", advanced=True
-    )
-    hint_judge: str = setting(
-        "llm", "ORL_HINT_JUDGE", "Hint extractor: 'llm' or a name from the orl.hint_extractors entry points."
     )
     idle_timeout_s: float = setting(
         1800.0, "ORL_IDLE_TIMEOUT_S", "Close a session after this long without events.", advanced=True

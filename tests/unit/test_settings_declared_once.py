@@ -15,8 +15,6 @@ from collections import defaultdict
 from orl.cli import settings_of_every_command
 
 NOT_YET_SHARED = {
-    "ORL_HINT_JUDGE",  # pipeline 'llm', up 'auto' (the rule extractor unless --judge-url)
-    "ORL_JUDGE",  # pipeline 'llm', up 'auto' (the rule judge unless --judge-url)
     "ORL_HOLDOUT_SHARE",  # train and gate 0.0, up 0.1 (the gate is on by default there)
 }
 
