@@ -27,6 +27,7 @@ from orl.serving.admin import admin_routes
 from orl.serving.app import ServerState, build_app
 from orl.serving.capture import EventRecorder
 from orl.serving.checkpoint_follower import CheckpointFollower
+from orl.serving.header_deadline import header_deadline_protocol
 from orl.serving.policy.base import PolicyBackend
 from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.session_tracker import SessionTracker
@@ -56,6 +57,8 @@ def check_settings(settings: ServeSettings) -> None:
         raise ConfigError(f"--max-concurrent-requests must be > 0, not {settings.max_concurrent_requests}")
     if settings.spool_max_bytes <= 0:
         raise ConfigError(f"--spool-max-bytes must be > 0, not {settings.spool_max_bytes}")
+    if settings.header_timeout_s <= 0:
+        raise ConfigError(f"--header-timeout-s must be > 0, not {settings.header_timeout_s}")
 
 
 def build_backend(settings: ServeSettings) -> tuple[PolicyBackend, ChatTemplate]:
@@ -201,6 +204,7 @@ def serve(settings: ServeSettings) -> int:
                 log_level="warning",
                 access_log=False,
                 timeout_keep_alive=KEEP_ALIVE_S,
+                http=header_deadline_protocol(settings.header_timeout_s),
             )
             logger.info(
                 "serving %s on http://%s:%d/v1", settings.served_model_name, settings.host, settings.port

@@ -70,6 +70,13 @@ class ServeSettings(
     max_body_bytes: int = setting(
         4_000_000, "ORL_MAX_BODY_BYTES", "Largest request body accepted (bytes).", advanced=True
     )
+    header_timeout_s: float = setting(
+        10.0,
+        "ORL_HEADER_TIMEOUT_S",
+        "Longest a connection may take to send a request's headers (after it opens, or after the previous "
+        "response); a slower one gets a 408 and is closed.",
+        advanced=True,
+    )
     body_timeout_s: float = setting(
         30.0,
         "ORL_BODY_TIMEOUT_S",
