@@ -73,7 +73,7 @@ class LossConfig:
     old_logprobs: str = "recompute"  # recompute | rollout
     autocast: bool = False  # bf16 autocast forwards (`loss_config` decides per machine)
     train_temperature: float | None = None  # None: each sample's own temperature
-    opd_loss: str = "token"  # token | topk (orl.trainer.settings.OPD_LOSSES)
+    opd_loss: str = "token"  # token | topk (orl.trainer.settings.OpdLoss)
     loss_reduction: str = "token"  # token | sample (orl.trainer.losses.reduce_loss)
     opd_advantage_clip: float = 0.0  # clamp teacher - old per token to [-c, c] (0: off)
     opd_anchor: float = 1.0  # OPD: teacher - (a * old + (1 - a) * base without the hint)

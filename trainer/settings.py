@@ -56,7 +56,6 @@ Defaults and why (DESIGN.md "Methods"; issue 5):
 from __future__ import annotations
 
 import re
-import typing
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -87,7 +86,6 @@ KlEstimator = Literal["k3", "exact"]  # orl.trainer.losses.k3_kl | orl.trainer.l
 LossReduction = Literal["token", "sample"]  # orl.trainer.losses.reduce_loss
 TrainBackend = Literal["torch", "megatron"]
 MegatronDevice = Literal["cuda", "cpu"]
-OPD_LOSSES: tuple[str, ...] = typing.get_args(OpdLoss)
 _INIT_FROM_RE = re.compile(r"^(?P<run>[^/]+)/(?P<version>\d+|latest)$")
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import subprocess
 import sys
@@ -38,16 +39,20 @@ def test_a_parser_for_one_command_has_that_commands_flags_only() -> None:
         parser.parse_args(["serve", "--port", "8000"])  # serve's flags were not added
 
 
+def heavy_modules_imported_by(code: str, heavy: tuple[str, ...]) -> list[str]:
+    """Which of the `heavy` modules a fresh interpreter has imported after running `code`."""
+    probe = f"import sys\n{code}\nprint(sorted({set(heavy)!r} & set(sys.modules)))\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return ast.literal_eval(out.strip())
+
+
 def test_the_pipeline_command_imports_neither_torch_nor_transformers() -> None:
-    probe = (
-        "import sys\n"
+    code = (
         "from orl.cli import build_parser, chosen_command\n"
         "argv = ['pipeline', '--help']\n"
-        "build_parser(flags_of=[chosen_command(argv)])\n"
-        "print(sorted({'torch', 'transformers', 'matplotlib'} & set(sys.modules)))\n"
+        "build_parser(flags_of=[chosen_command(argv)])"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert heavy_modules_imported_by(code, ("torch", "transformers", "matplotlib")) == []
 
 
 def flags_in(help_text: str) -> set[str]:
@@ -81,11 +86,5 @@ def test_a_flag_left_out_of_help_still_parses() -> None:
 
 def test_reading_every_commands_settings_imports_neither_torch_nor_transformers() -> None:
     """What a config file is checked against, in every process that is given one."""
-    probe = (
-        "import sys\n"
-        "from orl.cli import settings_of_every_command\n"
-        "settings_of_every_command()\n"
-        "print(sorted({'torch', 'transformers'} & set(sys.modules)))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    code = "from orl.cli import settings_of_every_command\nsettings_of_every_command()"
+    assert heavy_modules_imported_by(code, ("torch", "transformers")) == []
