@@ -123,8 +123,9 @@ class Run:
             "ORL_GROUP_TIMEOUT_S": "120",
         }
         self.supervisor = Supervisor(stack_launches(self.up, env), data_dir / "logs" / self.namespace)
-        self.api_key, admin_key = stack_keys(self.up)
-        self.client = DemoClient(f"http://127.0.0.1:{args.port}", self.api_key, admin_key, Sampling())
+        keys = stack_keys(self.up)
+        self.api_key = keys.api_key
+        self.client = DemoClient(f"http://127.0.0.1:{args.port}", keys.api_key, keys.admin_key, Sampling())
         self.environment = load_environment(args.env)
 
     def rollouts(self, label: str, **changes: Any) -> list[RolloutResult]:

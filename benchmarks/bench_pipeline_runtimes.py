@@ -146,7 +146,7 @@ async def llm_votes(args: argparse.Namespace) -> None:
     """votes/s of the LLM judge against a real `orl serve` on CPU (judge stage only)."""
     from orl.connectors.event_log.sqlite_log import SqliteEventLog
 
-    from tests.integration.serve_process import API_KEY, serve_process
+    from tests.integration.serve_process import INTERNAL_KEY, serve_process
 
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp)
@@ -155,7 +155,7 @@ async def llm_votes(args: argparse.Namespace) -> None:
         with serve_process(data_dir / "serve", extra_env=env, timeout_s=300) as server:
             settings = dataclasses.replace(
                 bench_settings(args, "unused://", data_dir), judge="llm", judge_votes=args.votes,
-                judge_max_tokens=args.judge_max_tokens, server_url=f"{server.base_url}/v1", api_key=API_KEY,
+                judge_max_tokens=args.judge_max_tokens, server_url=f"{server.base_url}/v1", api_key=INTERNAL_KEY,
                 judge_timeout_s=300.0,
             )  # fmt: skip
             log = SqliteEventLog(data_dir / "log.db")

@@ -80,7 +80,11 @@ class ServerClientSettings:
 
     server_url: str = setting("http://127.0.0.1:8000/v1", "ORL_SERVER_URL", "orl server's OpenAI base URL.")
     api_key: str = setting(
-        "", "ORL_API_KEY", "A bearer key of that server (one of its ORL_API_KEYS).", secret=True
+        "",
+        "ORL_API_KEY",
+        "A bearer key of that server: one of its ORL_API_KEYS (orl rollout), or its ORL_INTERNAL_KEY (the "
+        "pipeline and the gate: POST /v1/orl/score, the teacher's scoring, takes no other).",
+        secret=True,
     )
 
 

@@ -150,18 +150,31 @@ def prepare_model_once(settings: ConnectionSettings) -> Path:
     return resolve_model(settings.model, settings.model_cache_dir)
 
 
-def stack_keys(settings: UpSettings) -> tuple[str, str]:
-    """(client key, admin key): the given ones, else the ones kept in keys.json, else new ones."""
-    if settings.api_keys and settings.admin_key:
-        return settings.api_keys[0], settings.admin_key
+@dataclass(frozen=True)
+class StackKeys:
+    api_key: str  # the clients' (the banner, the demo's sessions)
+    admin_key: str  # /admin
+    internal_key: str  # the pipeline's and the gate's: the judge's and the teacher's calls to the server
+
+
+def stack_keys(settings: UpSettings) -> StackKeys:
+    """The stack's keys: each one given, else the one kept in keys.json, else a new one (kept there)."""
     path = settings.data_dir / "keys.json"
-    if path.exists():
-        keys = json.loads(path.read_text())
-    else:
-        keys = {"api_key": "orl-" + secrets.token_hex(16), "admin_key": "orl-admin-" + secrets.token_hex(16)}
+    stored: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    prefixes = {"api_key": "orl-", "admin_key": "orl-admin-", "internal_key": "orl-internal-"}
+    given = {
+        "api_key": settings.api_keys[0] if settings.api_keys else "",
+        "admin_key": settings.admin_key,
+        "internal_key": settings.internal_key,
+    }
+    missing = {
+        name: prefix + secrets.token_hex(16) for name, prefix in prefixes.items() if name not in stored
+    }
+    if missing and not all(given.values()):  # new keys to keep (a keys.json of older orl has no internal key)
+        stored = {**stored, **missing}
         private_data_dir(settings.data_dir)
-        write_private(path, json.dumps(keys, indent=2))
-    return keys["api_key"], keys["admin_key"]
+        write_private(path, json.dumps(stored, indent=2))
+    return StackKeys(**{name: given[name] or stored[name] for name in prefixes})
 
 
 def private_data_dir(data_dir: Path) -> None:
@@ -195,7 +208,7 @@ def component_env(settings: UpSettings) -> dict[str, str]:
 def stack_env(settings: UpSettings) -> dict[str, str]:
     """The settings `orl up` gives every component: the groups of settings it shares with them, whole,
     then what it decides for all of them (paths, keys, judge, threads, the gate's hold-out)."""
-    api_key, admin_key = stack_keys(settings)
+    keys = stack_keys(settings)
     rewards = reward_signal(settings)
     check_opd_settings(settings)
     shared_groups = (
@@ -215,9 +228,10 @@ def stack_env(settings: UpSettings) -> dict[str, str]:
         "ORL_LOG_URL": settings.effective_log_url(),
         "ORL_STORE_URL": settings.effective_store_url(),
         "ORL_PORT": str(settings.port),
-        "ORL_API_KEYS": api_key,
-        "ORL_ADMIN_KEY": admin_key,
-        "ORL_API_KEY": api_key,
+        "ORL_API_KEYS": keys.api_key,  # the clients'
+        "ORL_ADMIN_KEY": keys.admin_key,
+        "ORL_INTERNAL_KEY": keys.internal_key,  # the server takes it from the pipeline and the gate
+        "ORL_API_KEY": keys.internal_key,  # the key the pipeline and the gate call the server with
         "ORL_SERVER_URL": f"http://127.0.0.1:{settings.port}/v1",
         "ORL_JUDGE": rewards.judge,
         "ORL_HINT_JUDGE": rewards.hint_judge,
@@ -283,7 +297,7 @@ class Launch:
 # The secrets each `orl <command>` of the stack needs; every other secret is kept out of its environment.
 _S3 = ("ORL_S3_ACCESS_KEY", "ORL_S3_SECRET_KEY")
 CHILD_SECRETS: dict[str, tuple[str, ...]] = {
-    "serve": ("ORL_API_KEYS", "ORL_ADMIN_KEY", *_S3),
+    "serve": ("ORL_API_KEYS", "ORL_ADMIN_KEY", "ORL_INTERNAL_KEY", *_S3),
     "pipeline": ("ORL_API_KEY", "ORL_JUDGE_API_KEY"),  # the judge and teacher call the server
     "train": _S3,
     "gate": ("ORL_API_KEY", "ORL_JUDGE_API_KEY", *_S3),

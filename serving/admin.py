@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from orl.connectors.event_log.base import EventLogError
 from orl.schemas.errors import CheckpointError
 from orl.serving.checkpoint_follower import CheckpointFollower
-from orl.serving.openai_api import bad_request, json_object
+from orl.serving.openai_api import ApiError, bad_request, json_object
 from orl.serving.request_guards import read_body
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -28,6 +29,13 @@ def admin_routes(follower: CheckpointFollower) -> list[Route]:
             activated = await follower.pin(version)
         except CheckpointError as error:
             raise bad_request(str(error), param="version", code="checkpoint_unavailable") from error
+        except EventLogError as error:  # the published versions are on the log, which cannot be read now
+            raise ApiError(
+                503,
+                f"the event log cannot be read to check v{version} against its publication: {error}; retry later",
+                code="log_unavailable",
+                error_type="server_error",
+            ) from error
         return JSONResponse(
             {**_status(follower), "activated": activated}, status_code=200 if activated else 409
         )

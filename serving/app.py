@@ -1,7 +1,8 @@
 """The HTTP surface of `orl serve`: OpenAI chat completions that record every turn as events.
 
 Routes: POST /v1/chat/completions (plain and server-sent events), GET /v1/models,
-POST /v1/sessions/{id}/end, POST /v1/orl/score (teacher logprobs for the pipeline), GET /healthz,
+POST /v1/sessions/{id}/end, POST /v1/orl/score (teacher logprobs for the pipeline: the internal key
+only, `orl.serving.tenancy`), GET /healthz,
 /readyz, /metrics, /openapi.json (`orl.serving.openapi`: every route, no key needed), the ingest routes
 and /admin/* (admin key). Unknown routes and methods get OpenAI-shaped 404 / 405 bodies; every other
 error goes through the one error policy (`orl.serving.request_guards`), a failing stream ends with an
@@ -12,17 +13,20 @@ SessionClosed through the recorder; reads nothing from the log itself.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from orl.connectors.metrics import Metrics
 from orl.serving.capture import EventRecorder
+from orl.serving.checkpoint_follower import CheckpointFollower
 from orl.serving.ingest import ingest_routes
 from orl.serving.openai_api import (
     ChatRequest,
@@ -40,7 +44,7 @@ from orl.serving.request_guards import ConcurrencyLimit, FinalErrorHandler, as_a
 from orl.serving.session_tracker import SessionTracker, TurnAssignment
 from orl.serving.settings import ServeSettings
 from orl.serving.spool import SpoolDrainer
-from orl.serving.tenancy import check_session_owner, request_key_id
+from orl.serving.tenancy import check_session_owner, request_key_id, require_internal_key
 from orl.serving.tool_calls import (
     ForcedCallStream,
     PlainReplyStream,
@@ -60,6 +64,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -73,11 +78,26 @@ class ServerState:
     ready: bool = False
     admin_routes: list[Route] = field(default_factory=list)
     drainer: SpoolDrainer | None = None  # None: nothing drains the spool here (tests of the app)
+    follower: CheckpointFollower | None = None  # None: this server does not follow checkpoints
+    # Rendering and tokenising prompts: one thread of its own, so a long prompt never stalls the event
+    # loop (other requests' streams, health checks), and the tokenizer is never called from two threads.
+    tokenizing: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="orl-tokenize")
+    )
+
+    async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
+        """`work(*args)` on the tokenizing thread."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.tokenizing, functools.partial(work, *args)
+        )
 
     def not_ready_reason(self) -> str | None:
-        """Why /readyz answers 503 (starting or stopping, the spool over its cap or not draining)."""
+        """Why /readyz answers 503 (starting or stopping, the newest checkpoint not loaded yet, the
+        spool over its cap or not draining)."""
         if not self.ready:
             return "the server is starting or stopping"
+        if self.follower is not None and not self.follower.caught_up:
+            return "loading the newest published checkpoint (read from the event log once it is reachable)"
         full = self.recorder.spool.full_reason()
         if full is not None:
             return full
@@ -86,6 +106,7 @@ class ServerState:
 
 def build_app(state: ServerState) -> Starlette:
     api = _ApiHandlers(state)
+    chat_keys = (*state.settings.api_keys, state.settings.internal_key)  # the judge and teacher chat too
     routes = [
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/readyz", api.readyz, methods=["GET"]),
@@ -95,14 +116,14 @@ def build_app(state: ServerState) -> Starlette:
             guard(api.metrics, (state.settings.metrics_key,)) if state.settings.metrics_key else api.metrics,
             methods=["GET"],
         ),
-        Route("/v1/models", guard(api.models, state.settings.api_keys), methods=["GET"]),
-        Route("/v1/chat/completions", guard(api.chat, state.settings.api_keys), methods=["POST"]),
+        Route("/v1/models", guard(api.models, chat_keys), methods=["GET"]),
+        Route("/v1/chat/completions", guard(api.chat, chat_keys), methods=["POST"]),
         Route(
             "/v1/sessions/{session_id}/end",
             guard(api.end_session, state.settings.api_keys),
             methods=["POST"],
         ),
-        Route("/v1/orl/score", guard(api.score, state.settings.api_keys), methods=["POST"]),
+        Route("/v1/orl/score", guard(api.score, chat_keys), methods=["POST"]),  # the internal key only
         *ingest_routes(state),
         *[
             Route(r.path, guard(r.endpoint, (state.settings.admin_key,)), methods=r.methods)
@@ -187,7 +208,7 @@ class _ApiHandlers:
         )
         main = _turn_type(request, self.settings.default_turn_type) == "main"
         group = parse_rollout_group(request.headers.get("x-group-id"), request.headers.get("x-group-size"))
-        prompt_ids = self._prompt_ids(req)
+        prompt_ids = await self.state.off_loop(self._prompt_ids, req)
         params = self._sampling(req, len(prompt_ids))
         header_session = session_header(request.headers.get("x-session-id"))
         named, _ = self.state.tracker.explicit_session(
@@ -233,10 +254,11 @@ class _ApiHandlers:
         return JSONResponse(body, headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id})
 
     async def score(self, request: Request) -> Response:
+        require_internal_key(request, self.settings.internal_key)
         raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
         req = parse_score_request(raw, vocab_size=len(self.state.template.tokenizer))
         try:
-            prompt_ids = self.state.template.render(req.messages, req.tools)
+            prompt_ids = await self.state.off_loop(self.state.template.render, req.messages, req.tools)
         except PolicyError as error:
             raise bad_request(str(error), param="messages") from error
         if len(prompt_ids) + len(req.response_token_ids) > self.state.backend.context_window:

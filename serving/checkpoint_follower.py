@@ -2,12 +2,16 @@
 
 Reads: the `checkpoints` topic (CheckpointPublished) as this server's own consumer group, and the
 checkpoint files in the object store. Writes: `policy_activations` (PolicyActivated /
-PolicyRejected). A checkpoint is downloaded and verified (manifest hash, every file's sha256)
-before the backend sees it; a tampered or incomplete one is refused and the old policy keeps
-serving. The backend swaps between requests, so nothing is refused while it happens. An operator
-can pin a version (stop following) and roll back to the previous one. With `promoted_only` (behind
-the promotion gate, `orl gate`) the server follows PolicyGated promotions instead of publications:
-it reads `checkpoints` from its beginning and serves the newest promoted version.
+PolicyRejected). The log is the source of truth: a version is served only if a CheckpointPublished
+on the log announces it, and its manifest must have the hash that event recorded (at start-up and on
+`pin` too, never the manifest as found in the store). A checkpoint is downloaded and verified
+(manifest hash, every file's sha256) before the backend sees it; a tampered or incomplete one is
+refused and the old policy keeps serving. A backend that cannot be reached during a swap is retried
+with backoff (TRANSIENT_SWAP_ATTEMPTS times before the version is refused). The backend swaps
+between requests, so nothing is refused while it happens. An operator can pin a version (stop
+following) and roll back to the previous one. With `promoted_only` (behind the promotion gate,
+`orl gate`) the server follows PolicyGated promotions instead of publications: it reads
+`checkpoints` from its beginning and serves the newest promoted version.
 """
 
 from __future__ import annotations
@@ -21,19 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from orl.connectors.checkpoint_store import (
-    MANIFEST_NAME,
-    complete_versions,
-    download_and_verify,
-    read_manifest,
-    version_prefix,
-)
+from orl.connectors.checkpoint_store import MANIFEST_NAME, download_and_verify, version_prefix
 from orl.connectors.event_log.base import EventLog
+from orl.connectors.event_log.reading import reached, read_to_end
 from orl.connectors.metrics import Metrics
 from orl.connectors.object_store.base import ObjectStore
 from orl.rules.gate_decisions import GateDecisions
 from orl.schemas.codec import decode
-from orl.schemas.errors import CheckpointError, EventDecodeError
+from orl.schemas.errors import CheckpointError, EventDecodeError, ServiceUnavailable
 from orl.schemas.event_types import CheckpointPublished
 from orl.schemas.topics import topic_name
 from orl.serving.capture import EventRecorder
@@ -41,6 +40,7 @@ from orl.serving.policy.base import PolicyBackend
 
 logger = logging.getLogger(__name__)
 KEPT_DOWNLOADS = 3  # served checkpoints kept on disk: the last activated ones (and a pinned one)
+TRANSIENT_SWAP_ATTEMPTS = 5  # swaps of one version that found the backend unreachable before it is refused
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class CheckpointRef:
     version: int
     kind: str
     manifest_key: str
-    manifest_sha256: str | None
+    manifest_sha256: str  # as the CheckpointPublished on the log recorded it
     published_at_ms: int | None = None
 
 
@@ -62,57 +62,66 @@ class CheckpointFollower:
     run_id: str
     server_id: str
     download_dir: Path
+    log: EventLog
+    namespace: str
     pinned: int | None = None
     history: list[CheckpointRef] = field(default_factory=list)  # activated checkpoints, oldest first
     refused: set[int] = field(default_factory=set)  # versions this server refused (not tried again)
+    unreachable_swaps: dict[int, int] = field(default_factory=dict)  # version -> swaps the backend missed
+    caught_up: bool = False  # the newest version the log had when following began is served (or refused)
     promoted_only: bool = False  # activate only versions the promotion gate promoted
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def activate_latest(self) -> None:
-        """At start (and after a failure to follow): serve the newest checkpoint of the run that verifies.
+        """At start (and after a failure to follow): serve the newest published checkpoint that verifies.
 
-        Versions are tried newest first, down to the one being served. One that is refused (a file
-        that fails its hash, a malformed manifest) is recorded as PolicyRejected and the next older
-        one is tried, so a corrupt newest checkpoint costs one version, never the whole run.
+        Versions the log announces are tried newest first, down to the one being served. One that is
+        refused (a file that fails its hash, a manifest that is not the published one) is recorded as
+        PolicyRejected and the next older one is tried, so a corrupt newest checkpoint costs one
+        version, never the whole run.
         """
-        versions = await asyncio.to_thread(complete_versions, self.store, self.run_id)
-        for version in reversed(versions):
+        published = await self.published_checkpoints()
+        for version in sorted(published, reverse=True):
             if version <= self.backend.policy_version:
                 return
-            if version in self.refused:
-                continue
-            ref = await self._ref_of(version)
-            if ref is not None and await self.activate(ref):
+            if version not in self.refused and await self.activate(published[version]):
                 return
 
-    async def follow(self, log: EventLog, namespace: str, max_backoff_s: float = 10.0) -> None:
+    async def published_checkpoints(self) -> dict[int, CheckpointRef]:
+        """Every version of this run that a CheckpointPublished on the log announces, with its hash."""
+        records = await read_to_end(self.log, topic_name(self.namespace, "checkpoints"))
+        refs = (_checkpoint_ref(record.value) for record in records)
+        return {ref.version: ref for ref in refs if ref is not None and ref.run_id == self.run_id}
+
+    async def follow(self, max_backoff_s: float = 10.0) -> None:
         """Apply every newer CheckpointPublished of our run, forever.
 
-        Any failure (the log or the object store unreachable, a backend error) is logged, counted in
-        `checkpoint_follow_errors` and retried with backoff; a retry first activates the newest
-        complete checkpoint in the store, so one whose download failed halfway, or one published
-        while the log was unreachable, is not missed. The server keeps serving meanwhile.
+        Any failure (the log, the object store or the backend unreachable) is logged, counted in
+        `checkpoint_follow_errors` and retried with backoff. Each pass first activates the newest
+        published checkpoint, so one whose download or swap failed halfway, or one published before
+        this server's consumer started, is not missed. The server keeps serving meanwhile.
         A checkpoint that fails verification is not an error here: activate() refuses it for good.
         """
-        backoff, retrying = 0.5, False
+        backoff = 0.5
         while True:
             try:
                 if self.promoted_only:
-                    await self._follow_promotions(log, namespace)  # reads the topic from its start
+                    await self._follow_promotions()  # reads the topic from its start
                     continue
-                if retrying and self.pinned is None:
-                    await self.activate_latest()  # what was published while this was failing
-                await self._follow_once(log, namespace)
+                if self.pinned is None:
+                    await self.activate_latest()  # what was published before the consumer reads
+                self.caught_up = True
+                await self._follow_once()
             except Exception:  # noqa: BLE001 - whatever broke, following must resume
                 self.metrics.count("checkpoint_follow_errors")
                 logger.exception("following checkpoints failed; retrying in %.1f s", backoff)
                 await asyncio.sleep(backoff)
-                backoff, retrying = min(backoff * 2, max_backoff_s), True
+                backoff = min(backoff * 2, max_backoff_s)
 
-    async def _follow_once(self, log: EventLog, namespace: str) -> None:
-        topic = topic_name(namespace, "checkpoints")
-        async with log.consumer(
-            f"{namespace}.serve.{self.server_id}", [topic], auto_offset_reset="latest"
+    async def _follow_once(self) -> None:
+        topic = topic_name(self.namespace, "checkpoints")
+        async with self.log.consumer(
+            f"{self.namespace}.serve.{self.server_id}", [topic], auto_offset_reset="latest"
         ) as consumer:
             while True:
                 for record in await consumer.poll(max_records=50, timeout_s=1.0):
@@ -127,17 +136,18 @@ class CheckpointFollower:
                         await self.activate(ref)
                 await consumer.commit()
 
-    async def _follow_promotions(self, log: EventLog, namespace: str) -> None:
+    async def _follow_promotions(self) -> None:
         """Serve the newest promoted version, forever: every record of `checkpoints` from the first (a
         restarted server finds the newest promotion); versions promoted within one poll batch are
         passed over for the newest."""
-        topic = topic_name(namespace, "checkpoints")
+        topic = topic_name(self.namespace, "checkpoints")
         published: dict[int, CheckpointRef] = {}
         decisions = GateDecisions(self.run_id)
-        async with log.consumer(
-            f"{namespace}.serve.{self.server_id}.{uuid.uuid4().hex[:8]}", [topic]
+        async with self.log.consumer(
+            f"{self.namespace}.serve.{self.server_id}.{uuid.uuid4().hex[:8]}", [topic]
         ) as consumer:
             await consumer.seek_to_beginning()
+            ends, topic_partitions = await self.log.end_offsets(topic), sorted(await consumer.assignment())
             while True:
                 promoted_before = decisions.promoted
                 for record in await consumer.poll(max_records=500, timeout_s=1.0):
@@ -160,9 +170,12 @@ class CheckpointFollower:
                     and newest > self.backend.policy_version
                     and newest not in self.refused
                 ):
-                    ref = published.get(newest) or await self._ref_of(newest)
-                    if ref is not None:
-                        await self.activate(ref)
+                    if newest in published:
+                        await self.activate(published[newest])
+                    else:  # its CheckpointPublished is gone (retention): nothing to check it against
+                        self._refuse(newest, _manifest_key(self.run_id, newest), _UNPUBLISHED)
+                if not self.caught_up:  # every promotion the topic held when this began is read
+                    self.caught_up = await reached(consumer, topic_partitions, ends)
 
     async def activate(self, ref: CheckpointRef) -> bool:
         """Download, verify and swap in a checkpoint; PolicyActivated or PolicyRejected either way."""
@@ -174,6 +187,14 @@ class CheckpointFollower:
                 await self.backend.load_checkpoint(dest, ref.version, ref.kind)  # type: ignore[arg-type]
             except CheckpointError as error:  # the store's verdict or the backend's refusal
                 self._refuse(ref.version, ref.manifest_key, str(error))
+                return False
+            except ServiceUnavailable as error:  # the backend was not there: not a verdict on the checkpoint
+                missed = self.unreachable_swaps[ref.version] = self.unreachable_swaps.get(ref.version, 0) + 1
+                if missed < TRANSIENT_SWAP_ATTEMPTS:
+                    raise  # retried with backoff (follow), or a 503 to the operator (pin)
+                self._refuse(
+                    ref.version, ref.manifest_key, f"{missed} swaps found the backend unreachable: {error}"
+                )
                 return False
             latency_ms = (time.perf_counter() - started) * 1000
             if ref.published_at_ms is not None:
@@ -200,16 +221,15 @@ class CheckpointFollower:
 
     async def pin(self, version: int) -> bool:
         """Serve exactly `version` of the run and stop following newer ones."""
-        manifest_key = f"{version_prefix(self.run_id, version)}{MANIFEST_NAME}"
-        if not await asyncio.to_thread(self.store.exists, manifest_key):
-            raise CheckpointError(f"run {self.run_id!r} has no complete checkpoint v{version}")
+        ref = next((r for r in self.history if r.version == version), None)
+        if ref is None:
+            ref = (await self.published_checkpoints()).get(version)
+        if ref is None:
+            raise CheckpointError(f"run {self.run_id!r} has no v{version} on the log: {_UNPUBLISHED}")
         self.pinned = version
         if version == self.backend.policy_version:
             return True
-        kind = next((r.kind for r in self.history if r.version == version), None) or await self._kind_of(
-            manifest_key
-        )
-        return await self.activate(CheckpointRef(self.run_id, version, kind, manifest_key, None))
+        return await self.activate(ref)
 
     def unpin(self) -> None:
         self.pinned = None
@@ -230,21 +250,15 @@ class CheckpointFollower:
             self.server_id, self.run_id, version, self.store.uri(manifest_key), reason
         )
 
-    async def _ref_of(self, version: int) -> CheckpointRef | None:
-        """The published checkpoint `version` as its manifest describes it; None (refused) if malformed."""
-        manifest_key = f"{version_prefix(self.run_id, version)}{MANIFEST_NAME}"
-        try:
-            manifest = await asyncio.to_thread(read_manifest, self.store, manifest_key)
-        except CheckpointError as error:
-            self._refuse(version, manifest_key, str(error))
-            return None
-        return CheckpointRef(self.run_id, version, manifest.kind, manifest_key, manifest.sha256)
-
-    async def _kind_of(self, manifest_key: str) -> str:
-        return (await asyncio.to_thread(read_manifest, self.store, manifest_key)).kind
-
     def _uri(self, ref: CheckpointRef) -> str:
         return self.store.uri(ref.manifest_key)
+
+
+_UNPUBLISHED = "no CheckpointPublished announces it, so there is no published hash to check it against"
+
+
+def _manifest_key(run_id: str, version: int) -> str:
+    return f"{version_prefix(run_id, version)}{MANIFEST_NAME}"
 
 
 def _fresh_download(store: ObjectStore, ref: CheckpointRef, dest: Path) -> None:

@@ -51,6 +51,8 @@ def check_settings(settings: ServeSettings) -> None:
         raise ConfigError("no admin key: set --admin-key / ORL_ADMIN_KEY")
     if settings.admin_key in settings.api_keys:
         raise ConfigError("--admin-key must differ from every --api-keys entry")
+    if settings.internal_key and settings.internal_key in (*settings.api_keys, settings.admin_key):
+        raise ConfigError("--internal-key must differ from --admin-key and from every --api-keys entry")
     if settings.threads < 0:
         raise ConfigError(f"--threads must be >= 0, not {settings.threads}")
     if settings.max_concurrent_requests <= 0:
@@ -135,6 +137,8 @@ async def running_server(
         settings.run_id,
         settings.server_id,
         settings.data_dir / "served-checkpoints",
+        log,
+        settings.namespace,
         promoted_only=settings.follow_promoted,
     )
     state = ServerState(
@@ -146,10 +150,9 @@ async def running_server(
         tracker=SessionTracker(stored_next_turn_index=spool.next_turn_index),
         admin_routes=admin_routes(follower),
         drainer=drainer,
+        follower=follower if settings.follow_checkpoints else None,  # not ready before it caught up
     )
     await backend.start()
-    if settings.follow_checkpoints and not settings.follow_promoted:
-        await follower.activate_latest()  # promotions are on the log: read once it is reachable
     background = asyncio.create_task(_background(log, settings, drainer, follower))
     try:
         state.ready = True
@@ -187,7 +190,7 @@ async def _background(
         logger.warning("durability: %s", warning)
     tasks = [drainer.run()]
     if settings.follow_checkpoints:
-        tasks.append(follower.follow(log, settings.namespace))
+        tasks.append(follower.follow())
     await asyncio.gather(*tasks)
 
 

@@ -51,6 +51,11 @@ def openapi_document(state: ServerState) -> dict[str, Any]:
             "securitySchemes": {
                 "apiKey": {"type": "http", "scheme": "bearer", "description": "One of --api-keys."},
                 "adminKey": {"type": "http", "scheme": "bearer", "description": "--admin-key."},
+                "internalKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "--internal-key (orl's pipeline and gate; the chat routes take it too).",
+                },
                 "metricsKey": {"type": "http", "scheme": "bearer", "description": "--metrics-key."},
             },
             "schemas": {"Error": _ERROR},
@@ -78,6 +83,7 @@ _ERROR: Schema = {
 _ERROR_TEXT = {
     400: "Invalid request (the error's param names the field).",
     401: "Missing or wrong bearer key.",
+    403: "The key is valid but not one this route takes (the error's code says why).",
     404: "No such route or webhook.",
     405: "Method not allowed.",
     408: "The request body did not arrive in time.",
@@ -296,8 +302,8 @@ def _score(vocab_size: int) -> dict[str, Any]:
     }
     return _operation(
         "Teacher logprobs of response tokens after a prompt (the pipeline's scorer).",
-        _responses({200: ("The logprobs.", scores)}, (*_API_ERRORS, 500, 503)),
-        security="apiKey",
+        _responses({200: ("The logprobs.", scores)}, (*_API_ERRORS, 403, 500, 503)),
+        security="internalKey",
         body=body,
     )
 

@@ -39,6 +39,14 @@ class ServerAccessSettings:
         secret=True,
         advanced=True,
     )
+    internal_key: str = setting(
+        "",
+        "ORL_INTERNAL_KEY",
+        "Bearer key of orl's own components (the pipeline's judge and teacher, the promotion gate): the only "
+        "key POST /v1/orl/score takes; it also takes the chat routes (orl up: generated into keys.json).",
+        secret=True,
+        advanced=True,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""Who may act on a session: the API key that opened it.
+"""Who may act on a session (the API key that opened it), and which routes are orl's own.
+
+Key classes: client keys (--api-keys) take the OpenAI routes and the ingest routes; the internal key
+(--internal-key, held by the pipeline and the gate) takes the chat routes and is the only key
+POST /v1/orl/score takes (`require_internal_key`); the admin key takes /admin only.
 
 A session belongs to the key that opened it (its first chat turn, or POST /v1/sessions/start).
 Feedback, rewards, observations, webhooks, ends and chat turns that name a session another key
@@ -43,4 +47,16 @@ def check_session_owner(spool: EventSpool, session_id: str, request: Request) ->
             "may add to it, reward it or end it",
             param="session_id",
             code="session_forbidden",
+        )
+
+
+def require_internal_key(request: Request, internal_key: str) -> None:
+    """403 unless the request came with the server's internal key (a client key is not enough)."""
+    if not internal_key or request_key_id(request) != key_id(internal_key.encode("utf-8", "surrogatepass")):
+        configured = "" if internal_key else " (this server has none: start it with --internal-key)"
+        raise ApiError(
+            403,
+            f"{request.url.path} is for orl's own pipeline and gate: it takes the server's internal key "
+            f"(--internal-key / ORL_INTERNAL_KEY){configured}, not a client key",
+            code="internal_key_required",
         )

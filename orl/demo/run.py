@@ -336,11 +336,11 @@ async def start_stack(settings: DemoSettings, method: SampleMethod, namespace: s
         "ORL_GATE_MAX_TOKENS": str(settings.max_tokens),
     }
     supervisor = Supervisor(stack_launches(up, env), settings.data_dir / "logs" / namespace)
-    api_key, admin_key = stack_keys(up)
+    keys = stack_keys(up)
     client = DemoClient(
         f"http://127.0.0.1:{settings.port}",
-        api_key,
-        admin_key,
+        keys.api_key,
+        keys.admin_key,
         Sampling(max_tokens=settings.max_tokens),
         concurrency=settings.batch_size,  # one wave per round: its samples reach the trainer together
         restate_length=settings.user_restates_length,

@@ -12,8 +12,9 @@ Hot swap (reference/peers.md 4.1): full checkpoints via `POST /update_weights_fr
 `weight_version` and `abort_all_requests=false` (a version bump never aborts running requests);
 LoRA via `POST /load_lora_adapter` under a name immutable per version and unique per backend
 instance (`v<version>-<instance>`, so a restarted or second orl server never collides with adapters
-an earlier one left loaded), which requests pass as `lora_path`. A failed load, an unreachable server
-included, is a CheckpointError (PolicyRejected; the follower keeps following); unloads are best effort.
+an earlier one left loaded), which requests pass as `lora_path`. A load SGLang refuses (4xx, or
+`success: false`) is a CheckpointError (PolicyRejected; the follower keeps following); an unreachable
+or failing (5xx) server is a ServiceUnavailable, which the follower retries; unloads are best effort.
 
 Temperature: SGLang's output logprobs are temperature-scaled (the contract in `base.py`) unless
 SGLANG_RETURN_ORIGINAL_LOGPROB is set; its input logprobs ignore `sampling_params.temperature`, so
@@ -340,8 +341,7 @@ class SGLangBackend(PolicyBackend):
         try:
             response = await self._http().request(method, url, json=body)
         except (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError) as exc:
-            if checkpoint:  # the swap failed: the follower rejects this version and keeps following
-                raise CheckpointError(f"SGLang server at {url} is unreachable: {exc!r}") from exc
+            # not a verdict on a checkpoint being swapped in either: the follower retries the swap
             raise ServiceUnavailable(f"SGLang server at {url} is unreachable: {exc!r}") from exc
         _raise_for_status(response, url, checkpoint)
         data = response.json()
@@ -371,8 +371,9 @@ class SGLangBackend(PolicyBackend):
 def _raise_for_status(response: httpx.Response, url: str, checkpoint: bool) -> None:
     if response.status_code < 400:
         return
+    """5xx: SGLang is failing or restarting (retried, a swap too); 4xx: a refusal (of a checkpoint: for good)."""
     message = f"SGLang {url} answered {response.status_code}: {response.text[:500]}"
-    if response.status_code >= 500 and not checkpoint:
+    if response.status_code >= 500:
         raise ServiceUnavailable(message)
     raise CheckpointError(message) if checkpoint else PolicyError(message)
 

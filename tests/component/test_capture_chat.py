@@ -27,6 +27,7 @@ from benchmarks.echo_backend import ECHO_TEXT, EchoBackend
 from tests.unit.openclaw_requests import SYSTEM_PROMPT, body, internal_context, resent_assistant, user
 
 KEY = "chat-key"
+INTERNAL_KEY = "internal-key"  # the pipeline's and the gate's
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -36,11 +37,15 @@ def template(base_model_dir: Path) -> ChatTemplate:
 
 
 class Server:
-    def __init__(self, tmp_path: Path, template: ChatTemplate, metrics_key: str = "") -> None:
+    def __init__(
+        self, tmp_path: Path, template: ChatTemplate, metrics_key: str = "", internal_key: str = INTERNAL_KEY
+    ) -> None:
         self.spool_path = tmp_path / "spool.db"
         self.spool = EventSpool(self.spool_path)
         self.state = ServerState(
-            settings=ServeSettings(api_keys=(KEY,), admin_key="admin", metrics_key=metrics_key),
+            settings=ServeSettings(
+                api_keys=(KEY,), admin_key="admin", internal_key=internal_key, metrics_key=metrics_key
+            ),
             backend=EchoBackend(),
             template=template,
             recorder=EventRecorder(self.spool, "live", clock_ms=lambda: 1_700_000_000_000),

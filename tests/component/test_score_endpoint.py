@@ -1,4 +1,5 @@
-"""POST /v1/orl/score (the teacher's logprobs): bad requests are 400s that name the field, never 500s."""
+"""POST /v1/orl/score (the teacher's logprobs): the internal key only; bad requests are 400s that name the
+field, never 500s."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from typing import Any
 import pytest
 from orl.serving.policy.chat_template import ChatTemplate
 
-from tests.component.test_capture_chat import KEY, Server, template  # noqa: F401 - template is a fixture
+from tests.component.test_capture_chat import (  # noqa: F401 - template is a fixture
+    INTERNAL_KEY,
+    KEY,
+    Server,
+    template,
+)
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -22,8 +28,37 @@ async def server(tmp_path: Path, template: ChatTemplate) -> AsyncIterator[Server
     up.spool.close()
 
 
-async def score(server: Server, body: dict[str, Any]) -> Any:
-    return await server.client.post("/v1/orl/score", json=body, headers={"authorization": f"Bearer {KEY}"})
+async def score(server: Server, body: dict[str, Any], key: str = INTERNAL_KEY) -> Any:
+    return await server.client.post("/v1/orl/score", json=body, headers={"authorization": f"Bearer {key}"})
+
+
+async def test_a_client_key_gets_a_403_and_the_internal_key_also_takes_the_chat_route(server: Server) -> None:
+    body = {"messages": HI, "response_token_ids": [504]}
+    refused = await score(server, body, key=KEY)
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["code"] == "internal_key_required"
+    assert "--internal-key" in refused.json()["error"]["message"]
+    assert (await score(server, body, key="no-such-key")).status_code == 401
+    chat = await server.client.post(
+        "/v1/chat/completions",
+        json={"messages": HI, "max_tokens": 2},
+        headers={"authorization": f"Bearer {INTERNAL_KEY}"},
+    )
+    assert chat.status_code == 200, chat.text  # the judge asks its questions on the chat route
+
+
+async def test_a_server_without_an_internal_key_refuses_every_score_request_with_403(
+    tmp_path: Path,
+    template: ChatTemplate,  # noqa: F811
+) -> None:
+    up = Server(tmp_path, template, internal_key="")
+    try:
+        refused = await score(up, {"messages": HI, "response_token_ids": [504]}, key=KEY)
+        assert refused.status_code == 403 and "this server has none" in refused.json()["error"]["message"]
+        assert (await score(up, {"messages": HI, "response_token_ids": [504]}, key="")).status_code == 401
+    finally:
+        await up.client.aclose()
+        up.spool.close()
 
 
 async def test_a_valid_request_gets_one_logprob_per_response_token(server: Server) -> None:

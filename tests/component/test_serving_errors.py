@@ -37,6 +37,7 @@ from benchmarks.echo_backend import EchoBackend
 from tests.fixtures.fake_sglang import FakeSGLang, free_port, serve_in_thread
 
 KEY = "errors-key"
+INTERNAL_KEY = "errors-internal-key"  # the only key /v1/orl/score takes
 UNICODE_KEY = "clé-ключ-鍵"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -45,7 +46,7 @@ class Server:
     def __init__(self, tmp_path: Path, template: ChatTemplate, backend: PolicyBackend) -> None:
         self.spool = EventSpool(tmp_path / "spool.db")
         self.state = ServerState(
-            settings=ServeSettings(api_keys=(KEY, UNICODE_KEY), admin_key="admin"),
+            settings=ServeSettings(api_keys=(KEY, UNICODE_KEY), admin_key="admin", internal_key=INTERNAL_KEY),
             backend=backend,
             template=template,
             recorder=EventRecorder(self.spool, "live", clock_ms=lambda: 1_700_000_000_000),
@@ -159,7 +160,8 @@ async def test_a_body_nested_thousands_deep_gets_400_not_a_recursion_error(
     server: Server, route: str, depth: int
 ) -> None:
     raw = '{"messages": ' + "[" * depth + "]" * depth + "}"
-    reply = await server.client.post(route, content=raw, headers={"authorization": f"Bearer {KEY}"})
+    key = INTERNAL_KEY if route == "/v1/orl/score" else KEY
+    reply = await server.client.post(route, content=raw, headers={"authorization": f"Bearer {key}"})
     assert_error(reply, 400, "json_too_deep")
 
 

@@ -27,7 +27,7 @@ from orl.trainer.settings import TrainSettings
 from tests.e2e.test_turns_to_samples import chat, run_stages
 from tests.fixtures.model import test_cache_dir
 from tests.integration.log_reading import read_events
-from tests.integration.serve_process import ADMIN_KEY, API_KEY, serve_process
+from tests.integration.serve_process import ADMIN_KEY, API_KEY, INTERNAL_KEY, serve_process
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 RUN = "swap-run"
@@ -57,7 +57,7 @@ class ClientLoop(threading.Thread):
 
 
 def score(base_url: str) -> list[float]:
-    response = httpx.post(f"{base_url}/v1/orl/score", headers={"Authorization": f"Bearer {API_KEY}"},
+    response = httpx.post(f"{base_url}/v1/orl/score", headers={"Authorization": f"Bearer {INTERNAL_KEY}"},
                           json={"messages": PROBE, "response_token_ids": PROBE_IDS}, timeout=60)  # fmt: skip
     response.raise_for_status()
     return list(response.json()["logprobs"])
@@ -84,7 +84,7 @@ def test_train_publish_swap_without_a_failed_request(tmp_path: Path, base_model_
                  f"s{i}", max_tokens=1, headers={"X-Session-Done": "true"})  # fmt: skip
         time.sleep(1.0)  # let the spool drain
         asyncio.run(run_stages(PipelineSettings(data_dir=tmp_path, log_url=server.log_url, method="binary",
-                                                judge="user_reply", api_key=API_KEY,
+                                                judge="user_reply", api_key=INTERNAL_KEY,
                                                 server_url=f"{server.base_url}/v1")))  # fmt: skip
         before = score(server.base_url)
         clients = ClientLoop(server.base_url)

@@ -21,7 +21,7 @@ from orl.pipeline.runtime.settings import PipelineSettings
 from orl.pipeline.runtime.stream_runner import StreamRunner
 
 from tests.integration.log_reading import read_events
-from tests.integration.serve_process import API_KEY, ServeProcess, serve_process
+from tests.integration.serve_process import API_KEY, INTERNAL_KEY, ServeProcess, serve_process
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -71,7 +71,7 @@ def test_the_calculator_agent_produces_samples_rewarded_by_its_connector(
         asyncio.run(wait_for(server.log_url, "sessions", 2))
         asyncio.run(wait_for(server.log_url, "responses", turns))
         settings = PipelineSettings(
-            data_dir=tmp_path, log_url=server.log_url, method="binary", judge="outcome", api_key=API_KEY
+            data_dir=tmp_path, log_url=server.log_url, method="binary", judge="outcome", api_key=INTERNAL_KEY
         )
         asyncio.run(run_pipeline(settings))
 

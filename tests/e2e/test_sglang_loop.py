@@ -42,7 +42,7 @@ from tests.e2e.test_turns_to_samples import chat, run_stages
 from tests.fixtures.fake_sglang import Call, FakeSGLang, folder_digest, write_checkpoint_folder
 from tests.fixtures.model import test_cache_dir
 from tests.integration.log_reading import read_events
-from tests.integration.serve_process import API_KEY, serve_process
+from tests.integration.serve_process import API_KEY, INTERNAL_KEY, serve_process
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 RUN = "sglang-run"
@@ -100,7 +100,7 @@ def make_samples(base_url: str, log_url: str, data_dir: Path) -> None:
              f"s{i}", max_tokens=1, headers={"X-Session-Done": "true"})  # fmt: skip
     wait_for(lambda: len(asyncio.run(read_events(log_url, "live.sessions"))) >= 2, 15, "the spool to drain")
     settings = PipelineSettings(data_dir=data_dir, log_url=log_url, method="binary", judge="user_reply",
-                                api_key=API_KEY, server_url=f"{base_url}/v1")  # fmt: skip
+                                api_key=INTERNAL_KEY, server_url=f"{base_url}/v1")  # fmt: skip
     asyncio.run(run_stages(settings))
     samples = asyncio.run(read_events(log_url, "live.samples"))
     assert [s["envelope"]["event_type"] for s in samples].count("SampleReady") == 2, samples

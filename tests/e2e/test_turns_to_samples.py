@@ -17,7 +17,7 @@ from orl.pipeline.runtime.settings import PipelineSettings
 from orl.pipeline.runtime.stream_runner import StreamRunner
 
 from tests.integration.log_reading import read_events
-from tests.integration.serve_process import API_KEY, serve_process
+from tests.integration.serve_process import API_KEY, INTERNAL_KEY, serve_process
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -63,7 +63,7 @@ def test_a_corrected_turn_becomes_a_combined_sample(tmp_path: Path, base_model_d
             method="combined",
             judge="user_reply",
             hint_judge="user_hint",
-            api_key=API_KEY,
+            api_key=INTERNAL_KEY,
             server_url=f"{server.base_url}/v1",
         )
         asyncio.run(_wait_for_spool(server.log_url))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from orl.connectors.event_log.base import TopicSpec
+from orl.connectors.event_log.sqlite_log import SqliteEventLog
 from orl.connectors.metrics import Metrics
 from orl.connectors.object_store.local_store import LocalObjectStore
 from orl.serving.admin import admin_routes
@@ -28,6 +31,7 @@ from tests.fuzz.fuzz_server import (
     ADMIN_KEY,
     API_KEY,
     BODY_TIMEOUT_S,
+    INTERNAL_KEY,
     MAX_BODY_BYTES,
     METRICS_KEY,
     WEBHOOKS,
@@ -41,13 +45,29 @@ def fuzz_state(tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path) -
     spool = EventSpool(root / "spool.db", sync="normal")  # durability is not what is tested here
     backend, metrics = EchoBackend(), Metrics()
     recorder = EventRecorder(spool, "fuzz", clock_ms=lambda: 1_700_000_000_000)
+    log = SqliteEventLog(root / "log.db")  # on its own thread: usable from the test client's event loop
+
+    async def start_log() -> None:
+        await log.start()
+        await log.create_topics([TopicSpec("fuzz.checkpoints", 1)])
+
+    asyncio.run(start_log())
     follower = CheckpointFollower(
-        backend, LocalObjectStore(root / "store"), recorder, metrics, "live", "fuzz", root / "served"
+        backend,
+        LocalObjectStore(root / "store"),
+        recorder,
+        metrics,
+        "live",
+        "fuzz",
+        root / "served",
+        log,
+        "fuzz",
     )
     state = ServerState(
         settings=ServeSettings(
             api_keys=(API_KEY,),
             admin_key=ADMIN_KEY,
+            internal_key=INTERNAL_KEY,
             metrics_key=METRICS_KEY,
             webhooks_file=str(root / "webhooks.json"),
             max_body_bytes=MAX_BODY_BYTES,
@@ -61,6 +81,7 @@ def fuzz_state(tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path) -
     )
     state.ready = True
     yield state
+    asyncio.run(log.close())
     spool.close()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 API_KEY, ADMIN_KEY, METRICS_KEY = "fuzz-api-key", "fuzz-admin-key", "fuzz-metrics-key"
+INTERNAL_KEY = "fuzz-internal-key"
 MAX_BODY_BYTES = 1_000_000
 BODY_TIMEOUT_S = 2.0
 WEBHOOKS = {
@@ -27,7 +28,8 @@ BODY_ROUTES: dict[str, dict[str, Any]] = {  # a valid body for each route that r
 
 
 def key_for(path: str) -> str:
-    """The key a route takes: admin routes the admin key, /metrics the metrics key, the rest the API key."""
+    """The key a route takes: admin routes the admin key, /metrics the metrics key, the teacher's scoring
+    the internal key, the rest the API key."""
     if path.startswith("/admin/"):
         return ADMIN_KEY
-    return METRICS_KEY if path == "/metrics" else API_KEY
+    return {"/metrics": METRICS_KEY, "/v1/orl/score": INTERNAL_KEY}.get(path, API_KEY)

@@ -18,6 +18,7 @@ from tests.fixtures.model import test_cache_dir
 
 API_KEY = "test-key"
 ADMIN_KEY = "test-admin-key"
+INTERNAL_KEY = "test-internal-key"  # the pipeline's: the judge's and the teacher's calls
 
 
 def free_port() -> int:
@@ -41,7 +42,9 @@ def serve_process(
     log_url: str | None = None,
     extra_env: dict[str, str] | None = None,
     timeout_s: float = 120.0,
+    ready_path: str = "/readyz",
 ) -> Iterator[ServeProcess]:
+    """`ready_path` "/healthz" for a server that cannot become ready (its log unreachable), yet answers."""
     port = free_port()
     log_url = log_url or f"sqlite:///{data_dir / 'log.db'}"
     env = {
@@ -51,6 +54,7 @@ def serve_process(
         "ORL_PORT": str(port),
         "ORL_API_KEYS": API_KEY,
         "ORL_ADMIN_KEY": ADMIN_KEY,
+        "ORL_INTERNAL_KEY": INTERNAL_KEY,
         "ORL_THREADS": "2",
         "ORL_STORE_URL": f"file://{data_dir / 'objects'}",
         **(extra_env or {}),
@@ -62,7 +66,7 @@ def serve_process(
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(base_url, process, timeout_s, data_dir / f"serve-{port}.log")
+        wait_ready(base_url, process, timeout_s, data_dir / f"serve-{port}.log", path=ready_path)
         yield ServeProcess(base_url, data_dir, log_url, process)
     finally:
         process.terminate()
@@ -75,15 +79,20 @@ def serve_process(
 
 
 def wait_ready(
-    base_url: str, process: subprocess.Popen[bytes], timeout_s: float, log_path: Path, what: str = "orl serve"
+    base_url: str,
+    process: subprocess.Popen[bytes],
+    timeout_s: float,
+    log_path: Path,
+    what: str = "orl serve",
+    path: str = "/readyz",
 ) -> None:
-    """Until `base_url`/readyz answers 200; fails with the log's tail if `process` exits or time runs out."""
+    """Until `base_url``path` answers 200; fails with the log's tail if `process` exits or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"{what} exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{base_url}/readyz", timeout=1.0).status_code == 200:
+            if httpx.get(f"{base_url}{path}", timeout=1.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -35,7 +35,7 @@ async def client(
     await backend.start()
     spool = EventSpool(tmp_path / "spool.db")
     state = ServerState(
-        settings=ServeSettings(api_keys=(KEY,), admin_key="admin"),
+        settings=ServeSettings(api_keys=("client-key",), admin_key="admin", internal_key=KEY),
         backend=backend,
         template=backend.chat_template,
         recorder=EventRecorder(spool, "live", clock_ms=lambda: 1_700_000_000_000),

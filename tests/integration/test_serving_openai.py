@@ -280,7 +280,9 @@ def test_auth_is_required(server: ServeProcess) -> None:
 
 def test_events_survive_an_unreachable_log(tmp_path: Path, base_model_dir: Path) -> None:
     dead_log = f"kafka://127.0.0.1:{free_port()}"
-    with serve_process(tmp_path, log_url=dead_log) as down:
+    with serve_process(tmp_path, log_url=dead_log, ready_path="/healthz") as down:
+        readiness = httpx.get(f"{down.base_url}/readyz", timeout=5.0)
+        assert readiness.status_code == 503, readiness.text  # it answers, and says it is not ready
         reply = client(down).chat.completions.create(
             model="orl-policy", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
         )

@@ -47,7 +47,7 @@ ONE_SHOT = {"minio-init", "model", "topics"}
 # Secrets that must come from the env file and stop compose when missing.
 REQUIRED_SECRETS = {
     "ORL_API_KEYS",
-    "ORL_API_KEY",
+    "ORL_INTERNAL_KEY",
     "ORL_ADMIN_KEY",
     "ORL_S3_ACCESS_KEY",
     "ORL_S3_SECRET_KEY",
@@ -274,8 +274,11 @@ def test_services_get_the_connection_they_need(default_config: dict[str, Any]) -
     pure, effects = services["pipeline-pure"]["environment"], services["pipeline-effects"]["environment"]
     for shared in ("ORL_METHOD", "ORL_JUDGE_VOTES", "ORL_JUDGE", "ORL_HINT_JUDGE", "ORL_NAMESPACE"):
         assert pure[shared] == effects[shared], f"pure and effect stages disagree on {shared}"
-    api_keys = services["serve"]["environment"]["ORL_API_KEYS"].split(",")
-    assert effects["ORL_API_KEY"] in api_keys, "the pipeline's key must be accepted by serve"
+    serve = services["serve"]["environment"]
+    assert effects["ORL_API_KEY"] == serve["ORL_INTERNAL_KEY"], (
+        "the pipeline's key must be serve's internal key"
+    )
+    assert effects["ORL_API_KEY"] not in serve["ORL_API_KEYS"].split(","), "a client key cannot score"
 
 
 # ---- (d) services, profiles, health checks, volumes ------------------------------------------

@@ -11,7 +11,7 @@ from orl.up import STACK_SECRETS, UpSettings, component_env, stack_launches
 
 S3 = {"ORL_S3_ACCESS_KEY", "ORL_S3_SECRET_KEY"}
 NEEDED = {
-    "serve": {"ORL_API_KEYS", "ORL_ADMIN_KEY", *S3},
+    "serve": {"ORL_API_KEYS", "ORL_ADMIN_KEY", "ORL_INTERNAL_KEY", *S3},
     "pipeline": {"ORL_API_KEY", "ORL_JUDGE_API_KEY"},
     "pipeline-downstream": {"ORL_API_KEY", "ORL_JUDGE_API_KEY"},
     "train": S3,
@@ -28,7 +28,8 @@ def test_each_child_gets_only_its_own_secrets(tmp_path: Path, monkeypatch: pytes
     assert set(launches) == set(NEEDED)
     for name, launch in launches.items():
         assert set(launch.env) & STACK_SECRETS == NEEDED[name], name
-    assert launches["serve"].env["ORL_API_KEYS"] == launches["pipeline"].env["ORL_API_KEY"]
+    assert launches["serve"].env["ORL_INTERNAL_KEY"] == launches["pipeline"].env["ORL_API_KEY"]
+    assert launches["pipeline"].env["ORL_API_KEY"] not in launches["serve"].env["ORL_API_KEYS"].split(",")
     assert "ORL_ADMIN_KEY" not in launches["gate"].env and "ORL_API_KEYS" not in launches["train"].env
 
 
