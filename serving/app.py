@@ -16,6 +16,7 @@ import asyncio
 import functools
 import json
 import logging
+import struct
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -392,7 +393,7 @@ class _Turn:
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": None,
+                    "logprobs": self._logprobs(generation) if self.req.logprobs else None,
                     "finish_reason": "tool_calls" if tool_calls else generation.finish_reason,
                 }
             ],
@@ -432,7 +433,9 @@ class _Turn:
                 yield chunk
         shown.extend(tail)
         self._check_streamed(shown, body["choices"][0]["message"])
-        yield _sse(self._chunk({}, body["choices"][0]["finish_reason"]))
+        last = self._chunk({}, body["choices"][0]["finish_reason"])
+        last["choices"][0]["logprobs"] = body["choices"][0]["logprobs"]  # all of them, in the last chunk
+        yield _sse(last)
         if self.req.include_usage:
             yield _sse({**self._chunk({}, None), "choices": [], "usage": body["usage"]})
         yield b"data: [DONE]\n\n"
@@ -475,6 +478,19 @@ class _Turn:
             "model": self.state.settings.served_model_name,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
         }
+
+    def _logprobs(self, generation: Generation) -> dict[str, Any]:
+        """OpenAI's `logprobs` of a choice: every sampled token (the end-of-turn token too, as
+        recorded) with the logprob orl records for it, from the distribution it sampled from (as the
+        event holds it: an Avro float, 32 bits)."""
+        template = self.state.template
+        content = []
+        for token_id, logprob in zip(generation.token_ids, generation.logprobs, strict=True):
+            raw = template.token_bytes(token_id)
+            text = raw.decode("utf-8", errors="replace")
+            recorded = struct.unpack("<f", struct.pack("<f", logprob))[0]
+            content.append({"token": text, "logprob": recorded, "bytes": list(raw), "top_logprobs": []})
+        return {"content": content, "refusal": None}
 
     def _reply(self, generation: Generation) -> tuple[str | None, list[dict[str, Any]]]:
         forced = self.req.forced_tool()

@@ -69,6 +69,7 @@ class ChatRequest:
     session_id: str | None
     user: str | None
     prompt_cache_key: str | None  # a session hint: stock OpenClaw sends `<sessionId>:0`
+    logprobs: bool = False  # return each sampled token's logprob (the recorded one)
 
     def forced_tool(self) -> str | None:
         """The function name when tool_choice names one function."""
@@ -96,6 +97,7 @@ def parse_chat_request(raw: bytes, *, max_tokens_limit: int) -> ChatRequest:
         session_id=_optional_str(body, "session_id"),
         user=_optional_str(body, "user"),
         prompt_cache_key=_optional_str(body, "prompt_cache_key"),
+        logprobs=_logprobs(body),
     )
 
 
@@ -408,6 +410,27 @@ def _seed(value: Any) -> int | None:
     if not -(2**63) <= value < 2**63:  # recorded as a 64-bit integer
         raise bad_request("'seed' must fit in a signed 64-bit integer", param="seed")
     return value
+
+
+def _logprobs(body: dict[str, Any]) -> bool:
+    """`logprobs`; `top_logprobs` only as 0 (or null): orl returns the sampled tokens' logprobs, the
+    numbers it records, not the K most likely alternatives."""
+    wanted = body.get("logprobs") is not None and _bool(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is None:
+        return wanted
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+        raise bad_request("'top_logprobs' must be an integer in [0, 20]", param="top_logprobs")
+    if top > 0:
+        raise bad_request(
+            "top_logprobs > 0 is not supported: orl returns the logprob of each sampled token "
+            "(logprobs: true, top_logprobs: 0), the number it records for training",
+            param="top_logprobs",
+            code="unsupported_parameter",
+        )
+    if not wanted:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return wanted
 
 
 def _bool(body: dict[str, Any], name: str, default: bool) -> bool:

@@ -230,6 +230,8 @@ def _chat_request(max_tokens_limit: int) -> Schema:
             "session_id": _nullable({"type": "string"}),
             "user": _nullable({"type": "string"}),
             "prompt_cache_key": _nullable({"type": "string"}),
+            "logprobs": _nullable({"type": "boolean"}),
+            "top_logprobs": _nullable({"const": 0}),
         },
     }
 

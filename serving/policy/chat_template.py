@@ -60,6 +60,15 @@ class ChatTemplate:
         text = self.render_text(messages, tools)
         return list(self._tok(text, add_special_tokens=False)["input_ids"])
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (OpenAI's logprobs `bytes`): exact for byte-level BPE
+        vocabularies (GPT-2's byte-to-character table), where a token may hold part of a character;
+        else the UTF-8 of the token decoded alone."""
+        piece = self._tok.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str) and piece and all(char in _BYTE_OF_CHAR for char in piece):
+            return bytes(_BYTE_OF_CHAR[char] for char in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Token ids to text, without the tokenizer's space clean-up (exactly what was sampled)."""
         return str(
@@ -69,6 +78,23 @@ class ChatTemplate:
                 clean_up_tokenization_spaces=False,
             )
         )
+
+
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, character -> byte: printable bytes stand for themselves, the
+    others for the characters from U+0100 on, in byte order."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    others = [byte for byte in range(256) if byte not in printable]
+    table = {chr(byte): byte for byte in printable}
+    table.update({chr(256 + index): byte for index, byte in enumerate(others)})
+    return table
+
+
+_BYTE_OF_CHAR = _byte_level_table()
 
 
 def _prompt_content_text(content: Any) -> str:

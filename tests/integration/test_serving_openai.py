@@ -103,6 +103,49 @@ def test_non_streaming_completion_is_recorded_with_exact_tokens(server: ServePro
     assert json.loads(requests[0]["messages_json"])[0]["content"] == "Say hello in three words."
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_returned_are_the_recorded_ones(server: ServeProcess, stream: bool) -> None:
+    """logprobs=True: one entry per recorded token, the recorded logprob exactly (the end-of-turn token
+    too); streamed, they all come in the last chunk."""
+    request = {
+        "model": "orl-policy",
+        "messages": [{"role": "user", "content": "Name a colour, with an accent: é."}],
+        "max_tokens": 12,
+        "temperature": 0.8,
+        "logprobs": True,
+        "top_logprobs": 0,
+    }
+    api = client(server).chat.completions
+    if stream:
+        raw = api.with_raw_response.create(**request, stream=True)
+        chunks = list(raw.parse())
+        entries = [
+            entry
+            for c in chunks
+            if c.choices and c.choices[0].logprobs
+            for entry in c.choices[0].logprobs.content
+        ]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        raw = api.with_raw_response.create(**request)
+        choice = raw.parse().choices[0]
+        entries, text = choice.logprobs.content, choice.message.content
+    session = raw.headers["x-session-id"]
+    (response,) = wait_for_events(server, "responses", lambda e: e["envelope"]["session_id"] == session)
+    assert [entry.logprob for entry in entries] == response["response_logprobs"]  # exactly, float for float
+    shown = b"".join(bytes(entry.bytes) for entry in entries).decode("utf-8", errors="replace")
+    assert shown.startswith(text) and response["response_text"] == text  # the bytes spell the reply
+    assert all(entry.top_logprobs == [] for entry in entries)
+
+
+def test_top_logprobs_above_zero_is_refused_by_name(server: ServeProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(server).chat.completions.create(
+            model="orl-policy", messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=3
+        )
+    assert refused.value.body["param"] == "top_logprobs"
+
+
 def test_streaming_sends_tokens_and_usage_last(server: ServeProcess) -> None:
     stream = client(server).chat.completions.create(
         model="orl-policy",
