@@ -91,6 +91,11 @@ def _short(text: str | None) -> str | None:
     return text[:TEXT_SHOWN] + f"... [{len(text) - TEXT_SHOWN} more characters]"
 
 
+def _message_view(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    return {**message, "content": _short(content)} if isinstance(content, str) else message
+
+
 def _vote_view(vote: Vote) -> dict[str, Any]:
     return {
         "event_id": vote["envelope"]["event_id"],
@@ -153,9 +158,11 @@ async def _turn_chain(index: AuditIndex, fetch: EventFetcher, turn_id: str) -> d
         "SampleRejected": "samples",
     }
     for event_id, kind in index.turn_events(turn_id):
-        view = _event_view(await fetch.get(index, event_id))
-        if kind == "RequestReceived":
-            view["messages"] = json.loads(view.pop("messages_json") or "[]")
+        event = await fetch.get(index, event_id)
+        view = _event_view(event)
+        if kind == "RequestReceived":  # parsed whole, then each message's text shortened
+            del view["messages_json"]
+            view["messages"] = [_message_view(m) for m in json.loads(event["messages_json"] or "[]")]
             chain["request"] = view
         elif kind == "ResponseGenerated":
             chain["response"] = view

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from orl.connectors.event_log.factory import open_event_log
+from orl.pipeline.history.audit import TEXT_SHOWN
 from orl.pipeline.history.namespace_io import NamespaceWriter
 from orl.schemas.events import make_event
 
@@ -120,6 +121,29 @@ def test_every_kind_of_id_finds_the_chain(tmp_path: Path, capsys: pytest.Capture
     assert code == 0 and json.loads(out)["samples"]
     code, out, _ = audit(tmp_path, log_url, capsys, session="s0", json=True)
     assert code == 0 and json.loads(out)["checkpoints"][0]["version"] == 1
+
+
+def test_a_request_longer_than_the_shown_text_is_parsed_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A late turn's request holds the whole conversation: its messages are read whole, then each
+    message's text is shortened (the audit once shortened the JSON first, and failed to parse it)."""
+    log_url, samples = asyncio.run(history(tmp_path))
+    requests = asyncio.run(namespace_requests(log_url))
+    long_turns = {e["envelope"]["turn_id"]: e for e in requests if len(e["messages_json"]) > TEXT_SHOWN}
+    assert long_turns, "the recorded conversations must have a request longer than TEXT_SHOWN"
+    for turn_id, request in long_turns.items():
+        code, out, err = audit(tmp_path, log_url, capsys, id=turn_id, json=True)
+        assert code == 0, err
+        shown = json.loads(out)["request"]["messages"]
+        recorded = json.loads(request["messages_json"])
+        assert [m["role"] for m in shown] == [m["role"] for m in recorded]
+        assert all(len(m["content"]) <= TEXT_SHOWN + 40 for m in shown if isinstance(m["content"], str))
+
+
+async def namespace_requests(log_url: str) -> list[Event]:
+    async with open_event_log(log_url) as log:
+        return await events_of(log, SOURCE, "requests")
 
 
 def test_an_unknown_id_is_not_found(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
