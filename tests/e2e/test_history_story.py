@@ -103,11 +103,14 @@ def test_rejudge_retrain_from_the_base_and_audit_a_reward(
     assert vote["judge_kind"] == "llm" and vote["raw_output"] and vote["prompt_sha256"]
     assert "Thanks, that works." in vote["prompt_text"] or "redo" in vote["prompt_text"]  # what it saw
     assert vote["score"] is not None or vote["parse_error"]  # a score, or why none could be read
-    (reward,) = chain["rewards"]
-    assert (
-        reward["rule"] and reward["reason"] and reward["vote_ids"] == [v["event_id"] for v in chain["votes"]]
-    )
-    assert reward["votes"] == [v["score"] for v in chain["votes"]]
+    # the majority's reward, and when the small judge parsed no vote in the session, the
+    # at-least-one-promotion rule's penalty on top (a second RewardDecided on the same votes)
+    reward, *promotion = chain["rewards"]
+    assert reward["rule"] == "majority" and reward["reason"]
+    assert [r["rule"] for r in promotion] in ([], ["at_least_one_promotion"])
+    for decided in chain["rewards"]:
+        assert decided["vote_ids"] == [v["event_id"] for v in chain["votes"]]
+        assert decided["votes"] == [v["score"] for v in chain["votes"]]
     (training,) = next(s for s in chain["samples"] if s["event_id"] == sample_id)["training"]
     assert training["train_step"]["run_id"] == "rejudged"
     (checkpoint,) = training["checkpoints"]
