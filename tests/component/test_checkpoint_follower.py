@@ -114,6 +114,18 @@ async def started_log(tmp_path: Path, log_class: type[SqliteEventLog] = SqliteEv
     return log
 
 
+def follower_on(
+    backend: SwappingBackend, root: Path, log: SqliteEventLog, tmp_path: Path, spool_name: str
+) -> tuple[CheckpointFollower, EventSpool]:
+    """A follower of RUN over the local store at `root` and `log`, recording into its own spool."""
+    spool = EventSpool(tmp_path / spool_name)
+    recorder = EventRecorder(spool, NAMESPACE, clock_ms=lambda: int(time.time() * 1000))
+    follower = CheckpointFollower(
+        backend, LocalObjectStore(root), recorder, Metrics(), RUN, SERVER, tmp_path / "served", log, NAMESPACE
+    )
+    return follower, spool
+
+
 async def until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -187,19 +199,7 @@ def test_a_server_starting_serves_the_newest_published_checkpoint_that_verifies_
             b"weights v9"
         )  # one byte changed
         backend = SwappingBackend()
-        spool = EventSpool(tmp_path / "spool.db")
-        recorder = EventRecorder(spool, NAMESPACE, clock_ms=lambda: int(time.time() * 1000))
-        follower = CheckpointFollower(
-            backend,
-            LocalObjectStore(root),
-            recorder,
-            Metrics(),
-            RUN,
-            SERVER,
-            tmp_path / "served",
-            log,
-            NAMESPACE,
-        )
+        follower, spool = follower_on(backend, root, log, tmp_path, "spool.db")
         await follower.activate_latest()
         assert backend.loaded == [2]  # not the base model: v4 and v3 are refused, v2 verifies; v5 unknown
         await follower.activate_latest()  # as after a failure to follow: the refused are not tried again
@@ -229,19 +229,7 @@ def test_a_backend_away_during_a_swap_is_retried_and_refused_only_after_repeated
     async def follow_until(
         backend: AwayBackendFirst, spool_name: str, condition: Callable[[], bool]
     ) -> list[str]:
-        spool = EventSpool(tmp_path / spool_name)
-        recorder = EventRecorder(spool, NAMESPACE, clock_ms=lambda: int(time.time() * 1000))
-        follower = CheckpointFollower(
-            backend,
-            LocalObjectStore(root),
-            recorder,
-            Metrics(),
-            RUN,
-            SERVER,
-            tmp_path / "served",
-            log,
-            NAMESPACE,
-        )
+        follower, spool = follower_on(backend, root, log, tmp_path, spool_name)
         following = asyncio.create_task(follower.follow(max_backoff_s=0.05))
         try:
             await until(lambda: condition() or follower.refused != set())
