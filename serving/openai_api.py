@@ -15,6 +15,7 @@ from typing import Any
 from orl.rules.top_k import MAX_TOP_K
 from orl.schemas.errors import OrlError
 from orl.schemas.json_depth import JsonTooDeep, loads_within_depth
+from orl.serving.chat_fields import STREAM_OPTIONS, FieldRefused, check_fields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_SEQUENCES = 4
@@ -79,7 +80,12 @@ class ChatRequest:
 
 
 def parse_chat_request(raw: bytes, *, max_tokens_limit: int) -> ChatRequest:
-    body = _json_object(raw)
+    """A chat-completions body, every field checked against serving/chat_fields.py's table."""
+    body = json_object(raw)
+    try:
+        check_fields(body)
+    except FieldRefused as refused:
+        raise bad_request(refused.message, param=refused.name, code=refused.code) from None
     messages = _messages(body.get("messages"))
     tools = _tools(body.get("tools"))
     return ChatRequest(
@@ -230,7 +236,7 @@ def too_deep(error: JsonTooDeep, what: str, param: str | None = None) -> ApiErro
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
-    """A chat or score body: a JSON object, with OpenAI's `n` (only 1 is supported)."""
+    """A score body: a JSON object, with OpenAI's `n` (only 1 is supported)."""
     body = json_object(raw)
     n = body.get("n", 1)
     if isinstance(n, bool) or n != 1:
@@ -336,6 +342,13 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
             raise bad_request(
                 f"tools[{i}] must be {{'type':'function','function':{{'name':...}}}}", param=f"tools[{i}]"
             )
+        if tool["function"].get("strict") not in (None, False):
+            raise bad_request(
+                f"tools[{i}].function.strict=true is not supported: arguments held to the schema need "
+                "constrained decoding, not built yet; send strict: false (the arguments are parsed as the model wrote them)",
+                param=f"tools[{i}].function.strict",
+                code="unsupported_parameter",
+            )
     return value or None
 
 
@@ -434,7 +447,10 @@ def _logprobs(body: dict[str, Any]) -> bool:
 
 
 def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
+    """A boolean field; null is the default, as absent is (clients send nulls for unset fields)."""
+    value = body.get(name)
+    if value is None:
+        return default
     if not isinstance(value, bool):
         raise bad_request(f"'{name}' must be a boolean", param=name, code="invalid_type")
     return value
@@ -445,7 +461,14 @@ def _include_usage(options: Any) -> bool:
         return False
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", param="stream_options", code="invalid_type")
-    return bool(options.get("include_usage", False))
+    unknown = sorted(set(options) - set(STREAM_OPTIONS))
+    if unknown:
+        raise bad_request(
+            f"stream_options.{unknown[0]} is not a stream option orl knows ({', '.join(STREAM_OPTIONS)})",
+            param=f"stream_options.{unknown[0]}",
+            code="unknown_parameter",
+        )
+    return _bool(options, "include_usage", False)
 
 
 def _optional_str(body: dict[str, Any], name: str) -> str | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from orl.connectors.environment.api import ROLES as OBSERVATION_ROLES
 from orl.connectors.environment.outcome_events import MAX_CONTENT_CHARS
 from orl.rules.top_k import MAX_TOP_K
+from orl.serving.chat_fields import CHAT_FIELDS, STREAM_OPTIONS
 from orl.serving.openai_api import MAX_STOP_SEQUENCES, ROLES
 
 if TYPE_CHECKING:
@@ -190,7 +191,10 @@ def _messages(roles: tuple[str, ...] = ROLES) -> Schema:
 
 
 def _tools() -> Schema:
-    tool = _object({"type": {"const": "function"}, "function": _object({"name": {"type": "string"}})})
+    function = _object({"name": {"type": "string"}}) | {
+        "properties": {"name": {"type": "string"}, "strict": {"enum": [False, None]}}
+    }  # strict: true is a 400 until constrained decoding (serving/openai_api.py _tools)
+    tool = _object({"type": {"const": "function"}, "function": function})
     return _nullable({"type": "array", "items": tool})
 
 
@@ -199,7 +203,7 @@ def _number(low: float, high: float, *, above_low: bool = False) -> Schema:
     return _nullable({"type": "number", **lower, "maximum": high})
 
 
-def _chat_request(max_tokens_limit: int) -> Schema:
+def chat_request_schema(max_tokens_limit: int) -> Schema:
     max_tokens = _nullable({"type": "integer", "minimum": 1, "maximum": max_tokens_limit})
     stop = {"type": "string", "minLength": 1}
     tool_choice = {
@@ -208,31 +212,46 @@ def _chat_request(max_tokens_limit: int) -> Schema:
             _object({"function": _object({"name": {"type": "string"}})}),
         ]
     }
+    honoured = {
+        "model": _nullable({"type": "string"}),
+        "messages": _messages(),
+        "tools": _tools(),
+        "tool_choice": tool_choice,
+        "stream": _nullable({"type": "boolean"}),
+        "stream_options": _nullable(
+            {
+                "type": "object",
+                "properties": {option: _nullable({"type": "boolean"}) for option in STREAM_OPTIONS},
+                "additionalProperties": False,
+            }
+        ),
+        "temperature": _number(0.0, 2.0),
+        "top_p": _number(0.0, 1.0, above_low=True),
+        "max_tokens": max_tokens,
+        "max_completion_tokens": max_tokens,
+        "stop": _nullable(
+            {"anyOf": [stop, {"type": "array", "maxItems": MAX_STOP_SEQUENCES, "items": stop}]}
+        ),
+        "seed": _nullable({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}),
+        "session_id": _nullable({"type": "string"}),
+        "user": _nullable({"type": "string"}),
+        "prompt_cache_key": _nullable({"type": "string"}),
+        "logprobs": _nullable({"type": "boolean"}),
+    }
+    properties = {}
+    for field in CHAT_FIELDS:  # serving/chat_fields.py: every field, with what orl does with it
+        if field.treatment == "honoured":
+            schema = honoured[field.name]
+        elif field.treatment == "limited":
+            schema = {"enum": list(field.accepted)}
+        else:
+            schema = dict(field.schema or {})
+        properties[field.name] = {**schema, "description": f"{field.treatment}: {field.effect}"}
     return {
         "type": "object",
         "required": ["messages"],
-        "properties": {
-            "model": _nullable({"type": "string"}),
-            "messages": _messages(),
-            "tools": _tools(),
-            "tool_choice": tool_choice,
-            "stream": {"type": "boolean"},
-            "stream_options": _nullable({"type": "object"}),
-            "temperature": _number(0.0, 2.0),
-            "top_p": _number(0.0, 1.0, above_low=True),
-            "max_tokens": max_tokens,
-            "max_completion_tokens": max_tokens,
-            "stop": _nullable(
-                {"anyOf": [stop, {"type": "array", "maxItems": MAX_STOP_SEQUENCES, "items": stop}]}
-            ),
-            "seed": _nullable({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}),
-            "n": {"const": 1},
-            "session_id": _nullable({"type": "string"}),
-            "user": _nullable({"type": "string"}),
-            "prompt_cache_key": _nullable({"type": "string"}),
-            "logprobs": _nullable({"type": "boolean"}),
-            "top_logprobs": _nullable({"const": 0}),
-        },
+        "properties": properties,
+        "additionalProperties": False,
     }
 
 
@@ -262,7 +281,7 @@ def _chat(max_tokens_limit: int) -> dict[str, Any]:
         "OpenAI chat completion; the turn is recorded.",
         responses,
         security="apiKey",
-        body=_chat_request(max_tokens_limit),
+        body=chat_request_schema(max_tokens_limit),
         parameters=headers,
     )
 

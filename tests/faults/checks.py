@@ -22,7 +22,7 @@ from orl.connectors.checkpoint_store import CheckpointRejected, complete_version
 from orl.connectors.object_store.factory import open_object_store
 from orl.rules.gate_decisions import PROMOTED
 
-from tests.faults.harness import COMPONENTS, NAMESPACE, FaultRun
+from tests.faults.harness import COMPONENTS, NAMESPACE, FaultRun, derived_requests
 from tests.integration.log_reading import read_events
 
 TOPICS = (
@@ -73,6 +73,8 @@ def check_run(run: FaultRun) -> Verdict:
         verdict.figures[f"{target} {kind} (s out each; turns acknowledged meanwhile)"] = (
             f"{len(outages)} x ({durations}) s; {sum(o.turns_acked_during for o in outages)}"
         )
+    derived_after = "not within the drain" if run.derived_after_s is None else run.derived_after_s
+    verdict.figures["sessions ended -> every turn derived (s)"] = derived_after
     if run.final_chat_status != 200:
         verdict.problems.append(f"the final chat after the faults got {run.final_chat_status}, not 200")
     return verdict
@@ -181,8 +183,8 @@ def check_samples(run: FaultRun, log: dict[str, list[dict[str, Any]]], verdict: 
     ]
     for turn_id in mismatched:
         verdict.problems.append(f"sample of turn {turn_id} joins a request with another request's response")
-    derived_responses = {response_of.get(e["lineage"]["response_event_id"]) for e in ready + rejected}
-    never = [t for t in run.turns if t.response_id not in derived_responses]
+    derived_ids = derived_requests(log["responses"], ready + rejected)
+    never = [t for t in run.turns if t.response_id not in derived_ids]
     for turn in never:
         verdict.problems.append(
             f"acknowledged turn {turn.turn_id} ({turn.response_id}, turn {turn.position} of its session) "

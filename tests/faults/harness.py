@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -103,6 +104,7 @@ class FaultRun:
     kills: list[Kill] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
     final_chat_status: int | None = None
+    derived_after_s: float | None = None  # sessions ended -> every acknowledged turn derived (None: never)
     wall_s: float = 0.0
 
 
@@ -128,6 +130,7 @@ def load_run(path: Path) -> FaultRun:
         kills=[Kill(**k) for k in raw["kills"]],
         outages=[Outage(**o) for o in raw.get("outages", [])],
         final_chat_status=raw["final_chat_status"],
+        derived_after_s=raw.get("derived_after_s"),
         wall_s=raw["wall_s"],
     )
 
@@ -346,20 +349,40 @@ def count_events(log_url: str, topic: str) -> int:
     return len(asyncio.run(read_events(log_url, f"{NAMESPACE}.{topic}")))
 
 
+def derived_requests(responses: list[dict[str, Any]], samples: list[dict[str, Any]]) -> set[str]:
+    """The request ids whose turn has a SampleReady or a SampleRejected (joined by its response event)."""
+    request_of = {e["envelope"]["event_id"]: e["request_id"] for e in responses}
+    return {
+        request_of.get(e["lineage"]["response_event_id"], "")
+        for e in samples
+        if e["envelope"]["event_type"] in ("SampleReady", "SampleRejected")
+    }
+
+
 def drain(stack: UpStack, run: FaultRun, quiet_s: float, timeout_s: float) -> None:
-    """End every session, then wait until every acknowledged response is on the log and the samples,
-    train steps and checkpoints have not grown for `quiet_s` (or `timeout_s` has passed)."""
+    """End every session, then wait (at most `timeout_s` in all) until every acknowledged response is
+    on the log, every acknowledged turn is derived into a sample or a rejection, and the samples,
+    train steps and checkpoints have not grown for `quiet_s`. The verdict (tests/faults/checks.py)
+    says what is still missing when the deadline passes first."""
     headers = {"Authorization": f"Bearer {stack.api_key}"}
     for session_id in sorted({turn.session_id for turn in run.turns}):
         wait_for(lambda session_id=session_id: _ended(stack, session_id, headers), 60, poll_s=1)  # type: ignore[misc]
     acked = {turn.response_id for turn in run.turns}
-    deadline = time.monotonic() + timeout_s
+    ended_at = time.monotonic()
+    deadline = ended_at + timeout_s
 
-    def logged_responses() -> set[str]:
-        events = asyncio.run(read_events(run.log_url, f"{NAMESPACE}.responses"))
-        return {event["request_id"] for event in events}
+    def topic(name: str) -> list[dict[str, Any]]:
+        return asyncio.run(read_events(run.log_url, f"{NAMESPACE}.{name}"))
 
-    wait_for(lambda: acked <= logged_responses(), timeout_s, poll_s=2)
+    wait_for(lambda: acked <= {event["request_id"] for event in topic("responses")}, timeout_s, poll_s=2)
+    # A session's last turn is derived only once its end is settled on a tick (turn_linker), after
+    # the turns before it: on a loaded machine that can outlast any fixed quiet window.
+    if wait_for(
+        lambda: acked <= derived_requests(topic("responses"), topic("samples")),
+        max(0.0, deadline - time.monotonic()),
+        poll_s=2,
+    ):
+        run.derived_after_s = round(time.monotonic() - ended_at, 1)
     last, quiet_since = None, time.monotonic()
     while time.monotonic() < deadline and time.monotonic() - quiet_since < quiet_s:
         now = tuple(count_events(run.log_url, t) for t in ("samples", "train_steps", "checkpoints"))

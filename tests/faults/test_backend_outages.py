@@ -63,7 +63,23 @@ def run_and_check(
     save_run(run, tmp_path / "run.json")  # the up log and what the clients saw, kept for a failed check
     verdict = check_run(run)
     print(results_table(verdict))
+    if problems_beyond_restarts(verdict):
+        print(orl_log_lines(run.data_dir / "logs"))  # what the components said, for a failed check
     return run, verdict
+
+
+def orl_log_lines(logs: Path, last: int = 40) -> str:
+    """The last `last` warnings and errors of orl's own loggers (not the Kafka client's) per component log."""
+    parts = []
+    for path in sorted(logs.glob("*.log")):
+        lines = [
+            line
+            for line in path.read_text(errors="replace").splitlines()
+            if " orl" in line and (" WARNING " in line or " ERROR " in line)
+        ]
+        parts.append(f"--- {path.name}: {len(lines)} warnings and errors, the last {last}:")
+        parts.extend(line[:300] for line in lines[-last:])
+    return "\n".join(parts)
 
 
 @pytest.fixture(scope="module")

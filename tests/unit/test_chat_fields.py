@@ -1,0 +1,133 @@
+"""The chat-completions field audit (serving/chat_fields.py): every field honoured, taken as given or
+refused by name; the table, the parser, the OpenAPI document and docs/clients.md agree."""
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from orl.serving.chat_fields import CHAT_FIELDS, FIELDS_BY_NAME
+from orl.serving.openai_api import ApiError, parse_chat_request
+from orl.serving.openapi import chat_request_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+MESSAGES = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+# The request fields of OpenAI's chat completions API (its API reference, December 2026), and orl's
+# own session_id: the audit must cover each.
+OPENAI_FIELDS = {
+    "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
+    "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities", "n",
+    "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key",
+    "prompt_cache_retention", "reasoning_effort", "response_format", "safety_identifier", "seed",
+    "service_tier", "stop", "store", "stream", "stream_options", "temperature", "tool_choice",
+    "tools", "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
+}  # fmt: skip
+
+
+def parse(**fields: Any):
+    return parse_chat_request(json.dumps({"messages": MESSAGES, **fields}).encode(), max_tokens_limit=64)
+
+
+def refused(**fields: Any) -> dict[str, Any]:
+    with pytest.raises(ApiError) as info:
+        parse(**fields)
+    assert info.value.status == 400
+    return info.value.body()["error"]
+
+
+def test_the_table_covers_every_openai_field_and_nothing_else() -> None:
+    assert set(FIELDS_BY_NAME) == OPENAI_FIELDS | {"session_id"}
+    assert len(FIELDS_BY_NAME) == len(CHAT_FIELDS)
+
+
+def test_an_unknown_field_is_a_400_naming_it() -> None:
+    error = refused(top_k=5)
+    assert (error["param"], error["code"]) == ("top_k", "unknown_parameter")
+    assert "top_k" in error["message"]
+
+
+@pytest.mark.parametrize("field", [f for f in CHAT_FIELDS if f.treatment == "limited"], ids=lambda f: f.name)
+def test_a_limited_field_takes_its_accepted_values_and_refuses_another_by_name(field) -> None:
+    needs = {"logprobs": True} if field.name == "top_logprobs" else {}
+    for value in field.accepted:
+        parse(**{field.name: value}, **needs)
+    error = refused(**{field.name: "something else"}, **needs)
+    assert (error["param"], error["code"]) == (field.name, "unsupported_parameter")
+    assert field.effect in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("response_format", {"type": "json_object"}),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        ("n", 2),
+        ("top_logprobs", 3),
+        ("parallel_tool_calls", False),
+        ("frequency_penalty", 0.5),
+        ("logit_bias", {"50256": -100}),
+        ("reasoning_effort", "low"),
+        ("functions", [{"name": "f"}]),
+        ("modalities", ["text", "audio"]),
+    ],
+)
+def test_a_value_orl_cannot_honour_is_refused_not_ignored(name: str, value: Any) -> None:
+    assert refused(**{name: value})["param"] == name
+
+
+@pytest.mark.parametrize(
+    ("name", "good", "bad"),
+    [
+        ("store", False, "no"),
+        ("metadata", {"team": "a"}, {"team": 1}),
+        ("safety_identifier", "user-1", 5),
+        ("prompt_cache_retention", "24h", "forever"),
+    ],
+)
+def test_a_field_taken_as_given_is_type_checked(name: str, good: Any, bad: Any) -> None:
+    parse(**{name: good})
+    assert refused(**{name: bad})["param"] == name
+
+
+def test_nulls_mean_absent_for_every_field_but_messages() -> None:
+    """LlamaIndex and LangChain send unset fields as null."""
+    nulls = {f.name: None for f in CHAT_FIELDS if f.name != "messages"}
+    req = parse(**nulls)
+    assert (req.stream, req.temperature, req.tools, req.logprobs) == (False, 1.0, None, False)
+
+
+def test_clients_usual_bodies_parse() -> None:
+    """What the openai SDK, LangChain, the Agents SDK and stock OpenClaw send by default."""
+    parse(
+        model="orl-policy", stream=True, stream_options={"include_usage": True}, max_completion_tokens=8,
+        tools=[TOOL], tool_choice="auto", parallel_tool_calls=True, store=False, prompt_cache_key="s:0",
+        n=1, frequency_penalty=0, presence_penalty=0.0, response_format={"type": "text"},
+    )  # fmt: skip
+    parse(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "lookup"}})
+
+
+def test_stream_options_and_strict_tools_are_checked_by_name() -> None:
+    error = refused(stream=True, stream_options={"include_usage": True, "chunk_size": 3})
+    assert (error["param"], error["code"]) == ("stream_options.chunk_size", "unknown_parameter")
+    parse(stream=True, stream_options={"include_usage": True, "include_obfuscation": False})
+    strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
+    error = refused(tools=[strict])
+    assert (error["param"], error["code"]) == ("tools[0].function.strict", "unsupported_parameter")
+    parse(tools=[{"type": "function", "function": {**TOOL["function"], "strict": False}}])
+
+
+def test_the_openapi_document_describes_every_field_and_forbids_others() -> None:
+    schema = chat_request_schema(64)
+    assert schema["additionalProperties"] is False
+    assert set(schema["properties"]) == set(FIELDS_BY_NAME)
+    for field in CHAT_FIELDS:
+        assert schema["properties"][field.name]["description"] == f"{field.treatment}: {field.effect}"
+
+
+def test_docs_clients_table_is_the_code_table() -> None:
+    text = (ROOT / "docs" / "clients.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| ([a-z ]+) \| (.+) \|$", text, flags=re.MULTILINE)
+    assert rows == [(f.name, f.treatment, f.effect) for f in CHAT_FIELDS]
