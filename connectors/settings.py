@@ -62,16 +62,26 @@ class PromotionSettings:
     )
 
 
+DEFAULT_GATED_HOLDOUT_SHARE = 0.1
+
+
 @dataclass(frozen=True)
 class HoldoutSettings:
     """The sessions the trainer never trains on and the promotion gate draws its prompts from."""
 
-    holdout_share: float = setting(
-        0.0,
+    holdout_share: float | None = setting(
+        None,
         "ORL_HOLDOUT_SHARE",
         "Share of sessions held out (orl.schemas.ids.held_out_session): the trainer skips them, the "
-        "promotion gate draws its prompts from them; give both the same value (`orl up` does).",
+        "promotion gate draws its prompts from them; give both the same value (`orl up` does). "
+        "Default: 0.1 under `orl up` with its gate, else 0 (no gate reads them).",
     )
+
+    def held_out(self, gate_reads_them: bool = False) -> float:
+        """The share in force: as given, else 0.1 when a gate draws prompts from them, else 0."""
+        if self.holdout_share is not None:
+            return self.holdout_share
+        return DEFAULT_GATED_HOLDOUT_SHARE if gate_reads_them else 0.0
 
 
 @dataclass(frozen=True)

@@ -374,14 +374,14 @@ async def gate_once(
 
 
 def check_gate_settings(settings: GateSettings, source: PromptSource | None) -> None:
-    held_out_session("", settings.holdout_share)  # its range check
+    held_out_session("", settings.held_out())  # its range check
     if settings.gate_prompts < 1 or settings.gate_samples < 1:
         raise ConfigError("--gate-prompts and --gate-samples must be >= 1")
     if settings.gate_margin < 0:
         raise ConfigError(f"--gate-margin must be >= 0, not {settings.gate_margin}")
     if settings.gate_scenario and source is None:
         raise ConfigError(f"--gate-scenario {settings.gate_scenario}: no prompt source given for it")
-    if source is None and settings.holdout_share == 0:
+    if source is None and settings.held_out() == 0:
         raise ConfigError("the gate draws prompts from held-out sessions: set --holdout-share above 0")
 
 
@@ -424,7 +424,7 @@ async def run_gate_loop(
     settings: GateSettings, stop: asyncio.Event | None = None, source: PromptSource | None = None
 ) -> None:
     """`orl gate`: decide every newest published version, until `stop` is set."""
-    state = GateLog(settings.run_id, settings.holdout_share, keep=settings.gate_prompts)
+    state = GateLog(settings.run_id, settings.held_out(), keep=settings.gate_prompts)
     async with (
         running_evaluator(settings, source) as evaluator,
         open_event_log(
@@ -457,7 +457,7 @@ async def follow(
                     log.info(
                         "v%d waits for a held-out prompt: no main turn of a held-out session (a share of %.2f "
                         "of the sessions) is recorded yet; servers keep serving v%d",
-                        candidate, settings.holdout_share, state.promoted,
+                        candidate, settings.held_out(), state.promoted,
                     )  # fmt: skip
                 continue
             await event_log.append(

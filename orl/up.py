@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orl.compute.machine import available_cores, cpu_model_name, resolved_numerics
-from orl.connectors.settings import ConnectionSettings, PrecisionSettings, RunSettings, group_env, setting
+from orl.connectors.settings import (
+    ConnectionSettings,
+    HoldoutSettings,
+    PrecisionSettings,
+    RunSettings,
+    group_env,
+    setting,
+)
 from orl.pipeline.processors.config import SampleMethod
 from orl.pipeline.runtime.main import method_stage_names
 from orl.pipeline.runtime.settings import (
@@ -65,12 +72,10 @@ class UpSettings(
     PipelineMetricsSettings,
     TrainBatchSettings,
     OpdLossSettings,
+    HoldoutSettings,
 ):
     components: tuple[str, ...] = setting(
         ("serve", "pipeline", "train"), "ORL_COMPONENTS", "Which processes to start."
-    )
-    holdout_share: float = setting(
-        0.1, "ORL_HOLDOUT_SHARE", "With the gate: the share of sessions held out for the gate's prompts."
     )
 
 
@@ -237,7 +242,7 @@ def stack_env(settings: UpSettings) -> dict[str, str]:
         "ORL_HINT_JUDGE": rewards.hint_judge,
         "ORL_THREADS": str(stack_cores(settings)),
         "ORL_FOLLOW_PROMOTED": "true" if settings.gate else "false",  # read by the server and the trainer
-        "ORL_HOLDOUT_SHARE": str(settings.holdout_share if settings.gate else 0.0),  # trainer and gate
+        "ORL_HOLDOUT_SHARE": str(settings.held_out(gate_reads_them=True) if settings.gate else 0.0),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
 

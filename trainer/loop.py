@@ -82,7 +82,7 @@ async def consume_and_train(
             settings.max_staleness,
             point.consumed_offsets,
             point.trained_ids,
-            holdout_share=settings.holdout_share,
+            holdout_share=settings.held_out(),
         )
         async with log_.consumer(
             settings.group_id(), [topic_name(settings.namespace, "samples")]

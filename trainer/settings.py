@@ -377,7 +377,7 @@ def check_settings(settings: TrainSettings) -> None:
         *loss_flag_problems(settings, settings.backend),
         (settings.max_steps < 0, f"--max-steps must be >= 0, not {settings.max_steps}"),
         (
-            not 0 <= settings.holdout_share < 1,
+            not 0 <= settings.held_out() < 1,
             f"--holdout-share must be in [0, 1), not {settings.holdout_share}",
         ),
         (settings.rollback_window < 0, f"--rollback-window must be >= 0, not {settings.rollback_window}"),
