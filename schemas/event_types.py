@@ -92,6 +92,10 @@ class SamplingParams(TypedDict):
     max_tokens: int
     stop: list[str]
     seed: int | None
+    # The output constraint the tokens were sampled under (the request's response_format as JSON, e.g.
+    # {"type": "json_schema", ...}); null: unconstrained. Constrained tokens come from a masked distribution:
+    # no sample is built from them.
+    constraint: str | None
 
 
 class TopicOffset(TypedDict):

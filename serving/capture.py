@@ -50,6 +50,7 @@ def sampling_record(params: SamplingParams) -> SamplingRecord:
         "max_tokens": params.max_tokens,
         "stop": list(params.stop),
         "seed": params.seed,
+        "constraint": params.constraint,
     }
 
 

@@ -72,10 +72,10 @@ CHAT_FIELDS: tuple[ChatField, ...] = (
         0,
     ),
     limited("n", "1 only: several choices of one request are not built yet", 1),
-    limited(
+    honoured(
         "response_format",
-        "text only: JSON output needs constrained decoding, not built yet (a 400, never free text)",
-        {"type": "text"},
+        "text, json_object or json_schema, enforced by constrained decoding (llguidance); such a turn is "
+        "recorded as constrained and never trained on",
     ),
     limited(
         "parallel_tool_calls",

@@ -71,6 +71,7 @@ class ChatRequest:
     user: str | None
     prompt_cache_key: str | None  # a session hint: stock OpenClaw sends `<sessionId>:0`
     logprobs: bool = False  # return each sampled token's logprob (the recorded one)
+    constraint: str | None = None  # response_format json_object / json_schema, as canonical JSON
 
     def forced_tool(self) -> str | None:
         """The function name when tool_choice names one function."""
@@ -88,7 +89,7 @@ def parse_chat_request(raw: bytes, *, max_tokens_limit: int) -> ChatRequest:
         raise bad_request(refused.message, param=refused.name, code=refused.code) from None
     messages = _messages(body.get("messages"))
     tools = _tools(body.get("tools"))
-    return ChatRequest(
+    req = ChatRequest(
         model=_optional_str(body, "model") or "",
         messages=messages,
         tools=tools,
@@ -104,7 +105,13 @@ def parse_chat_request(raw: bytes, *, max_tokens_limit: int) -> ChatRequest:
         user=_optional_str(body, "user"),
         prompt_cache_key=_optional_str(body, "prompt_cache_key"),
         logprobs=_logprobs(body),
+        constraint=_constraint(body.get("response_format")),
     )
+    if req.constraint and (req.forced_tool() or req.tool_choice == "required"):
+        raise bad_request(
+            "response_format json and a forced tool call cannot both hold the reply", param="response_format"
+        )
+    return req
 
 
 @dataclass(frozen=True)
@@ -444,6 +451,44 @@ def _logprobs(body: dict[str, Any]) -> bool:
     if not wanted:
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return wanted
+
+
+def _constraint(value: Any) -> str | None:
+    """response_format: None for text; for json_object and json_schema its canonical JSON, once
+    llguidance has compiled its schema (one it cannot enforce is a 400, never free text)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        constraint: dict[str, Any] = {"type": "json_object"}
+    elif kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise bad_request(
+                "response_format.json_schema needs a 'name'", param="response_format.json_schema"
+            )
+        schema = spec.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise bad_request(
+                "response_format.json_schema.schema must be an object",
+                param="response_format.json_schema.schema",
+            )
+        constraint = {"type": "json_schema", "json_schema": {"name": spec["name"], "schema": schema or {}}}
+    else:
+        raise bad_request(
+            "response_format.type must be 'text', 'json_object' or 'json_schema'",
+            param="response_format.type",
+        )
+    text = json.dumps(constraint, sort_keys=True, separators=(",", ":"))
+    from orl.serving.policy.output_constraint import ConstraintError, grammar_of  # llguidance: JSON only
+
+    try:
+        grammar_of(text)
+    except ConstraintError as error:
+        raise bad_request(str(error), param="response_format", code="invalid_json_schema") from None
+    return text
 
 
 def _bool(body: dict[str, Any], name: str, default: bool) -> bool:

@@ -237,6 +237,20 @@ def chat_request_schema(max_tokens_limit: int) -> Schema:
         "user": _nullable({"type": "string"}),
         "prompt_cache_key": _nullable({"type": "string"}),
         "logprobs": _nullable({"type": "boolean"}),
+        "response_format": _nullable(
+            {
+                "anyOf": [
+                    _object({"type": {"enum": ["text", "json_object"]}}),
+                    _object(
+                        {
+                            "type": {"const": "json_schema"},
+                            "json_schema": _object({"name": {"type": "string"}}, ["name"])
+                            | {"properties": {"name": {"type": "string"}, "schema": {"type": "object"}}},
+                        }
+                    ),
+                ]
+            }
+        ),
     }
     properties = {}
     for field in CHAT_FIELDS:  # serving/chat_fields.py: every field, with what orl does with it

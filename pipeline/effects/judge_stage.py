@@ -294,6 +294,7 @@ class JudgeStage:
             "max_tokens": judge.max_tokens,
             "stop": [],
             "seed": seed,
+            "constraint": None,
         }
         prompt_sha256 = hashlib.sha256(prompt_text.encode()).hexdigest()
         prompt_tokens = int(usage.get("prompt_tokens", 0))

@@ -175,7 +175,14 @@ def epoch_ms(timestamp: str) -> int:
 
 
 def _sampling(temperature: float, max_tokens: int) -> SamplingParams:
-    return {"temperature": temperature, "top_p": 1.0, "max_tokens": max_tokens, "stop": [], "seed": None}
+    return {
+        "temperature": temperature,
+        "top_p": 1.0,
+        "max_tokens": max_tokens,
+        "stop": [],
+        "seed": None,
+        "constraint": None,
+    }
 
 
 def conversation_events(

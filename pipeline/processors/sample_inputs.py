@@ -264,7 +264,9 @@ def response_of(event: ResponseGenerated, packed: bool) -> Response:
         arrays=pack_token_arrays(prompt_ids, response_ids, logprobs)
         if packed
         else InlineArrays(prompt_ids, response_ids, logprobs),
-        problem=arrays_problem(response_ids, logprobs, temperature),
+        problem="constrained_decoding"
+        if event["sampling"].get("constraint")
+        else arrays_problem(response_ids, logprobs, temperature),
         temperature=temperature,
         policy_version=int(event["policy_version"]),
         off_policy=bool(event.get("policy_spans")),

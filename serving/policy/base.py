@@ -56,6 +56,8 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # response_format json_object / json_schema as canonical JSON (serving/policy/output_constraint.py), or None
+    constraint: str | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from orl.serving.policy.base import FinishReason, Generation, GenerationStream, SamplingParams, TokenStep
 from orl.serving.policy.detokenizer import IncrementalDecoder
+from orl.serving.policy.output_constraint import OutputConstraint
 from orl.serving.policy.prefix_cache import PrefixCache
 from transformers import DynamicCache
 
@@ -49,6 +50,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     generator: torch.Generator = field(default_factory=torch.Generator)
+    constraint: OutputConstraint | None = None  # response_format json: the grammar masks each step
 
     def __post_init__(self) -> None:
         seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
@@ -254,11 +256,15 @@ class ActiveBatch:
         self.rows.extend(rows)
 
     def _take(self, row: Row, logits_V: torch.Tensor) -> int:
+        if row.constraint is not None:  # sampled, and its logprob taken, from the masked distribution
+            logits_V = row.constraint.masked(logits_V)
         token, logprob = sample_token(logits_V, row.params, row.generator)
         row.token_ids.append(token)
         row.logprobs.append(logprob)
         delta = row.decoder.add(token)
-        if row.decoder.stopped:
+        if row.constraint is not None:
+            row.constraint.advance(token)
+        if row.decoder.stopped or (row.constraint is not None and row.constraint.finished):
             row.finish_reason = "stop"
         elif len(row.token_ids) >= row.max_new_tokens:
             row.finish_reason = "length"

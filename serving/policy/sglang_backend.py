@@ -49,6 +49,7 @@ from orl.serving.policy.base import (
 )
 from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.policy.detokenizer import IncrementalDecoder
+from orl.serving.policy.output_constraint import json_schema_of
 from orl.serving.policy.sglang_replies import (
     finish_reason,
     ids_and_logprobs,
@@ -118,6 +119,8 @@ class SGLangBackend(PolicyBackend):
         }
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed
+        if params.constraint is not None:  # SGLang enforces it with its grammar backend
+            sampling["json_schema"] = json.dumps(json_schema_of(params.constraint))
         body: dict[str, Any] = {
             "input_ids": list(prompt_ids),
             "sampling_params": sampling,

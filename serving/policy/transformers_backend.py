@@ -48,6 +48,7 @@ from orl.serving.policy.base import (
 from orl.serving.policy.batch_engine import ActiveBatch, Row, hidden_states, lm_logits
 from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.policy.detokenizer import IncrementalDecoder
+from orl.serving.policy.output_constraint import ConstraintCompiler, ConstraintError, OutputConstraint
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class TransformersBackend(PolicyBackend):
         self._model: Any = None
         self._batch: ActiveBatch | None = None
         self._eos_ids: frozenset[int] = frozenset()
+        self._constraints: ConstraintCompiler | None = None  # built on the first constrained request
         self.batch_size_counts: collections.Counter[int] = collections.Counter()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -165,12 +167,22 @@ class TransformersBackend(PolicyBackend):
         stream = GenerationStream()
         decoder = IncrementalDecoder(self.chat_template.decode, params.stop, self._eos_ids)
         max_new = min(params.max_tokens, self._context_window - len(prompt_ids))
-        row = Row(list(prompt_ids), params, max_new, stream, decoder)
+        row = Row(list(prompt_ids), params, max_new, stream, decoder, constraint=self._constraint(params))
         stream.set_on_close(row.cancelled.set)
         with self._cv:
             self._pending.append(row)
             self._cv.notify()
         return stream
+
+    def _constraint(self, params: SamplingParams) -> OutputConstraint | None:
+        if params.constraint is None:
+            return None
+        if self._constraints is None:
+            self._constraints = ConstraintCompiler(self.chat_template, self._eos_ids)
+        try:
+            return self._constraints.constraint(params.constraint)
+        except ConstraintError as error:
+            raise PolicyError(str(error)) from error
 
     async def score(
         self,

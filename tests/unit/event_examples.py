@@ -19,7 +19,14 @@ OCCURRED_AT_MS = 1_763_780_000_000
 
 
 def sampling(seed: int | None = 1234) -> dict[str, Any]:
-    return {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512, "stop": ["</s>"], "seed": seed}
+    return {
+        "temperature": 0.7,
+        "top_p": 0.95,
+        "max_tokens": 512,
+        "stop": ["</s>"],
+        "seed": seed,
+        "constraint": None,
+    }
 
 
 def lineage() -> dict[str, Any]:

@@ -62,8 +62,11 @@ def test_a_limited_field_takes_its_accepted_values_and_refuses_another_by_name(f
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("response_format", {"type": "json_object"}),
-        ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        ("response_format", {"type": "xml"}),
+        (
+            "response_format",
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}},
+        ),
         ("n", 2),
         ("top_logprobs", 3),
         ("parallel_tool_calls", False),
@@ -75,7 +78,26 @@ def test_a_limited_field_takes_its_accepted_values_and_refuses_another_by_name(f
     ],
 )
 def test_a_value_orl_cannot_honour_is_refused_not_ignored(name: str, value: Any) -> None:
-    assert refused(**{name: value})["param"] == name
+    assert refused(**{name: value})["param"].startswith(name)
+
+
+def test_response_format_json_is_parsed_into_one_canonical_constraint() -> None:
+    assert parse(response_format={"type": "text"}).constraint is None
+    assert parse(response_format={"type": "json_object"}).constraint == '{"type":"json_object"}'
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    spec = {"name": "s", "schema": schema, "strict": True, "description": "d"}
+    constraint = parse(response_format={"type": "json_schema", "json_schema": spec}).constraint
+    assert json.loads(constraint) == {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    error = refused(response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+    assert error["param"] == "response_format.json_schema"
+
+
+def test_json_output_and_a_forced_tool_call_are_refused_together() -> None:
+    forced = {"type": "function", "function": {"name": "lookup"}}
+    for choice in (forced, "required"):
+        error = refused(tools=[TOOL], tool_choice=choice, response_format={"type": "json_object"})
+        assert error["param"] == "response_format"
+    assert parse(tools=[TOOL], tool_choice="auto", response_format={"type": "json_object"}).constraint
 
 
 @pytest.mark.parametrize(

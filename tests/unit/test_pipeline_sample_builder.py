@@ -263,3 +263,20 @@ def test_states_kept_in_memory_only_give_the_same_bytes_unpacked() -> None:
     (state,) = (stored(s) for s in run_processor(SAMPLE_BUILDER, holding, memory_config)[0].values())
     assert "token_ids_json" in packed_state and "response_token_ids" not in packed_state
     assert "response_token_ids" in state and "token_ids_json" not in state
+
+
+def test_constrained_responses_are_rejected_not_trained() -> None:
+    """A response_format json turn was sampled from a masked distribution: its logprobs are not the
+    policy's, so no sample is built from it (docs/clients.md)."""
+    c, (t0, t1, _) = three_turns()
+    response = next(
+        e
+        for e in c.events
+        if e["envelope"]["event_type"] == "ResponseGenerated" and e["envelope"]["turn_id"] == t0
+    )
+    response["sampling"] = {**response["sampling"], "constraint": '{"type":"json_object"}'}
+    driver = PipelineDriver(config("binary"), ScriptedEffects({t0: [UP] * 3, t1: [UP] * 3}, {}))
+    driver.feed_all(c.events)
+    decided = samples_by_turn(driver.log)
+    assert decided[t0]["reason"] == "constrained_decoding"
+    assert decided[t1]["envelope"]["event_type"] == "SampleReady"

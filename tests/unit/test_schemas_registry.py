@@ -24,6 +24,7 @@ def test_shared_types_are_expanded_once_per_event() -> None:
         "max_tokens",
         "stop",
         "seed",
+        "constraint",
     ]
 
 
