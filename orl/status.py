@@ -2,7 +2,9 @@
 
 Reads `<data-dir>/logs/status.json` (written by `orl up`'s supervisor), the servers' spool files
 (`<data-dir>/spool-*.db`) and, from the log, the namespace's checkpoints, gate decisions, activations
-and samples. Writes nothing. `stack_status` is the pure part: the figures in, the lines out.
+and samples. Writes nothing. `stack_status` is the pure part: the figures in, the lines out. The
+samples topic grows with every turn: it is counted from each record's envelope head, and only the
+newest built sample is decoded.
 """
 
 from __future__ import annotations
@@ -17,10 +19,21 @@ from typing import Any
 
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.settings import ConnectionSettings
-from orl.pipeline.history.namespace_io import namespace_events
+from orl.pipeline.history.namespace_io import envelope_head, namespace_events, read_batches
+from orl.schemas.codec import decode
+from orl.schemas.topics import topic_name
 
-STATUS_TOPICS = ("checkpoints", "policy_activations", "samples")
+STATUS_TOPICS = ("checkpoints", "policy_activations")
 Event = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SampleTally:
+    """The samples topic in brief: SampleReady and SampleRejected counts, and the newest SampleReady."""
+
+    built: int = 0
+    rejected: int = 0
+    newest: Event | None = None
 
 
 @dataclass(frozen=True)
@@ -46,7 +59,7 @@ def component_lines(processes: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def policy_lines(events: Mapping[str, Sequence[Event]], now_ms: int) -> list[str]:
+def policy_lines(events: Mapping[str, Sequence[Event]], samples: SampleTally, now_ms: int) -> list[str]:
     """Versions published, promoted and held by the gate, served by each server, and the last sample."""
     checkpoints = [e for e in events["checkpoints"] if e["envelope"]["event_type"] == "CheckpointPublished"]
     gated = [e for e in events["checkpoints"] if e["envelope"]["event_type"] == "PolicyGated"]
@@ -67,16 +80,14 @@ def policy_lines(events: Mapping[str, Sequence[Event]], now_ms: int) -> list[str
             else "the base model"
         ),
     ]
-    samples = [e for e in events["samples"] if e["envelope"]["event_type"] == "SampleReady"]
-    rejected = len(events["samples"]) - len(samples)
-    if samples:
-        last = samples[-1]
+    last = samples.newest
+    if last is not None:
         lines.append(
-            f"  samples: {len(samples)} built, {rejected} rejected; the last {_age(now_ms, last['envelope']['occurred_at'])}"
-            f" (v{last['policy_version']}, {last['method']})"
+            f"  samples: {samples.built} built, {samples.rejected} rejected; the last "
+            f"{_age(now_ms, last['envelope']['occurred_at'])} (v{last['policy_version']}, {last['method']})"
         )
     else:
-        lines.append(f"  samples: none built yet, {rejected} rejected")
+        lines.append(f"  samples: none built yet, {samples.rejected} rejected")
     return lines
 
 
@@ -88,6 +99,7 @@ def stack_status(
     processes: Mapping[str, Mapping[str, Any]] | None,
     spool_depths: Mapping[str, int],
     events: Mapping[str, Sequence[Event]],
+    samples: SampleTally,
     now_ms: int,
 ) -> list[str]:
     """The lines `orl status` prints."""
@@ -96,13 +108,30 @@ def stack_status(
     lines.append("spools (events acknowledged, not yet on the log):")
     lines += [f"  {name}: {depth}" for name, depth in spool_depths.items()] or ["  none"]
     lines.append("policy:")
-    lines += policy_lines(events, now_ms)
+    lines += policy_lines(events, samples, now_ms)
     return lines
 
 
-async def read_status_events(log_url: str, namespace: str) -> dict[str, list[Event]]:
+async def read_status_events(log_url: str, namespace: str) -> tuple[dict[str, list[Event]], SampleTally]:
     async with open_event_log(log_url) as log:
-        return await namespace_events(log, namespace, STATUS_TOPICS)
+        events = await namespace_events(log, namespace, STATUS_TOPICS)
+        built = rejected = 0
+        newest: tuple[int, bytes] | None = None  # (occurred_at, bytes) of the newest SampleReady
+        async for records in read_batches(log, topic_name(namespace, "samples")):
+            for record in records:
+                head = envelope_head(record.value)
+                if head is None:  # written with an older schema: decode it whole
+                    envelope = decode(record.value)["envelope"]
+                    event_type, occurred_at = envelope["event_type"], envelope["occurred_at"]
+                else:
+                    event_type, occurred_at = head.event_type, head.occurred_at
+                if event_type == "SampleReady":
+                    built += 1
+                    if newest is None or occurred_at >= newest[0]:
+                        newest = (occurred_at, record.value)
+                elif event_type == "SampleRejected":
+                    rejected += 1
+        return events, SampleTally(built, rejected, decode(newest[1]) if newest else None)
 
 
 def spool_depths(data_dir: Path) -> dict[str, int]:
@@ -122,10 +151,12 @@ def show_status(settings: StatusSettings) -> int:
     status_path = settings.data_dir / "logs" / "status.json"
     processes = json.loads(status_path.read_text()) if status_path.exists() else None
     if settings.log_url or (settings.data_dir / "log.db").exists():
-        events = asyncio.run(read_status_events(settings.effective_log_url(), settings.namespace))
+        events, samples = asyncio.run(read_status_events(settings.effective_log_url(), settings.namespace))
     else:  # no embedded log here yet: nothing was recorded (and reading must not create one)
-        events = {topic: [] for topic in STATUS_TOPICS}
+        events, samples = {topic: [] for topic in STATUS_TOPICS}, SampleTally()
     print(f"orl status of {settings.data_dir} (namespace {settings.namespace})")
-    for line in stack_status(processes, spool_depths(settings.data_dir), events, int(time.time() * 1000)):
+    for line in stack_status(
+        processes, spool_depths(settings.data_dir), events, samples, int(time.time() * 1000)
+    ):
         print(line)
     return 0

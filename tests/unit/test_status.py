@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orl.status import stack_status
+from orl.status import SampleTally, stack_status
 
 
 def envelope(event_type: str, occurred_at: int = 0) -> dict:
@@ -30,12 +30,9 @@ def test_status_names_each_process_the_spools_the_versions_and_the_last_sample()
             {"envelope": envelope("PolicyActivated"), "server_id": "serve-a", "version": 1},
             {"envelope": envelope("PolicyRejected"), "server_id": "serve-a", "version": 2},
         ],
-        "samples": [
-            {"envelope": envelope("SampleReady", 10_000), "policy_version": 1, "method": "combined"},
-            {"envelope": envelope("SampleRejected", 20_000)},
-        ],
     }
-    lines = stack_status(processes, {"spool-serve-a.db": 3}, events, now_ms=40_000)
+    newest = {"envelope": envelope("SampleReady", 10_000), "policy_version": 1, "method": "combined"}
+    lines = stack_status(processes, {"spool-serve-a.db": 3}, events, SampleTally(1, 1, newest), now_ms=40_000)
     assert "  serve                running: 0 restarts" in lines
     assert "  train                restarting, CRASH LOOP: 5 restarts, last exit 1" in lines
     assert "  spool-serve-a.db: 3" in lines
@@ -79,3 +76,37 @@ def test_the_start_banner_names_the_url_the_key_the_reward_signal_and_what_to_ru
     assert "curl -s http://127.0.0.1:8123/v1/chat/completions" in banner
     assert "reward signal: rule judge 'reaction'" in banner
     assert f"orl status --data-dir '{tmp_path / 'my data'}'" in banner
+
+
+def test_status_counts_the_samples_topic_from_envelope_heads_and_decodes_the_newest(tmp_path: Path) -> None:
+    """On a real embedded log: two built samples and one rejection; the newest built one is decoded."""
+    import asyncio
+    import copy
+
+    from orl.connectors.event_log.base import OutgoingRecord, TopicSpec
+    from orl.connectors.event_log.factory import open_event_log
+    from orl.schemas.codec import encode
+
+    from orl.status import read_status_events
+    from tests.unit.event_examples import example_event
+
+    older, newer = example_event("SampleReady"), copy.deepcopy(example_event("SampleReady"))
+    newer["envelope"] = {
+        **newer["envelope"],
+        "event_id": "SampleReady-newer",
+        "occurred_at": older["envelope"]["occurred_at"] + 5,
+    }
+    newer["policy_version"] = older["policy_version"] + 1
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+
+    async def write_then_read():
+        async with open_event_log(url) as log:
+            await log.create_topics([TopicSpec("live.samples", 1)])
+            events = [newer, example_event("SampleRejected"), older]  # the newest is not the last written
+            await log.append_batch("live.samples", [OutgoingRecord(encode(e)) for e in events])
+        return await read_status_events(url, "live")
+
+    events, tally = asyncio.run(write_then_read())
+    assert (tally.built, tally.rejected) == (2, 1)
+    assert tally.newest is not None and tally.newest["policy_version"] == newer["policy_version"]
+    assert set(events) == {"checkpoints", "policy_activations"}
