@@ -445,7 +445,7 @@ class _Turn:
         forced = self.req.forced_tool()
         if forced:
             return ForcedCallStream(forced, self.request_id)
-        if not self.req.tools or self.req.tool_choice == "none" or self.req.constraint:
+        if not self.req.may_call_tools():
             return PlainReplyStream()
         return ToolCallSplitter(self.request_id)
 
@@ -497,8 +497,8 @@ class _Turn:
         forced = self.req.forced_tool()
         if forced:
             parsed = forced_call(forced, generation.text, self.request_id)
-        elif not self.req.tools or self.req.tool_choice == "none" or self.req.constraint:
-            return generation.text, []  # a constrained reply is the JSON content asked for
+        elif not self.req.may_call_tools():
+            return generation.text, []
         else:
             parsed = parse_reply(generation.text, self.request_id)
         return parsed.content, parsed.tool_calls

@@ -79,6 +79,11 @@ class ChatRequest:
             return str(self.tool_choice["function"]["name"])
         return None
 
+    def may_call_tools(self) -> bool:
+        """Whether the reply is parsed for tool calls: tools offered, not turned off, and no JSON
+        output asked for (a constrained reply is the JSON content)."""
+        return bool(self.tools) and self.tool_choice != "none" and self.constraint is None
+
 
 def parse_chat_request(raw: bytes, *, max_tokens_limit: int) -> ChatRequest:
     """A chat-completions body, every field checked against serving/chat_fields.py's table."""

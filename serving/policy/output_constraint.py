@@ -10,6 +10,7 @@ parameter (serving/policy/sglang_backend.py). Reads and writes nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +36,11 @@ def json_schema_of(constraint: str) -> dict[str, Any]:
     return schema
 
 
+@functools.lru_cache(maxsize=256)
 def grammar_of(constraint: str) -> str:
-    """The llguidance grammar of a recorded constraint; ConstraintError when it has none."""
+    """The llguidance grammar of a recorded constraint; ConstraintError when it has none. Cached:
+    the request parser compiles it to refuse a bad schema, the backend then builds its matcher
+    from the same canonical text."""
     schema = json_schema_of(constraint)
     try:
         # compact JSON: with free whitespace a small model fills strings' gaps with newlines for ever
