@@ -6,7 +6,10 @@ the rows running on the old weights have drained; requests that arrive meanwhile
 refused). Tokens reach each request's asyncio stream through `call_soon_threadsafe`.
 
 Weights: an fp32 master copy, run under bf16 autocast where the hardware runs bf16 natively and in
-fp32 elsewhere (`orl.compute.machine.choose_numerics`; the caller passes the dtype). Threads: the
+fp32 elsewhere (`orl.compute.machine.choose_numerics`; the caller passes the dtype). Under bf16 autocast
+the served copy's transformer-body Linear weights are cast to bf16 once, when it is built: autocast would
+cast them to the same values at every call, so a decode step skips the casts and its logits agree to
+about 1e-5 (bit-identical on some CPUs; `benchmarks/bench_decode_weights.py`). The fp32 master stays for LoRA merges and full loads. Threads: the
 worker sets its torch threads before every step from the core board (`orl.compute.machine.CoreBoard`),
 so the server shares the cores fairly with a trainer computing on the same machine. The base weights stay loaded, frozen, for
 `score(use_base=True)`; a "full" checkpoint is a folder with `model.safetensors`, a "lora"
@@ -93,7 +96,8 @@ class TransformersBackend(PolicyBackend):
         self._closing = False
         self._thread: threading.Thread | None = None
         self._swap_lock = asyncio.Lock()
-        self._base: Any = None
+        self._base: Any = None  # fp32 master: LoRA adapters merge into copies of it
+        self._served_base: Any = None  # the base as served (`_for_decoding`), for score(use_base=True)
         self._model: Any = None
         self._batch: ActiveBatch | None = None
         self._eos_ids: frozenset[int] = frozenset()
@@ -133,7 +137,8 @@ class TransformersBackend(PolicyBackend):
         self._template = ChatTemplate.from_dir(self._model_dir)
         base = AutoModelForCausalLM.from_pretrained(self._model_dir, dtype=torch.float32)
         base.eval().requires_grad_(False)
-        self._base = self._model = base
+        self._base = base
+        self._served_base = self._model = self._for_decoding(copy.deepcopy(base))
         self._context_window = int(base.config.max_position_embeddings)
         self._eos_ids = self._template.eos_token_ids | _config_eos_ids(base)
         pad = self._template.tokenizer.pad_token_id
@@ -241,7 +246,7 @@ class TransformersBackend(PolicyBackend):
         self, use_base: bool, prompt: list[int], response: list[int], temp: float
     ) -> torch.Tensor:
         """log softmax(logits / temp) at the positions that predict each response token: [T, V] fp32."""
-        model = self._base if use_base else self._model
+        model = self._served_base if use_base else self._model
         ids = torch.tensor([prompt + response], dtype=torch.long)
         hidden = hidden_states(model, self._autocast_dtype, input_ids=ids, use_cache=False)
         h = hidden[0, len(prompt) - 1 : len(prompt) + len(response) - 1]
@@ -274,9 +279,9 @@ class TransformersBackend(PolicyBackend):
 
     def _build_model(self, path: Path, kind: CheckpointKind) -> Any:
         if kind == "full":
-            return self._load_full(path)
+            return self._for_decoding(self._load_full(path))
         if kind == "lora":
-            return self._load_lora(path)
+            return self._for_decoding(self._load_lora(path))
         raise CheckpointError(f"unknown checkpoint kind {kind!r} (expected 'full' or 'lora')")
 
     def _load_full(self, path: Path) -> Any:
@@ -305,6 +310,15 @@ class TransformersBackend(PolicyBackend):
         except (ValueError, KeyError, OSError, RuntimeError) as exc:
             raise CheckpointError(f"cannot load the LoRA adapter at {path}: {exc}") from exc
         return peft_model.merge_and_unload().eval().requires_grad_(False)
+
+    def _for_decoding(self, model: Any) -> Any:
+        """`model` as served, changed in place: under bf16 autocast, the transformer body's Linear weights
+        in bf16 (norms, embeddings and the fp32 head keep fp32); without autocast, as it is."""
+        if self._autocast_dtype is not None:
+            for module in model.model.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.data = module.weight.data.to(self._autocast_dtype)
+        return model
 
     # -- worker thread -----------------------------------------------------------------------
 

@@ -227,6 +227,54 @@ async def test_hot_swap_lora_adapter_keeps_base_for_reference(
     assert diffs(before, await backend.score(ids, response, use_base=True))[1] < 1e-4
 
 
+def fp32_weights_under_autocast(
+    model: Any, prompt_ids: list[int], response: list[int], temp: float
+) -> list[float]:
+    """The response's logprobs from fp32 weights under bf16 autocast (what the server ran before it cast them)."""
+    from orl.serving.policy.batch_engine import hidden_states, lm_logits
+
+    ids = torch.tensor([prompt_ids + response])
+    with torch.inference_mode():
+        hidden = hidden_states(model, torch.bfloat16, input_ids=ids, use_cache=False)
+        h = hidden[0, len(prompt_ids) - 1 : -1]
+        logp = torch.log_softmax(lm_logits(model, h) / temp, dim=-1)
+    return logp.gather(1, torch.tensor(response)[:, None])[:, 0].tolist()
+
+
+async def test_bf16_served_weights_give_the_logprobs_of_fp32_weights_under_autocast(
+    base_model_dir: Path, reference_model: Any, tmp_path: Path
+):
+    """Under bf16 autocast the server holds its Linear weights in bf16: the numbers must not change, for the base,
+    for score(use_base=True) after a swap, and for swapped-in full and LoRA checkpoints."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ckpt = await asyncio.to_thread(save_perturbed, base_model_dir, tmp_path / "v1")
+    adapter = await asyncio.to_thread(save_lora, base_model_dir, tmp_path / "lora")
+    b = TransformersBackend(base_model_dir, autocast_dtype=torch.bfloat16)
+    await b.start()
+    try:
+        ids = prompt(b, QUESTIONS[3])
+        gen = await b.generate(ids, SamplingParams(temperature=0.7, max_tokens=12, seed=5))
+        expected_base = fp32_weights_under_autocast(reference_model, ids, gen.token_ids, 0.7)
+        assert await b.score(ids, gen.token_ids, temperature=0.7) == expected_base
+        await b.load_checkpoint(ckpt, 1, "full")
+        assert await b.score(ids, gen.token_ids, temperature=0.7, use_base=True) == expected_base
+        perturbed = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+        expected_new = fp32_weights_under_autocast(perturbed, ids, gen.token_ids, 0.7)
+        assert await b.score(ids, gen.token_ids, temperature=0.7) == expected_new
+        assert expected_new != expected_base
+        # a LoRA adapter merges into the fp32 master, not into the served bf16 copy
+        await b.load_checkpoint(adapter, 2, "lora")
+        fresh_base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+        merged = PeftModel.from_pretrained(fresh_base, str(adapter)).merge_and_unload()
+        assert await b.score(ids, gen.token_ids, temperature=0.7) == fp32_weights_under_autocast(
+            merged.eval(), ids, gen.token_ids, 0.7
+        )
+    finally:
+        await b.close()
+
+
 def test_chat_template_renders_tool_turns_as_text(base_model_dir: Path):
     from orl.serving.policy.chat_template import ChatTemplate
 
