@@ -3,7 +3,7 @@
 On-Policy Distillation can only pull the policy toward what the teacher (the base model with the
 user's hint appended, `orl.pipeline.effects.teacher_stage.messages_with_hint`) would write. If the
 teacher itself rarely satisfies the user, no amount of training on its logprobs reaches the target.
-This script measures it on a scenario's held-out prompts, N samples each, with the server's backend:
+This script measures it on a scenario's gate prompts (held out from the sessions), N samples each, with the server's backend:
 
 - base: the base model's answer, scored by the scenario's scorer (the demo's step-0 figure);
 - user hint: the base answer goes to the simulated user; when it asks for a redo, the pipeline's own
@@ -74,7 +74,7 @@ async def measure(
     items = await asyncio.gather(
         *(
             one_item(backend, scenario, prompt, 1000 * j + scenario.prompts.index(prompt), max_tokens)
-            for prompt in scenario.held_out_prompts
+            for prompt in scenario.gate_prompts
             for j in range(samples)
         )
     )
@@ -116,7 +116,7 @@ async def main_async(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scenarios", default="student,teacher")
-    parser.add_argument("--samples", type=int, default=2, help="answers per held-out prompt")
+    parser.add_argument("--samples", type=int, default=2, help="answers per gate prompt")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     asyncio.run(main_async(parser.parse_args()))

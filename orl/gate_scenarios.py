@@ -1,6 +1,7 @@
 """`orl gate`'s command: the gate's runner, with the demo's scenarios as its optional prompt source.
 
-`--gate-scenario student` evaluates on that scenario's held-out prompts, and the scenario's
+`--gate-scenario student` evaluates on that scenario's gate prompts (disjoint from the sessions' and from
+the demo's evaluation prompts, `orl.demo.scenarios`), and the scenario's
 simulated user replies to each answer (seeded by prompt and sample), so the demo's rule judge
 scores the gate's answers as it scores live ones. Without it the gate reads held-out sessions
 from the log (`orl.gate.runner`).
@@ -30,12 +31,13 @@ def scenario_user(name: str) -> NextState:
 
 
 def scenario_prompts(name: str, count: int) -> list[HeldOutPrompt]:
-    prompts = get_scenario(name).held_out_prompts[:count]
+    """The first `count` of the scenario's gate prompts, as the gate asks them."""
+    prompts = get_scenario(name).gate_prompts[:count]
     return [HeldOutPrompt(f"{name}:{i}", [{"role": "user", "content": p}]) for i, p in enumerate(prompts)]
 
 
 def scenario_source(name: str) -> PromptSource:
-    """The scenario's held-out prompts and simulated user; ConfigError for an unknown scenario."""
+    """The scenario's gate prompts and simulated user; ConfigError for an unknown scenario."""
     get_scenario(name)
     return PromptSource(lambda count: scenario_prompts(name, count), scenario_user(name))
 

@@ -32,7 +32,7 @@ from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.settings import ConnectionSettings, PrecisionSettings, setting
 from orl.demo.report import StepResult, merge_results, write_report, write_summaries
-from orl.demo.scenarios import Scenario, get_scenario
+from orl.demo.scenarios import Scenario, evaluation_prompts, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
 from orl.pipeline.processors.config import SampleMethod
 from orl.pipeline.runtime.settings import TeacherSettings
@@ -302,7 +302,7 @@ def up_settings(settings: DemoSettings, method: SampleMethod, namespace: str) ->
         opd_topk=settings.opd_topk,
         opd_loss=settings.opd_loss,
         gate=settings.gate,
-        holdout_share=0.0,  # the gate asks the scenario's held-out prompts, which no session uses
+        holdout_share=0.0,  # the gate asks the scenario's gate prompts, which no session uses
     )
 
 
@@ -329,7 +329,8 @@ async def start_stack(settings: DemoSettings, method: SampleMethod, namespace: s
         "ORL_TRAIN_LR": str(settings.lr),
         "ORL_SERVED_MODEL_NAME": "orl-policy",
         "ORL_TRAIN_SEED": str(settings.seed),
-        # the gate evaluates as the demo does: the scenario's held-out prompts, answers of the same length
+        # the gate evaluates as the demo does, on its own prompts: the scenario's gate prompts, as many,
+        # answers of the same length
         "ORL_GATE_SCENARIO": settings.scenario,
         "ORL_GATE_PROMPTS": str(settings.eval_prompts),
         "ORL_GATE_SAMPLES": str(settings.eval_samples),
@@ -368,7 +369,7 @@ async def _run_method(
     stack = await start_stack(settings, method, namespace)
     client = stack.client
     try:
-        held_out = scenario.held_out_prompts[: settings.eval_prompts]
+        held_out = evaluation_prompts(scenario, settings.eval_prompts)
         evaluations = {0: base or await client.evaluate(scenario, held_out, settings.eval_samples)}
         label = f"seed {settings.seed} {method}"
         _progress(label, 0, settings.steps, evaluations[0], None, clock.text())

@@ -1,4 +1,4 @@
-"""The demo's two scenarios as data: prompts, a seeded train / held-out split, the hint and the scorer.
+"""The demo's two scenarios as data: three disjoint prompt sets, the hint and the scorer.
 
 - "student": homework help that does not read as AI-written: plain sentences (no bold, lists, headers or
   "Final Answer" line) and short (at most 40 words). SmolLM2-135M already writes plain prose about 95%
@@ -11,7 +11,10 @@
   (`benchmarks/bench_hinted_teacher.py`): a preference beyond SmolLM2-135M.
 
 Prompts are tasks where style, not correctness, is judged (the 135M model is weak at arithmetic).
-The split is deterministic (seeded shuffle); held-out prompts are never trained on.
+Each scenario has three disjoint prompt sets (issue 48): sessions ask the train prompts; the promotion
+gate asks the gate prompts (a seeded shuffle of the same pool holds them out) to choose which versions
+to serve; the demo's evaluation asks the evaluation prompts, written apart from both on 2026-12-04 and
+never used to select a version or tune a setting, so its figures are not chosen on the set they report.
 Reads and writes no topics or object keys.
 """
 
@@ -33,9 +36,10 @@ class Scenario:
 
     name: str
     description: str
-    prompts: tuple[str, ...]
-    train_prompts: tuple[str, ...]
-    held_out_prompts: tuple[str, ...]
+    prompts: tuple[str, ...]  # the pool split into train and gate prompts
+    train_prompts: tuple[str, ...]  # the sessions ask these
+    gate_prompts: tuple[str, ...]  # the promotion gate asks these (held out from `prompts`)
+    eval_prompts: tuple[str, ...]  # the demo's evaluation asks these, and nothing else does
     hint: str  # the full preference, as a directive correction spells it out
     scorer: Scorer
 
@@ -145,6 +149,45 @@ TEACHER_ITEMS = (
     ("What is a haiku?", "A short poem with three lines of 5, 7 and 5 syllables."),
 )
 
+# The evaluation's prompts: the same subjects and kinds of question as the pool, none of them in it, with about
+# as many content words each (relevance looks for them): 3.3 on average against the pool's 3.2 (student).
+STUDENT_EVAL_PROMPTS = (
+    "How do I round 3.47 to one decimal place?",
+    "How do I find the perimeter of a square with sides of 5 cm?",
+    "How do I simplify the fraction 12/18?",
+    "How do I work out 15% of 200?",
+    "Why do ice cubes float in a glass of water?",
+    "How does the heart pump blood around the body?",
+    "Why is the sky blue on a sunny day?",
+    "How do plants take in water from the soil?",
+    "What is the difference between a noun and a verb?",
+    "When should I put a comma before 'and' in a list?",
+    "What is a metaphor? Give me one about the wind.",
+    "Why is the plural of 'mouse' written 'mice' and not 'mouses'?",
+    "Why did the Vikings sail so far in their longships?",
+    "Who was Julius Caesar and why is he remembered?",
+    "Why was the invention of the wheel important?",
+    "How did the first Olympic Games begin?",
+)
+TEACHER_EVAL_ITEMS = (
+    ("Why do we brush our teeth?", "To clean off the germs that make holes in our teeth."),
+    ("What is 9 times 6?", "It is 54 because six nines make 54."),
+    ("What does a compass show?", "It points north so you can find your way."),
+    ("Why do leaves fall in autumn?", "The tree stops feeding them when the days get cold."),
+    ("What is an adverb?", "A word that tells how something happens, like quickly."),
+    ("Who was the first person to walk on the Moon?", "Neil Armstrong, in 1969 on Apollo 11."),
+    ("What is the capital of Japan?", "Tokyo, which is a very big and busy city."),
+    ("Why does it rain?", "Water in the clouds gets heavy and falls down as drops."),
+    ("What is double 45?", "90, because 45 plus 45 is 90."),
+    ("What is a peninsula?", "Land with water on three sides, like Italy."),
+    ("Why do bears hibernate?", "They sleep through winter because there is little food."),
+    ("What is an insect?", "A small animal with six legs, like an ant."),
+    ("What do the lungs do?", "They breathe in air and take oxygen into the blood."),
+    ("What does a verb tense show?", "It shows when something happens, like past or future."),
+    ("How many minutes are in two hours?", "120 minutes, because each hour has 60."),
+    ("Why did people build canals?", "To move heavy goods by boat across the country."),
+)
+
 STUDENT_HINT = (
     "Answer in under 40 words, in plain sentences. "
     "Do not use bold text, lists, headers or a 'Final Answer' line, and stay on the question."
@@ -174,16 +217,26 @@ def split_prompts(
 
 
 def make_scenario(
-    name: str, description: str, prompts: tuple[str, ...], hint: str, scorer: Scorer
+    name: str,
+    description: str,
+    prompts: tuple[str, ...],
+    eval_prompts: tuple[str, ...],
+    hint: str,
+    scorer: Scorer,
 ) -> Scenario:
-    train, held_out = split_prompts(prompts)
-    return Scenario(name, description, prompts, train, held_out, hint, scorer)
+    """A scenario whose pool `prompts` is split into train and gate prompts; ConfigError if the evaluation's
+    prompts repeat or meet the pool."""
+    if len(set(eval_prompts)) != len(eval_prompts) or set(eval_prompts) & set(prompts):
+        raise ConfigError(f"scenario {name!r}: evaluation prompts must be distinct and outside the pool")
+    train, gate = split_prompts(prompts)
+    return Scenario(name, description, prompts, train, gate, eval_prompts, hint, scorer)
 
 
 STUDENT = make_scenario(
     "student",
     "A student wants homework help that does not look AI-written: short, plain sentences, on the question.",
     STUDENT_PROMPTS,
+    STUDENT_EVAL_PROMPTS,
     STUDENT_HINT,
     student_score,
 )
@@ -191,10 +244,16 @@ TEACHER = make_scenario(
     "teacher",
     "A teacher wants short, friendly grading comments that mention something specific from the answer.",
     tuple(grading_prompt(q, a) for q, a in TEACHER_ITEMS),
+    tuple(grading_prompt(q, a) for q, a in TEACHER_EVAL_ITEMS),
     TEACHER_HINT,
     teacher_score,
 )
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER)}
+
+
+def evaluation_prompts(scenario: Scenario, count: int) -> tuple[str, ...]:
+    """The first `count` of the prompts the demo's evaluation asks (never the gate's or the sessions')."""
+    return scenario.eval_prompts[:count]
 
 
 def get_scenario(name: str) -> Scenario:

@@ -9,8 +9,18 @@ from orl.gate.scoring import LENGTH, OFF_TOPIC, keywords, parse_grading_prompt
 from orl.pipeline.effects.reply_rules import user_hint_extractor
 from orl.schemas.errors import ConfigError
 
-from orl.demo.scenarios import HELD_OUT_COUNT, SCENARIOS, STUDENT, TEACHER, get_scenario, split_prompts
+from orl.demo.scenarios import (
+    HELD_OUT_COUNT,
+    SCENARIOS,
+    STUDENT,
+    TEACHER,
+    evaluation_prompts,
+    get_scenario,
+    make_scenario,
+    split_prompts,
+)
 from orl.demo.simulated_user import SATISFIED_REPLIES, react, redo_variants
+from orl.gate_scenarios import scenario_prompts
 
 PROMPT = "Why does the Moon have phases?"
 GOOD = "We see different parts of the Moon's sunlit half as it orbits Earth."
@@ -22,16 +32,33 @@ GRADE_PROMPT = TEACHER.prompts[0]
 def test_scenarios_have_enough_prompts_and_a_disjoint_seeded_split(scenario) -> None:
     assert len(scenario.prompts) >= 40
     assert len(set(scenario.prompts)) == len(scenario.prompts)
-    assert len(scenario.held_out_prompts) == HELD_OUT_COUNT
-    assert not set(scenario.train_prompts) & set(scenario.held_out_prompts)
-    assert set(scenario.train_prompts) | set(scenario.held_out_prompts) == set(scenario.prompts)
-    assert split_prompts(scenario.prompts) == (scenario.train_prompts, scenario.held_out_prompts)
+    assert len(scenario.gate_prompts) == HELD_OUT_COUNT
+    assert not set(scenario.train_prompts) & set(scenario.gate_prompts)
+    assert set(scenario.train_prompts) | set(scenario.gate_prompts) == set(scenario.prompts)
+    assert split_prompts(scenario.prompts) == (scenario.train_prompts, scenario.gate_prompts)
     assert len(scenario.hint) > 10
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS.values()), ids=list(SCENARIOS))
+def test_the_demo_evaluates_on_prompts_that_neither_the_gate_nor_any_session_asks(scenario) -> None:
+    """Issue 48: a version the gate selected is scored on prompts it was not selected on."""
+    evaluated = evaluation_prompts(scenario, 16)
+    gated = {p.text for p in scenario_prompts(scenario.name, 16)}
+    assert len(set(evaluated)) == 16 and len(gated) == 16
+    assert not set(evaluated) & gated
+    assert not set(evaluated) & set(scenario.train_prompts)
+
+
+def test_a_scenario_refuses_evaluation_prompts_from_its_pool() -> None:
+    with pytest.raises(ConfigError, match="outside the pool"):
+        make_scenario("s", "d", STUDENT.prompts, STUDENT.prompts[:1], STUDENT.hint, STUDENT.scorer)
+    with pytest.raises(ConfigError, match="distinct"):
+        make_scenario("s", "d", STUDENT.prompts, ("Why?", "Why?"), STUDENT.hint, STUDENT.scorer)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS.values()), ids=list(SCENARIOS))
 def test_every_prompt_has_content_words_to_be_relevant_to(scenario) -> None:
-    for prompt in scenario.prompts:
+    for prompt in scenario.prompts + scenario.eval_prompts:
         _, answer = parse_grading_prompt(prompt)
         assert keywords(prompt), prompt
         assert keywords(answer), prompt

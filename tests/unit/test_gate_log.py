@@ -56,7 +56,7 @@ def test_only_main_turns_of_held_out_sessions_are_kept_the_newest_first_to_go() 
     assert [(p.prompt_id, p.text) for p in state.held_out] == [("h-1", "question 1"), ("h-2", "question 2")]
 
 
-def test_a_scenario_gives_its_held_out_prompts_and_a_user_who_replies_to_each_answer() -> None:
+def test_a_scenario_gives_its_gate_prompts_and_a_user_who_replies_to_each_answer() -> None:
     prompts = scenario_prompts("student", 3)
     assert [p.prompt_id for p in prompts] == ["student:0", "student:1", "student:2"]
     reply = scenario_user("student")
