@@ -131,7 +131,7 @@ class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings, Teacher
         return replace(
             self,
             methods=("combined",),
-            steps=3,
+            steps=4,
             batch_size=8,
             eval_every=1,
             eval_prompts=16,
