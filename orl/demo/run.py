@@ -122,7 +122,7 @@ class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings, Teacher
     quick: bool = setting(
         False,
         "ORL_DEMO_QUICK",
-        "A short run: Combined only, 3 steps of 8 samples, each version scored on 16 held-out prompts, one answer each.",
+        "A short run: Combined only, 4 steps of 8 samples, each version scored on 16 evaluation prompts, one answer each.",
     )
 
     def effective(self) -> DemoSettings:

@@ -2,13 +2,11 @@
 
 Checks that it completed, that the server activated the new checkpoints, and only those the
 promotion gate promoted, that the table and the PNG were written, and that it learned: with its
-fixed seed, the held-out score after three steps is at least 0.25 above the base model's (4 more of
-its 16 answers satisfy the user). Four CI-like runs on the 2-core Intel Xeon VM with AMX (bf16, two
-demos at once, one core each) went 0.12 -> 0.19 -> 0.44 -> 0.56..0.69; if the gate held v3, the
-served v2 scored 0.44..0.56 in the six such runs that stopped at step 2. The demo had 2 steps and 8
-held-out answers before: the same command's step-2 score ranged from 0.25 to 0.75 between identical
-runs, and this test's +0.3 failed CI. The time it takes is the loop benchmark's business, not
-this test's.
+fixed seed, the score on the evaluation prompts (which neither the sessions nor the gate ask) after
+four steps is at least 0.25 above the base model's (4 more of its 16 answers satisfy the user). Over
+seeds 0-4 on the 2-core AMD EPYC VM (bf16) the rise was +0.19..+0.50, +0.50 for seed 0; with three
+steps it was +0.06..+0.44 (docs/results.md, "The quick demo"). The time it takes is the loop
+benchmark's business, not this test's.
 `orl report` then rebuilds the demo's held-out scores from the log alone, one version per step.
 """
 
@@ -36,7 +34,7 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     done = subprocess.run(
         [sys.executable, "-m", "orl.cli", "demo", "--quick", "--data-dir", str(tmp_path / "data"),
          "--out-dir", str(out), "--port", str(free_port())],
-        env=env, capture_output=True, text=True, timeout=540,
+        env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "| Combined |" in done.stdout
@@ -60,8 +58,8 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     summary = results["extra"]["gate"]["combined"][str(results["seeds"][0])]
     assert summary.startswith(f"{sum(d == 'promoted' for d in decided.values())} versions promoted"), summary
     scores = {step: row["score"] for step, row in results["methods"]["combined"].items()}
-    assert set(scores) == {"0", "1", "2", "3"}
-    assert scores["3"] >= scores["0"] + 0.25, scores
+    assert set(scores) == {"0", "1", "2", "3", "4"}
+    assert scores["4"] >= scores["0"] + 0.25, scores
 
     from orl.cli import main
 
@@ -73,10 +71,10 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     # the demo waits for each step's version (or, if the gate held it, the promoted one) before it evaluates
     served = sorted({0, *versions})
     assert sorted(held_out) == served, rows
-    steps = ("0", "1", "2", "3")
+    steps = ("0", "1", "2", "3", "4")
     demo_styles = [results["methods"]["combined"][step]["style"] for step in steps]
     assert all(style >= scores[step] for style, step in zip(demo_styles, steps, strict=True))
-    if served == [0, 1, 2, 3]:  # every version promoted: step k evaluated version k alone
+    if served == [0, 1, 2, 3, 4]:  # every version promoted: step k evaluated version k alone
         assert [held_out[v] for v in served] == [scores[step] for step in steps]
         # style (every check but relevance) agrees between the demo's report and the log's
         styles = {r["version"]: r["held_out_style"] for r in rows if r["held_out_score"]}
