@@ -24,8 +24,8 @@ class GateSettings(PipelineSettings, RunSettings, PrecisionSettings, ThreadSetti
     gate_scenario: str = setting(
         "",
         "ORL_GATE_SCENARIO",
-        "Evaluate on a demo scenario's held-out prompts with its simulated user (student | teacher; "
-        "empty: held-out sessions of the log).",
+        "Evaluate on a demo scenario's gate prompts (which its sessions and the demo's evaluation never ask) "
+        "with its simulated user (student | teacher; empty: held-out sessions of the log).",
     )
     gate_max_tokens: int = setting(
         128, "ORL_GATE_MAX_TOKENS", "Longest answer the gate generates.", advanced=True
