@@ -3,10 +3,11 @@
 Checks that it completed, that the server activated the new checkpoints, and only those the
 promotion gate promoted, that the table and the PNG were written, and that it learned: with its
 fixed seed, the score on the evaluation prompts (which neither the sessions nor the gate ask) after
-four steps is at least 0.25 above the base model's (4 more of its 16 answers satisfy the user). Over
-seeds 0-4 on the 2-core AMD EPYC VM (bf16) the rise was +0.19..+0.50, +0.50 for seed 0; with three
-steps it was +0.06..+0.44 (docs/results.md, "The quick demo"). The time it takes is the loop
-benchmark's business, not this test's.
+four steps is at least 0.125 above the base model's (2 more of its 16 answers satisfy the user).
+Runs with one seed differ from each other, so the bound sits below their spread: over seeds 0-4 on
+the 2-core AMD EPYC VM (bf16) the rise at step 4 was +0.19..+0.50, and seed 0 alone gave +0.50,
++0.38 and, twice inside the CI suite, +0.19 (docs/results.md, "The quick demo"). The time it takes
+is the loop benchmark's business, not this test's.
 `orl report` then rebuilds the demo's held-out scores from the log alone, one version per step.
 """
 
@@ -59,7 +60,7 @@ def test_quick_demo_trains_swaps_and_reports(tmp_path: Path, base_model_dir: Pat
     assert summary.startswith(f"{sum(d == 'promoted' for d in decided.values())} versions promoted"), summary
     scores = {step: row["score"] for step, row in results["methods"]["combined"].items()}
     assert set(scores) == {"0", "1", "2", "3", "4"}
-    assert scores["4"] >= scores["0"] + 0.25, scores
+    assert scores["4"] >= scores["0"] + 0.125, scores
 
     from orl.cli import main
 
