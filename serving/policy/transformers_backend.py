@@ -36,8 +36,9 @@ from typing import Any
 
 import torch
 from orl.compute.machine import CoreBoard, available_cores
+from orl.connectors.model_files import checkpoint_model
 from orl.rules.sampling import effective_temperature
-from orl.schemas.errors import CheckpointError, ConfigError
+from orl.schemas.errors import ConfigError
 from orl.serving.policy.base import (
     CheckpointKind,
     GenerationStream,
@@ -278,38 +279,7 @@ class TransformersBackend(PolicyBackend):
             log.info("policy v%d active", version)
 
     def _build_model(self, path: Path, kind: CheckpointKind) -> Any:
-        if kind == "full":
-            return self._for_decoding(self._load_full(path))
-        if kind == "lora":
-            return self._for_decoding(self._load_lora(path))
-        raise CheckpointError(f"unknown checkpoint kind {kind!r} (expected 'full' or 'lora')")
-
-    def _load_full(self, path: Path) -> Any:
-        from safetensors.torch import load_file
-
-        weights = path / "model.safetensors"
-        if not weights.is_file():
-            raise CheckpointError(f"{path} has no model.safetensors")
-        model = copy.deepcopy(self._base)
-        missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
-        tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-        bad_missing = sorted(set(missing) - tied)
-        if unexpected or bad_missing:
-            raise CheckpointError(
-                f"{weights} does not match the base model: missing {bad_missing[:5]}, unexpected {sorted(unexpected)[:5]}"
-            )
-        return model.eval().requires_grad_(False)
-
-    def _load_lora(self, path: Path) -> Any:
-        from peft import PeftModel
-
-        if not (path / "adapter_config.json").is_file():
-            raise CheckpointError(f"{path} is not a peft adapter folder (no adapter_config.json)")
-        try:
-            peft_model = PeftModel.from_pretrained(copy.deepcopy(self._base), str(path))
-        except (ValueError, KeyError, OSError, RuntimeError) as exc:
-            raise CheckpointError(f"cannot load the LoRA adapter at {path}: {exc}") from exc
-        return peft_model.merge_and_unload().eval().requires_grad_(False)
+        return self._for_decoding(checkpoint_model(copy.deepcopy(self._base), path, kind))
 
     def _for_decoding(self, model: Any) -> Any:
         """`model` as served, changed in place: under bf16 autocast, the transformer body's Linear weights
