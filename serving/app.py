@@ -1,6 +1,7 @@
 """The HTTP surface of `orl serve`: OpenAI chat completions that record every turn as events.
 
-Routes: POST /v1/chat/completions (plain and server-sent events), GET /v1/models,
+Routes: POST /v1/chat/completions (plain and server-sent events), POST /v1/responses (OpenAI's
+Responses API on the same turn: `orl.serving.responses_api`), GET /v1/models,
 POST /v1/sessions/{id}/end, POST /v1/orl/score (teacher logprobs for the pipeline: the internal key
 only, `orl.serving.tenancy`), GET /healthz,
 /readyz, /metrics, /openapi.json (`orl.serving.openapi`: every route, no key needed), the ingest routes
@@ -13,11 +14,13 @@ SessionClosed through the recorder; reads nothing from the log itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
 import struct
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,9 +33,11 @@ from orl.serving.capture import EventRecorder
 from orl.serving.checkpoint_follower import CheckpointFollower
 from orl.serving.ingest import ingest_routes
 from orl.serving.openai_api import (
+    ApiError,
     ChatRequest,
     bad_request,
     error_body,
+    json_object,
     parse_chat_request,
     parse_rollout_group,
     parse_score_request,
@@ -42,9 +47,18 @@ from orl.serving.openapi import openapi_document
 from orl.serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
 from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.request_guards import ConcurrencyLimit, FinalErrorHandler, as_api_error, guard, read_body
+from orl.serving.responses_api import (
+    ResponseEvents,
+    ResponsesRequest,
+    error_event,
+    output_items,
+    parse_responses_request,
+    response_object,
+    stored_messages,
+)
 from orl.serving.session_tracker import SessionTracker, TurnAssignment
 from orl.serving.settings import ServeSettings
-from orl.serving.spool import SpoolDrainer
+from orl.serving.spool import EventSpool, SpoolDrainer
 from orl.serving.tenancy import check_session_owner, request_key_id, require_internal_key
 from orl.serving.tool_calls import (
     ForcedCallStream,
@@ -119,6 +133,7 @@ def build_app(state: ServerState) -> Starlette:
         ),
         Route("/v1/models", guard(api.models, chat_keys), methods=["GET"]),
         Route("/v1/chat/completions", guard(api.chat, chat_keys), methods=["POST"]),
+        Route("/v1/responses", guard(api.responses, chat_keys), methods=["POST"]),
         Route(
             "/v1/sessions/{session_id}/end",
             guard(api.end_session, state.settings.api_keys),
@@ -207,6 +222,69 @@ class _ApiHandlers:
             await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s),
             max_tokens_limit=self.settings.max_tokens_limit,
         )
+        turn_call, prompt_ids = await self._begin(request, req, "chatcmpl-" + uuid.uuid4().hex, started)
+        stream = self.state.backend.generate_stream(prompt_ids, turn_call.params)
+        if req.stream:
+            await turn_call.spooled()  # the 200 and the first bytes go out only once the request is spooled
+            return StreamingResponse(
+                _ending_in_an_error_event(turn_call.sse(stream), turn_call.request_id, _chat_error_event),
+                media_type="text/event-stream",
+                headers=turn_call.headers(),
+            )
+        generation = await _unless_client_leaves(request, stream)
+        if generation is None:
+            return turn_call.abandoned()
+        body = await turn_call.finish(generation)
+        return JSONResponse(body, headers=turn_call.headers())
+
+    async def responses(self, request: Request) -> Response:
+        """POST /v1/responses: the Responses API's request as a chat turn, its reply as a Response."""
+        started = time.perf_counter()
+        spool = self.state.recorder.spool
+        spool.refuse_if_full()
+        wanted = parse_responses_request(
+            json_object(await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s))
+        )
+        owner = request_key_id(request)
+        session: str | None = None
+        previous: list[dict[str, Any]] = []
+        if wanted.previous_response_id:
+            found = spool.stored_conversation(wanted.previous_response_id, owner)
+            if found is None:
+                raise ApiError(
+                    404,
+                    f"previous response {wanted.previous_response_id!r} not found: this server keeps a "
+                    "response for the API key that created it, unless it was created with store: false",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+            session, previous = found
+        req = wanted.chat_request(previous, max_tokens_limit=self.settings.max_tokens_limit)
+        if session is not None:  # the turn joins the previous response's session
+            req = dataclasses.replace(req, session_id=session)
+        response_id = "resp_" + uuid.uuid4().hex
+        turn_call, prompt_ids = await self._begin(request, req, response_id, started)
+        if wanted.store:
+            turn_call.keep = functools.partial(_stage_response, spool, wanted, turn_call, owner)
+        reply = _ResponseReply(wanted, response_id, int(time.time()), self.settings.served_model_name)
+        stream = self.state.backend.generate_stream(prompt_ids, turn_call.params)
+        if req.stream:
+            await turn_call.spooled()
+            return StreamingResponse(
+                _ending_in_an_error_event(reply.sse(turn_call, stream), response_id, _responses_error_event),
+                media_type="text/event-stream",
+                headers=turn_call.headers(),
+            )
+        generation = await _unless_client_leaves(request, stream)
+        if generation is None:
+            return turn_call.abandoned()
+        return JSONResponse(reply.of(await turn_call.finish(generation)), headers=turn_call.headers())
+
+    async def _begin(
+        self, request: Request, req: ChatRequest, request_id: str, started: float
+    ) -> tuple[_Turn, list[int]]:
+        """Link a checked request to its session and turn and stage RequestReceived: the turn to
+        serve, and the prompt's token ids."""
         main = _turn_type(request, self.settings.default_turn_type) == "main"
         group = parse_rollout_group(request.headers.get("x-group-id"), request.headers.get("x-group-size"))
         prompt_ids = await self.state.off_loop(self._prompt_ids, req)
@@ -230,29 +308,11 @@ class _ApiHandlers:
             self.state.recorder.spool.stage_session_owner(turn.session_id, turn.owner)
         # committed with this turn's events: a restarted server continues the session's numbering
         self.state.recorder.spool.stage_turn_index(turn.session_id, turn.turn_index + 1)
-        request_id = "chatcmpl-" + uuid.uuid4().hex
         spooled = self.state.recorder.request_received(
             request_id, turn, req, params, main=main, client_id=req.user, group=group
         )
         done = _truthy(request.headers.get("x-session-done"))
-        turn_call = _Turn(self.state, req, turn, request_id, params, main, done, started, [spooled])
-        if req.stream:
-            await turn_call.spooled()  # the 200 and the first bytes go out only once the request is spooled
-            return StreamingResponse(
-                _ending_in_an_error_event(
-                    turn_call.sse(self.state.backend.generate_stream(prompt_ids, params)), request_id
-                ),
-                media_type="text/event-stream",
-                headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id},
-            )
-        generation = await _unless_client_leaves(
-            request, self.state.backend.generate_stream(prompt_ids, params)
-        )
-        if generation is None:
-            self.state.metrics.count("chat_completions_abandoned", turn_kind="main" if main else "side")
-            return Response(status_code=499)  # nobody reads it; nothing was generated to record
-        body = await turn_call.finish(generation)
-        return JSONResponse(body, headers={"x-session-id": turn.session_id, "x-turn-id": turn.turn_id})
+        return _Turn(self.state, req, turn, request_id, params, main, done, started, [spooled]), prompt_ids
 
     async def score(self, request: Request) -> Response:
         require_internal_key(request, self.settings.internal_key)
@@ -342,6 +402,22 @@ class _Turn:
     session_done: bool
     started: float
     events: list[Awaitable[None]]  # this turn's events, staged for the spool's group commit
+    # called with the reply's message just before its ResponseGenerated is staged (a stored response)
+    keep: Callable[[dict[str, Any]], None] | None = None
+    body: dict[str, Any] = field(default_factory=dict)  # the chat completion, once `finish` has built it
+
+    def headers(self) -> dict[str, str]:
+        """The turn's ids as response headers: percent-encoded (UTF-8) outside printable ASCII, and
+        `%` itself, since a header value is Latin-1 (a session named by a non-ASCII `user`)."""
+        return {
+            "x-session-id": _header_value(self.turn.session_id),
+            "x-turn-id": _header_value(self.turn.turn_id),
+        }
+
+    def abandoned(self) -> Response:
+        """A 499 for a client that left before its reply: nothing was generated to record."""
+        self.state.metrics.count("chat_completions_abandoned", turn_kind="main" if self.main else "side")
+        return Response(status_code=499)
 
     async def spooled(self) -> None:
         """Wait until this turn's events are committed to the spool: only then may it be answered."""
@@ -364,6 +440,8 @@ class _Turn:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if tool_calls:
             message["tool_calls"] = tool_calls
+        if self.keep is not None:
+            self.keep(message)
         self.events.append(
             self.state.recorder.response_generated(
                 self.request_id,
@@ -384,7 +462,7 @@ class _Turn:
             self.events.append(self.state.recorder.session_closed(self.turn.session_id, last_turn_id))
             await self.spooled()
         self._count(generation)
-        return {
+        self.body = {
             "id": self.request_id,
             "object": "chat.completion",
             "created": int(time.time()),
@@ -400,17 +478,33 @@ class _Turn:
             ],
             "usage": _usage(generation),
         }
+        return self.body
 
     async def sse(self, stream: GenerationStream) -> AsyncGenerator[bytes, None]:
-        """The reply as server-sent events: content as it is generated, each tool call once it is whole.
+        """The reply as chat.completion.chunk server-sent events, then [DONE]."""
+        yield _sse(self._chunk({"role": "assistant", "content": ""}, None))
+        async with aclosing(self.deltas(stream)) as deltas:
+            async for delta in deltas:
+                for chunk in self._delta_chunks(delta):
+                    yield chunk
+        body = self.body
+        last = self._chunk({}, body["choices"][0]["finish_reason"])
+        last["choices"][0]["logprobs"] = body["choices"][0]["logprobs"]  # all of them, in the last chunk
+        yield _sse(last)
+        if self.req.include_usage:
+            yield _sse({**self._chunk({}, None), "choices": [], "usage": body["usage"]})
+        yield b"data: [DONE]\n\n"
 
-        What may be shown when is `orl.serving.tool_calls`' decision; the streamed content and calls add
-        up to the message that `finish` records (checked here: a mismatch is logged and counted).
+    async def deltas(self, stream: GenerationStream) -> AsyncGenerator[ReplyDelta, None]:
+        """The reply as it is generated: content, and each tool call once it is whole. When the last
+        delta is out, `finish` has recorded the reply and `self.body` holds it.
+
+        What may be shown when is `orl.serving.tool_calls`' decision; the deltas add up to the
+        message that `finish` records (checked here: a mismatch is logged and counted).
         """
         reply = self._reply_stream()
         generated: list[str] = []
         shown: list[ReplyDelta] = []
-        yield _sse(self._chunk({"role": "assistant", "content": ""}, None))
         try:
             async for step in stream:
                 # the first token: prefill is done, which a prefix-cache hit shortens (the client may see it later)
@@ -420,8 +514,7 @@ class _Turn:
                     )
                 generated.append(step.text)
                 shown.append(reply.feed(step.text))
-                for chunk in self._delta_chunks(shown[-1]):
-                    yield chunk
+                yield shown[-1]
             generation = stream.generation
         finally:
             await stream.aclose()
@@ -430,16 +523,9 @@ class _Turn:
         tail.append(reply.finish())  # the text held back to the end, and an unclosed last call
         body = await self.finish(generation)
         for delta in tail:
-            for chunk in self._delta_chunks(delta):
-                yield chunk
+            yield delta
         shown.extend(tail)
         self._check_streamed(shown, body["choices"][0]["message"])
-        last = self._chunk({}, body["choices"][0]["finish_reason"])
-        last["choices"][0]["logprobs"] = body["choices"][0]["logprobs"]  # all of them, in the last chunk
-        yield _sse(last)
-        if self.req.include_usage:
-            yield _sse({**self._chunk({}, None), "choices": [], "usage": body["usage"]})
-        yield b"data: [DONE]\n\n"
 
     def _reply_stream(self) -> ReplyStream:
         forced = self.req.forced_tool()
@@ -538,7 +624,7 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _ending_in_an_error_event(
-    chunks: AsyncGenerator[bytes, None], request_id: str
+    chunks: AsyncGenerator[bytes, None], request_id: str, error_event: Callable[[dict[str, Any]], bytes]
 ) -> AsyncIterator[bytes]:
     """A stream that fails after its 200 went out: the error policy's body as a last SSE event (what
     OpenAI's SDKs raise as an APIError), then the end of the stream. A client that leaves cancels
@@ -548,7 +634,72 @@ async def _ending_in_an_error_event(
             async for chunk in chunks:
                 yield chunk
         except Exception as error:  # the error policy logs and answers it
-            yield _sse(as_api_error(error, f"request {request_id} (streaming)").body())
+            yield error_event(as_api_error(error, f"request {request_id} (streaming)").body())
+
+
+def _chat_error_event(body: dict[str, Any]) -> bytes:
+    return _sse(body)
+
+
+def _responses_error_event(body: dict[str, Any]) -> bytes:
+    return _typed_sse(error_event(body))
+
+
+@dataclass(frozen=True)
+class _ResponseReply:
+    """One Responses API turn's reply: the chat completion `_Turn.finish` records, as a Response."""
+
+    request: ResponsesRequest
+    response_id: str
+    created_at: int
+    model: str
+
+    def of(self, completion: dict[str, Any]) -> dict[str, Any]:
+        choice = completion["choices"][0]
+        logprobs = choice["logprobs"]["content"] if choice["logprobs"] else None
+        return response_object(
+            self.request,
+            self.response_id,
+            self.created_at,
+            self.model,
+            output=output_items(self.response_id, choice["message"], logprobs),
+            finish_reason=choice["finish_reason"],
+            usage=completion["usage"],
+        )
+
+    async def sse(self, turn: _Turn, stream: GenerationStream) -> AsyncGenerator[bytes, None]:
+        """The reply as the Responses API's typed events, from response.created to response.completed."""
+        in_progress = response_object(
+            self.request,
+            self.response_id,
+            self.created_at,
+            self.model,
+            output=[],
+            finish_reason=None,
+            usage=None,
+        )
+        events = ResponseEvents(in_progress)
+        for event in events.start():
+            yield _typed_sse(event)
+        async with aclosing(turn.deltas(stream)) as deltas:
+            async for delta in deltas:
+                for event in events.feed(delta):
+                    yield _typed_sse(event)
+        for event in events.finish(self.of(turn.body)):
+            yield _typed_sse(event)
+
+
+def _stage_response(
+    spool: EventSpool, request: ResponsesRequest, turn: _Turn, owner: str, message: dict[str, Any]
+) -> None:
+    """Keep a stored response (its input and reply) with the turn's events, for previous_response_id."""
+    spool.stage_response(
+        turn.request_id,
+        owner,
+        turn.turn.session_id,
+        request.previous_response_id,
+        stored_messages(request, message),
+    )
 
 
 def _usage(generation: Generation) -> dict[str, int]:
@@ -558,6 +709,18 @@ def _usage(generation: Generation) -> dict[str, int]:
 
 def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def _header_value(text: str) -> str:
+    return urllib.parse.quote(text, safe=_HEADER_SAFE)
+
+
+def _typed_sse(event: dict[str, Any]) -> bytes:
+    """A Responses API event: its type as the SSE event name, the event as its data."""
+    return f"event: {event['type']}\n".encode() + _sse(event)
 
 
 def _turn_type(request: Request, default: str) -> str:

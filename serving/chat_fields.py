@@ -133,14 +133,17 @@ class FieldRefused(OrlError):
         self.name, self.message, self.code = name, message, code
 
 
-def check_fields(body: dict[str, Any]) -> None:
-    """Raise FieldRefused for the first field of `body` orl does not know, or does not take as valued."""
+def check_fields(
+    body: dict[str, Any], fields: dict[str, ChatField] = FIELDS_BY_NAME, api: str = "chat-completions"
+) -> None:
+    """Raise FieldRefused for the first field of `body` that `fields` (the table of the `api`'s request
+    fields) does not name, or whose value orl does not take."""
     for name in sorted(body):
-        field = FIELDS_BY_NAME.get(name)
+        field = fields.get(name)
         if field is None:
             raise FieldRefused(
                 name,
-                f"'{name}' is not a chat-completions request field orl knows (docs/clients.md)",
+                f"'{name}' is not a {api} request field orl knows (docs/clients.md)",
                 "unknown_parameter",
             )
         value = body[name]

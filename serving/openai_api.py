@@ -87,7 +87,11 @@ class ChatRequest:
 
 def parse_chat_request(raw: bytes, *, max_tokens_limit: int) -> ChatRequest:
     """A chat-completions body, every field checked against serving/chat_fields.py's table."""
-    body = json_object(raw)
+    return parse_chat_body(json_object(raw), max_tokens_limit=max_tokens_limit)
+
+
+def parse_chat_body(body: dict[str, Any], *, max_tokens_limit: int) -> ChatRequest:
+    """A chat-completions body already read as a JSON object (the Responses API builds one too)."""
     try:
         check_fields(body)
     except FieldRefused as refused:
@@ -354,7 +358,8 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
             raise bad_request(
                 f"tools[{i}] must be {{'type':'function','function':{{'name':...}}}}", param=f"tools[{i}]"
             )
-        if tool["function"].get("strict") not in (None, False):
+        strict = tool["function"].get("strict")
+        if strict is not None and strict is not False:  # 0 is not false in JSON
             raise bad_request(
                 f"tools[{i}].function.strict=true is not supported: arguments held to the schema need "
                 "constrained decoding, not built yet; send strict: false (the arguments are parsed as the model wrote them)",

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 from orl.connectors.environment.api import ROLES as OBSERVATION_ROLES
 from orl.connectors.environment.outcome_events import MAX_CONTENT_CHARS
 from orl.rules.top_k import MAX_TOP_K
-from orl.serving.chat_fields import CHAT_FIELDS, STREAM_OPTIONS
+from orl.serving.chat_fields import CHAT_FIELDS, STREAM_OPTIONS, ChatField
 from orl.serving.openai_api import MAX_STOP_SEQUENCES, ROLES
+from orl.serving.responses_api import LOGPROBS_INCLUDE, RESPONSES_FIELDS
 
 if TYPE_CHECKING:
     from orl.serving.app import ServerState
@@ -34,6 +35,7 @@ def openapi_document(state: ServerState) -> dict[str, Any]:
         "/metrics": {"get": _metrics(keyed=bool(settings.metrics_key))},
         "/v1/models": {"get": _get("The served model.", _models(), security="apiKey")},
         "/v1/chat/completions": {"post": _chat(settings.max_tokens_limit)},
+        "/v1/responses": {"post": _responses_api(settings.max_tokens_limit)},
         "/v1/sessions/{session_id}/end": {"post": _end_session()},
         "/v1/orl/score": {"post": _score(len(state.template.tokenizer))},
         "/v1/feedback": {"post": _ingest("A user's verdict or correction.", _feedback())},
@@ -252,21 +254,7 @@ def chat_request_schema(max_tokens_limit: int) -> Schema:
             }
         ),
     }
-    properties = {}
-    for field in CHAT_FIELDS:  # serving/chat_fields.py: every field, with what orl does with it
-        if field.treatment == "honoured":
-            schema = honoured[field.name]
-        elif field.treatment == "limited":
-            schema = {"enum": list(field.accepted)}
-        else:
-            schema = dict(field.schema or {})
-        properties[field.name] = {**schema, "description": f"{field.treatment}: {field.effect}"}
-    return {
-        "type": "object",
-        "required": ["messages"],
-        "properties": properties,
-        "additionalProperties": False,
-    }
+    return _fields_schema(CHAT_FIELDS, honoured, required=["messages"])  # serving/chat_fields.py
 
 
 _API_ERRORS = (400, 401, 408, 413)
@@ -296,6 +284,98 @@ def _chat(max_tokens_limit: int) -> dict[str, Any]:
         responses,
         security="apiKey",
         body=chat_request_schema(max_tokens_limit),
+        parameters=headers,
+    )
+
+
+def responses_request_schema(max_tokens_limit: int) -> Schema:
+    """The Responses API's request body: every field of serving/responses_api.py's table, no other."""
+    text = {"type": "string"}
+    honoured = {
+        "model": _nullable(text),
+        "input": {"anyOf": [text, {"type": "array", "minItems": 1, "items": {"type": "object"}}]},
+        "instructions": _nullable(text),
+        "previous_response_id": _nullable(text),
+        "store": _nullable({"type": "boolean"}),
+        "tools": _nullable(
+            {
+                "type": "array",
+                "items": _object({"type": {"const": "function"}, "name": text})
+                | {
+                    "properties": {
+                        "type": {"const": "function"},
+                        "name": text,
+                        "strict": {"enum": [False, None]},
+                    }
+                },
+            }
+        ),
+        "tool_choice": {
+            "anyOf": [
+                {"enum": ["none", "auto", "required", None]},
+                _object({"type": {"const": "function"}, "name": text}),
+            ]
+        },
+        "stream": _nullable({"type": "boolean"}),
+        "temperature": _number(0.0, 2.0),
+        "top_p": _number(0.0, 1.0, above_low=True),
+        "max_output_tokens": _nullable({"type": "integer", "minimum": 1, "maximum": max_tokens_limit}),
+        "text": _nullable(
+            {
+                "type": "object",
+                "properties": {
+                    "format": _nullable(
+                        _object({"type": {"enum": ["text", "json_object", "json_schema"]}})
+                        | {"additionalProperties": True}
+                    ),
+                    "verbosity": {"enum": ["medium", None]},
+                },
+                "additionalProperties": False,
+            }
+        ),
+        "include": _nullable({"type": "array", "items": {"const": LOGPROBS_INCLUDE}}),
+        "user": _nullable(text),
+        "prompt_cache_key": _nullable(text),
+    }
+    return _fields_schema(RESPONSES_FIELDS, honoured, required=["input"])
+
+
+def _fields_schema(fields: tuple[ChatField, ...], honoured: dict[str, Schema], required: list[str]) -> Schema:
+    """A request body of a field table: each field's schema, described with what orl does with it."""
+    properties = {}
+    for field in fields:
+        if field.treatment == "honoured":
+            schema = honoured[field.name]
+        elif field.treatment == "limited":
+            schema = {"enum": list(field.accepted)}
+        else:
+            schema = dict(field.schema or {})
+        properties[field.name] = {**schema, "description": f"{field.treatment}: {field.effect}"}
+    return {"type": "object", "required": required, "properties": properties, "additionalProperties": False}
+
+
+def _responses_api(max_tokens_limit: int) -> dict[str, Any]:
+    response = {
+        "type": "object",
+        "required": ["id", "object", "created_at", "status", "model", "output"],
+        "properties": {"object": {"const": "response"}, "output": {"type": "array"}},
+    }
+    responses = _responses({200: ("The response.", response)}, (*_API_ERRORS, 404, 500, 503))
+    # stream: true; each event is named by its type (response.created ... response.completed)
+    text = {"type": "string"}
+    event = {"type": "object", "required": ["data"], "properties": {"event": text, "data": text}}
+    responses["200"]["content"]["text/event-stream"] = {"schema": event}
+    headers = [
+        _header("X-Session-Id", {"type": "string"}),
+        _header("X-Session-Done", {"type": "string"}),
+        _header("X-Turn-Type", {"type": "string", "pattern": "^([Mm][Aa][Ii][Nn]|[Ss][Ii][Dd][Ee])?$"}),
+    ]
+    return _operation(
+        "OpenAI Responses API on the chat turn; recorded as one. 404: previous_response_id is not a response "
+        "this key stored.",
+        responses,
+        security="apiKey",
+        body=responses_request_schema(max_tokens_limit),
         parameters=headers,
     )
 

@@ -27,6 +27,10 @@ spool cannot drain until a drain succeeds again (the server's /readyz reports it
 cap (`max_bytes`: the keys and values not yet drained) `refuse_if_full` raises SpoolFull, which the
 server answers with a 503 for new turns until the spool has drained below it.
 
+The spool file also keeps what the server must know again after a restart, each committed with
+the turn's events: a session's next turn index, the key that opened it, and the responses of the
+Responses API (their input and reply, for `previous_response_id`; `stored_conversation`).
+
 Reads and writes: the spool file; appends to whichever topics the events are for.
 """
 
@@ -34,12 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orl.connectors.event_log.base import EventLog, OutgoingRecord, RecordRefused
 from orl.connectors.metrics import Metrics
@@ -54,7 +60,12 @@ _SET_TURN_INDEX = (
     "DO UPDATE SET next_turn_index = MAX(next_turn_index, excluded.next_turn_index)"
 )
 _SET_OWNER = "INSERT OR IGNORE INTO session_owners (session_id, key_id) VALUES (?, ?)"
+_SET_RESPONSE = (
+    "INSERT OR IGNORE INTO responses (response_id, key_id, session_id, previous_id, messages_json)"
+    " VALUES (?, ?, ?, ?, ?)"
+)
 _Row = tuple[str, bytes | None, bytes]
+_StoredResponse = tuple[str, str, str | None, str]  # key id, session id, previous response id, messages JSON
 
 
 class SpoolError(OrlError):
@@ -123,9 +134,16 @@ class EventSpool:
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS session_owners (session_id TEXT PRIMARY KEY, key_id TEXT NOT NULL)"
         )
+        # per stored response (POST /v1/responses): the key that created it, its session, the response
+        # it continued and the chat messages it added (its input and its reply)
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS responses (response_id TEXT PRIMARY KEY, key_id TEXT NOT NULL,"
+            " session_id TEXT NOT NULL, previous_id TEXT, messages_json TEXT NOT NULL)"
+        )
         self._staged: list[_Row] = []
         self._staged_turn_indexes: dict[str, int] = {}
         self._staged_owners: dict[str, str] = {}
+        self._staged_responses: dict[str, _StoredResponse] = {}
         self._group: asyncio.Future[None] | None = None  # resolved when the staged rows are committed
         self.max_bytes = max_bytes
         # the keys and values in the file and not yet drained: counted once here, then kept up to date
@@ -172,6 +190,33 @@ class EventSpool:
         ).fetchone()
         return str(row[0]) if row else None
 
+    def stage_response(
+        self, response_id: str, key_id: str, session_id: str, previous_id: str | None, messages_json: str
+    ) -> None:
+        """Keep a Responses API response with the next commit (the turn's events' transaction)."""
+        self._staged_responses[response_id] = (key_id, session_id, previous_id, messages_json)
+
+    def stored_conversation(self, response_id: str, key_id: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """(session id, chat messages) of the conversation that ends with a stored response: every
+        response of its `previous_id` chain, oldest first. None when the response is not stored, or was
+        created with another key (which may not read it)."""
+        chain: list[_StoredResponse] = []
+        current: str | None = response_id
+        while current is not None:
+            row = (
+                self._staged_responses.get(current)
+                or self._db.execute(
+                    "SELECT key_id, session_id, previous_id, messages_json FROM responses WHERE response_id = ?",
+                    (current,),
+                ).fetchone()
+            )
+            if row is None or row[0] != key_id:
+                return None
+            chain.append(row)
+            current = row[2]
+        messages = [message for row in reversed(chain) for message in json.loads(row[3])]
+        return chain[0][1], messages
+
     def next_turn_index(self, session_id: str) -> int:
         """The session's next turn index as recorded (staged or committed); 0 for a session never seen."""
         if session_id in self._staged_turn_indexes:
@@ -182,23 +227,25 @@ class EventSpool:
         return int(row[0]) if row else 0
 
     def commit(self) -> None:
-        """Commit every staged event, turn index and session owner in one transaction (nothing to do if
+        """Commit every staged event, turn index, session owner and response in one transaction (nothing to do if
         none is staged).
 
         On failure the staged events are dropped, the waiters of their group get SpoolError, and
         this raises it too.
         """
-        rows, group, turn_indexes, owners = (
+        rows, group, turn_indexes, owners, responses = (
             self._staged,
             self._group,
             self._staged_turn_indexes,
             self._staged_owners,
+            self._staged_responses,
         )
-        self._staged, self._group, self._staged_turn_indexes, self._staged_owners = [], None, {}, {}
-        if not rows and not turn_indexes and not owners:
+        self._staged, self._group = [], None
+        self._staged_turn_indexes, self._staged_owners, self._staged_responses = {}, {}, {}
+        if not rows and not turn_indexes and not owners and not responses:
             return
         try:
-            self._write(rows, turn_indexes, owners)
+            self._write(rows, turn_indexes, owners, responses)
         except (sqlite3.Error, OSError) as error:  # OSError too: a group whose commit raised must never hang
             failure = SpoolError(f"the spool could not commit {len(rows)} event(s): {error}")
             if group is not None and not group.done():
@@ -217,8 +264,14 @@ class EventSpool:
         except SpoolError as error:  # the waiting handlers raise it; the server keeps serving
             logger.error("%s", error)
 
-    def _write(self, rows: list[_Row], turn_indexes: dict[str, int], owners: dict[str, str]) -> None:
-        if len(rows) == 1 and not turn_indexes and not owners:
+    def _write(
+        self,
+        rows: list[_Row],
+        turn_indexes: dict[str, int],
+        owners: dict[str, str],
+        responses: dict[str, _StoredResponse],
+    ) -> None:
+        if len(rows) == 1 and not turn_indexes and not owners and not responses:
             self._db.execute(_INSERT, rows[0])  # autocommit: one statement is its own transaction
             return
         self._db.execute("BEGIN")
@@ -226,6 +279,7 @@ class EventSpool:
             self._db.executemany(_INSERT, rows)
             self._db.executemany(_SET_TURN_INDEX, list(turn_indexes.items()))
             self._db.executemany(_SET_OWNER, list(owners.items()))
+            self._db.executemany(_SET_RESPONSE, [(key, *row) for key, row in responses.items()])
             self._db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):  # the transaction may already be gone (disk I/O error)

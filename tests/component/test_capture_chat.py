@@ -212,3 +212,13 @@ async def test_a_turn_over_the_record_limit_gets_a_413_before_anything_is_spoole
     assert server.spooled() == []  # refused before acknowledging: the log never sees it
     assert (await server.chat()).status_code == 200  # the next turn goes through
     assert event_types(server.spooled()) == ["RequestReceived", "ResponseGenerated"]
+
+
+async def test_a_session_named_by_a_non_ascii_user_is_answered_with_its_id_percent_encoded(
+    server: Server,
+) -> None:
+    """A header value is Latin-1: the session id `user:Zoë ᚛` goes out as UTF-8 percent-encoding."""
+    reply = await server.chat(user="Zoë ᚛%")
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-session-id"] == "user:Zo%C3%AB %E1%9A%9B%25"
+    assert server.spooled()[0]["envelope"]["session_id"] == "user:Zoë ᚛%"

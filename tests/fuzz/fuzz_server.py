@@ -17,6 +17,7 @@ WEBHOOKS = {
 }
 BODY_ROUTES: dict[str, dict[str, Any]] = {  # a valid body for each route that reads one
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 2},
     "/v1/orl/score": {"messages": [{"role": "user", "content": "hi"}], "response_token_ids": [1, 2]},
     "/v1/feedback": {"session_id": "s", "turn_id": "s/t0", "thumbs": 1},
     "/v1/rewards": {"session_id": "s", "turn_id": "s/t0", "reward": 1.0},

@@ -87,6 +87,7 @@ OPERATIONS = [
     ("GET", "/metrics"),
     ("GET", "/v1/models"),
     ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/responses"),
     ("POST", "/v1/sessions/{session_id}/end"),
     ("POST", "/v1/orl/score"),
     ("POST", "/v1/feedback"),
@@ -180,7 +181,13 @@ def _assert_error(reply: Any, status: int, code: str) -> None:
     assert reply.json()["error"]["code"] == code, reply.text
 
 
-ACCEPTED = {"/v1/chat/completions": 200, "/v1/orl/score": 200, "/v1/sessions/start": 200, "/admin/pin": 400}
+ACCEPTED = {
+    "/v1/chat/completions": 200,
+    "/v1/responses": 200,
+    "/v1/orl/score": 200,
+    "/v1/sessions/start": 200,
+    "/admin/pin": 400,
+}
 
 
 @pytest.mark.parametrize("path", BODY_ROUTES)

@@ -226,6 +226,59 @@ def test_tool_call_round_trip(server: ServeProcess) -> None:
     assert second.choices[0].message.content or second.choices[0].message.tool_calls
 
 
+def test_the_responses_api_records_exact_tokens_and_continues_a_response_in_its_session(
+    server: ServeProcess,
+) -> None:
+    """client.responses: a text turn with its logprobs, then a streamed turn that continues it by
+    previous_response_id and a forced tool call; each is recorded as a chat turn, in one session."""
+    api = client(server).responses
+    raw = api.with_raw_response.create(
+        model="orl-policy",
+        input="Say hello in three words.",
+        max_output_tokens=12,
+        temperature=0.7,
+        include=["message.output_text.logprobs"],
+    )
+    first = raw.parse()
+    [recorded] = wait_for_events(server, "responses", lambda e: e["request_id"] == first.id)
+    assert recorded["response_text"] == first.output_text and first.output_text
+    returned = [lp.logprob for lp in first.output[0].content[0].logprobs]
+    assert returned == recorded["response_logprobs"]  # the same 32-bit floats
+    assert first.usage.output_tokens == len(recorded["response_token_ids"])
+
+    with api.stream(
+        model="orl-policy", input="And in French?", previous_response_id=first.id, max_output_tokens=12
+    ) as stream:
+        events = list(stream)
+    assert events[0].type == "response.created"
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    second = events[-1].response
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    [request] = wait_for_events(server, "requests", lambda e: e["request_id"] == second.id)
+    assert json.loads(request["messages_json"]) == [
+        {"role": "user", "content": "Say hello in three words."},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And in French?"},
+    ]
+    assert request["envelope"]["session_id"] == raw.headers["x-session-id"]
+    [response] = wait_for_events(server, "responses", lambda e: e["request_id"] == second.id)
+    assert response["response_text"] == deltas == second.output_text
+
+    tool = {"type": "function", "name": "add", "parameters": {"type": "object"}, "strict": False}
+    called = api.create(
+        model="orl-policy",
+        input="What is 2 plus 3?",
+        tools=[tool],
+        tool_choice={"type": "function", "name": "add"},
+        max_output_tokens=24,
+        temperature=0.0,
+    )
+    [call] = [item for item in called.output if item.type == "function_call"]
+    assert call.name == "add"
+    [response] = wait_for_events(server, "responses", lambda e: e["request_id"] == called.id)
+    assert json.loads(response["tool_calls_json"])[0]["id"] == call.call_id
+
+
 def test_three_turns_without_session_headers_are_linked(server: ServeProcess) -> None:
     api = client(server)
     messages: list = [{"role": "user", "content": "Name a fruit."}]
