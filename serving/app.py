@@ -358,7 +358,7 @@ class _ApiHandlers:
             raise bad_request(str(error), param="messages") from error
         forced = req.forced_tool()
         if forced:
-            text += forced_call_prefix(forced)
+            text += forced_call_prefix(forced, constrained=req.constrained_call())
         ids = list(self.state.template.tokenizer(text, add_special_tokens=False)["input_ids"])
         window = self.state.backend.context_window
         if len(ids) >= window:
@@ -530,7 +530,7 @@ class _Turn:
     def _reply_stream(self) -> ReplyStream:
         forced = self.req.forced_tool()
         if forced:
-            return ForcedCallStream(forced, self.request_id)
+            return ForcedCallStream(forced, self.request_id, constrained=self.req.constrained_call())
         if not self.req.may_call_tools():
             return PlainReplyStream()
         return ToolCallSplitter(self.request_id)
@@ -582,7 +582,9 @@ class _Turn:
     def _reply(self, generation: Generation) -> tuple[str | None, list[dict[str, Any]]]:
         forced = self.req.forced_tool()
         if forced:
-            parsed = forced_call(forced, generation.text, self.request_id)
+            parsed = forced_call(
+                forced, generation.text, self.request_id, constrained=self.req.constrained_call()
+            )
         elif not self.req.may_call_tools():
             return generation.text, []
         else:

@@ -50,7 +50,11 @@ _NOT_RECORDED_DISTRIBUTION = "would sample from another distribution than the on
 CHAT_FIELDS: tuple[ChatField, ...] = (
     honoured("model", "recorded with the turn; the served policy answers whatever the name"),
     honoured("messages", "rendered with the model's chat template; text parts only"),
-    honoured("tools", "rendered with the chat template; tool calls are parsed from the output"),
+    honoured(
+        "tools",
+        "rendered with the chat template; tool calls are parsed from the output; strict: true only for "
+        "the function tool_choice forces, whose arguments are then held to its schema by constrained decoding",
+    ),
     honoured("tool_choice", "none, auto, required (with tools) or a named function, which is forced"),
     honoured("stream", "server-sent chunks, then [DONE]"),
     honoured(

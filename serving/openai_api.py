@@ -71,13 +71,20 @@ class ChatRequest:
     user: str | None
     prompt_cache_key: str | None  # a session hint: stock OpenClaw sends `<sessionId>:0`
     logprobs: bool = False  # return each sampled token's logprob (the recorded one)
-    constraint: str | None = None  # response_format json_object / json_schema, as canonical JSON
+    # response_format json_object / json_schema, or a forced strict tool's parameters as a json_schema
+    # response_format, as canonical JSON
+    constraint: str | None = None
 
     def forced_tool(self) -> str | None:
         """The function name when tool_choice names one function."""
         if isinstance(self.tool_choice, dict):
             return str(self.tool_choice["function"]["name"])
         return None
+
+    def constrained_call(self) -> bool:
+        """Whether the forced call's arguments are held to its strict tool's parameters schema (the
+        constraint): the prompt then leaves the whole arguments object to the model."""
+        return self.forced_tool() is not None and self.constraint is not None
 
     def may_call_tools(self) -> bool:
         """Whether the reply is parsed for tool calls: tools offered, not turned off, and no JSON
@@ -98,11 +105,17 @@ def parse_chat_body(body: dict[str, Any], *, max_tokens_limit: int) -> ChatReque
         raise bad_request(refused.message, param=refused.name, code=refused.code) from None
     messages = _messages(body.get("messages"))
     tools = _tools(body.get("tools"))
+    tool_choice = _tool_choice(body.get("tool_choice"), tools)
+    response_constraint = _constraint(body.get("response_format"))
+    if response_constraint and (isinstance(tool_choice, dict) or tool_choice == "required"):
+        raise bad_request(
+            "response_format json and a forced tool call cannot both hold the reply", param="response_format"
+        )
     req = ChatRequest(
         model=_optional_str(body, "model") or "",
         messages=messages,
         tools=tools,
-        tool_choice=_tool_choice(body.get("tool_choice"), tools),
+        tool_choice=tool_choice,
         stream=_bool(body, "stream", False),
         include_usage=_include_usage(body.get("stream_options")),
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
@@ -114,12 +127,8 @@ def parse_chat_body(body: dict[str, Any], *, max_tokens_limit: int) -> ChatReque
         user=_optional_str(body, "user"),
         prompt_cache_key=_optional_str(body, "prompt_cache_key"),
         logprobs=_logprobs(body),
-        constraint=_constraint(body.get("response_format")),
+        constraint=response_constraint or _strict_call_constraint(tools, tool_choice),
     )
-    if req.constraint and (req.forced_tool() or req.tool_choice == "required"):
-        raise bad_request(
-            "response_format json and a forced tool call cannot both hold the reply", param="response_format"
-        )
     return req
 
 
@@ -359,14 +368,47 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
                 f"tools[{i}] must be {{'type':'function','function':{{'name':...}}}}", param=f"tools[{i}]"
             )
         strict = tool["function"].get("strict")
-        if strict is not None and strict is not False:  # 0 is not false in JSON
+        if strict is not None and strict is not True and strict is not False:  # 0 is no boolean in JSON
             raise bad_request(
-                f"tools[{i}].function.strict=true is not supported: arguments held to the schema need "
-                "constrained decoding, not built yet; send strict: false (the arguments are parsed as the model wrote them)",
+                f"tools[{i}].function.strict must be a boolean",
+                param=f"tools[{i}].function.strict",
+                code="invalid_type",
+            )
+    return value or None
+
+
+def _strict_call_constraint(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
+    """The forced call's constraint when its tool is strict: its parameters schema, enforced by
+    constrained decoding. A strict tool the model may or may not call (tool_choice auto or required)
+    is a 400: orl holds a call's arguments to a schema only where the call is forced."""
+    if tool_choice == "none":
+        return None  # no call: nothing to constrain
+    forced = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+    constraint = None
+    for i, tool in enumerate(tools or []):
+        function = tool["function"]
+        if function.get("strict") is not True:
+            continue
+        if function["name"] != forced:
+            raise bad_request(
+                f"tools[{i}].function.strict=true is honoured only for a forced call: orl holds a call's "
+                "arguments to the schema by constrained decoding once tool_choice names the function; "
+                "name it in tool_choice, or send strict: false (the arguments are then parsed as the model "
+                "wrote them)",
                 param=f"tools[{i}].function.strict",
                 code="unsupported_parameter",
             )
-    return value or None
+        parameters = function.get("parameters") or {"type": "object"}
+        response_format = {"type": "json_schema", "json_schema": {"name": forced, "schema": parameters}}
+        try:
+            constraint = _constraint(response_format)
+        except ApiError as error:
+            raise bad_request(
+                error.message,
+                param=f"tools[{i}].function.parameters",
+                code=error.code or "invalid_json_schema",
+            ) from None
+    return constraint
 
 
 def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:

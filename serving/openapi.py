@@ -194,8 +194,8 @@ def _messages(roles: tuple[str, ...] = ROLES) -> Schema:
 
 def _tools() -> Schema:
     function = _object({"name": {"type": "string"}}) | {
-        "properties": {"name": {"type": "string"}, "strict": {"enum": [False, None]}}
-    }  # strict: true is a 400 until constrained decoding (serving/openai_api.py _tools)
+        "properties": {"name": {"type": "string"}, "strict": _nullable({"type": "boolean"})}
+    }  # strict: true only with tool_choice naming the tool (serving/openai_api.py _strict_call_constraint)
     tool = _object({"type": {"const": "function"}, "function": function})
     return _nullable({"type": "array", "items": tool})
 
@@ -305,7 +305,7 @@ def responses_request_schema(max_tokens_limit: int) -> Schema:
                     "properties": {
                         "type": {"const": "function"},
                         "name": text,
-                        "strict": {"enum": [False, None]},
+                        "strict": _nullable({"type": "boolean"}),
                     }
                 },
             }

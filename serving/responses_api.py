@@ -16,6 +16,7 @@ session and recorded exactly as a chat turn is.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,11 @@ RESPONSES_FIELDS: tuple[ChatField, ...] = (
     honoured(
         "store", "false: the response is not kept for previous_response_id (the turn is still recorded)"
     ),
-    honoured("tools", "function tools, rendered with the chat template; calls are parsed from the output"),
+    honoured(
+        "tools",
+        "function tools, rendered with the chat template; calls are parsed from the output; strict: true "
+        "only for the function tool_choice forces, whose arguments are then held to its schema",
+    ),
     honoured("tool_choice", "none, auto, required (with tools) or a named function, which is forced"),
     honoured("stream", "typed server-sent events, from response.created to response.completed"),
     honoured("temperature", "sampling temperature, recorded; logprobs are at this temperature"),
@@ -99,6 +104,7 @@ RESPONSES_FIELDS: tuple[ChatField, ...] = (
 
 RESPONSES_FIELDS_BY_NAME = {f.name: f for f in RESPONSES_FIELDS}
 _INPUT_TEXT_PARTS = ("input_text", "output_text")
+_TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.")
 # chat-path parameter names as the Responses API calls them, for errors raised by the chat parser
 _PARAM_NAMES = {
     "max_completion_tokens": "max_output_tokens",
@@ -131,6 +137,8 @@ class ResponsesRequest:
             for chat_name, name in _PARAM_NAMES.items():
                 param = name + param.removeprefix(chat_name) if param.startswith(chat_name) else param
                 message = message.replace(chat_name, name)
+            # a chat tool's fields sit under `function`, a Responses tool's at its top
+            param, message = _TOOL_FIELD.sub(r"\1.", param), _TOOL_FIELD.sub(r"\1.", message)
             raise ApiError(error.status, message, param=param or None, code=error.code) from None
 
 
@@ -283,16 +291,8 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
                 param=f"{param}.type",
                 code="unsupported_parameter",
             )
-        function = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
-        if tool.get("strict") is not None and tool.get("strict") is not False:  # 0 is not false in JSON
-            raise bad_request(
-                f"{param}.strict=true is not supported: arguments held to the schema need constrained "
-                "decoding of tool calls, not built yet; send strict: false (with the OpenAI Agents SDK, "
-                "function_tool(strict_mode=False))",
-                param=f"{param}.strict",
-                code="unsupported_parameter",
-            )
-        tools.append({"type": "function", "function": {**function, "strict": False}})
+        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+        tools.append({"type": "function", "function": function})  # strict: checked by the chat parser
     return tools or None
 
 

@@ -36,18 +36,24 @@ def call_id(request_id: str, index: int) -> str:
     return "call_" + deterministic_id("tool_call", request_id, index).split("-", 1)[1]
 
 
-def forced_call_prefix(function_name: str) -> str:
-    """Text appended after the assistant header so the model must write `function_name`'s arguments object."""
-    return f'{OPEN}{{"name": {json.dumps(function_name)}, "arguments": {{'
+def forced_call_prefix(function_name: str, *, constrained: bool = False) -> str:
+    """Text appended after the assistant header so the model must write `function_name`'s arguments
+    object. `constrained` (a strict tool, its schema enforced by constrained decoding): the prefix
+    stops before the object, which the grammar then makes the model write whole."""
+    head = f'{OPEN}{{"name": {json.dumps(function_name)}, "arguments": '
+    return head if constrained else head + "{"
 
 
-def forced_call(function_name: str, generated: str, request_id: str) -> ParsedReply:
-    """The call a forced prefix produced: the arguments object the model wrote after it.
+def forced_call(
+    function_name: str, generated: str, request_id: str, *, constrained: bool = False
+) -> ParsedReply:
+    """The call a forced prefix produced: the arguments object the model wrote after it
+    (`constrained`: as `forced_call_prefix`, the model wrote the whole object).
 
     When the model's arguments are not valid JSON they are returned as written (OpenAI's
     documented behaviour: arguments may not be valid JSON), never dropped.
     """
-    text = "{" + generated
+    text = generated if constrained else "{" + generated
     try:
         arguments, _ = json.JSONDecoder().raw_decode(text)
         arguments_text = json.dumps(arguments)
@@ -133,8 +139,8 @@ class ForcedCallStream:
     them; the reply has no content, so nothing else streams.
     """
 
-    def __init__(self, function_name: str, request_id: str) -> None:
-        self._name, self._request_id = function_name, request_id
+    def __init__(self, function_name: str, request_id: str, *, constrained: bool = False) -> None:
+        self._name, self._request_id, self._constrained = function_name, request_id, constrained
         self._pieces: list[str] = []
         self._opened = False
 
@@ -143,7 +149,9 @@ class ForcedCallStream:
         return self._open()
 
     def finish(self) -> ReplyDelta:
-        call = forced_call(self._name, "".join(self._pieces), self._request_id).tool_calls[0]
+        call = forced_call(
+            self._name, "".join(self._pieces), self._request_id, constrained=self._constrained
+        ).tool_calls[0]
         arguments = {"index": 0, "function": {"arguments": call["function"]["arguments"]}}
         return ReplyDelta(tool_calls=(*self._open().tool_calls, arguments))
 

@@ -180,3 +180,38 @@ def test_a_schema_that_cannot_be_enforced_is_a_400_naming_response_format(server
         )
     error = info.value.body  # the SDK hands over the body's "error" object
     assert (error["param"], error["code"]) == ("response_format", "invalid_json_schema")
+
+
+def test_a_forced_strict_tool_call_always_has_arguments_that_validate(server: ServeProcess) -> None:
+    """tools[].function.strict with tool_choice naming it: the arguments object is decoded under the
+    tool's parameters schema, at temperature 1, streamed or not; the turn is recorded as constrained."""
+    tool = {
+        "type": "function",
+        "function": {"name": "record", "parameters": SCHEMAS["person"], "strict": True},
+    }
+    results = []
+    for index, prompt in enumerate(PROMPTS[:6]):
+        request = {
+            "model": "orl-policy",
+            "messages": [{"role": "user", "content": prompt}],
+            "tools": [tool],
+            "tool_choice": {"type": "function", "function": {"name": "record"}},
+            "max_tokens": 80,
+            "temperature": 1.0,
+        }
+        if index % 2:
+            chunks = list(client(server).chat.completions.create(**request, stream=True))
+            calls = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+            reply_id, arguments = chunks[0].id, "".join(c.function.arguments or "" for c in calls)
+            finish = next(chunk.choices[0].finish_reason for chunk in chunks[::-1] if chunk.choices)
+        else:
+            reply = client(server).chat.completions.create(**request)
+            call = reply.choices[0].message.tool_calls[0]  # type: ignore[index]
+            reply_id, arguments, finish = reply.id, call.function.arguments, reply.choices[0].finish_reason
+        assert finish == "tool_calls", (prompt, arguments)
+        jsonschema.validate(json.loads(arguments), SCHEMAS["person"])
+        results.append(reply_id)
+    for reply_id in results:
+        (response,) = wait_for_events(server, "responses", lambda e, r=reply_id: e["request_id"] == r)
+        constraint = json.loads(response["sampling"]["constraint"])
+        assert constraint["json_schema"] == {"name": "record", "schema": SCHEMAS["person"]}

@@ -137,9 +137,32 @@ def test_stream_options_and_strict_tools_are_checked_by_name() -> None:
     assert (error["param"], error["code"]) == ("stream_options.chunk_size", "unknown_parameter")
     parse(stream=True, stream_options={"include_usage": True, "include_obfuscation": False})
     strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
-    error = refused(tools=[strict])
+    error = refused(tools=[strict])  # strict is enforced only where the call is forced
     assert (error["param"], error["code"]) == ("tools[0].function.strict", "unsupported_parameter")
+    assert "honoured only for a forced call" in error["message"]
+    assert (
+        refused(tools=[{"type": "function", "function": {**TOOL["function"], "strict": 0}}])["code"]
+        == "invalid_type"
+    )
     parse(tools=[{"type": "function", "function": {**TOOL["function"], "strict": False}}])
+    assert parse(tools=[strict], tool_choice="none").constraint is None  # no call to constrain
+
+
+def test_a_forced_strict_tool_is_constrained_to_its_parameters() -> None:
+    strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
+    req = parse(tools=[strict], tool_choice={"type": "function", "function": {"name": "lookup"}})
+    assert req.constrained_call()
+    assert json.loads(req.constraint or "") == {
+        "type": "json_schema", "json_schema": {"name": "lookup", "schema": {"type": "object"}}
+    }  # fmt: skip
+    unforced = parse(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "lookup"}})
+    assert not unforced.constrained_call() and unforced.constraint is None
+    bad = {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "objectx"}, "strict": True},
+    }
+    error = refused(tools=[bad], tool_choice={"type": "function", "function": {"name": "lookup"}})
+    assert (error["param"], error["code"]) == ("tools[0].function.parameters", "invalid_json_schema")
 
 
 def test_the_openapi_document_describes_every_field_and_forbids_others() -> None:

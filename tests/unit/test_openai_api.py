@@ -4,7 +4,7 @@ import json
 
 import pytest
 from orl.serving.openai_api import ApiError, parse_chat_request
-from orl.serving.tool_calls import forced_call, parse_reply
+from orl.serving.tool_calls import forced_call, forced_call_prefix, parse_reply
 
 
 def parse(body: object, limit: int = 1024):
@@ -111,3 +111,10 @@ def test_malformed_calls_stay_content_and_forced_prefix_completes_a_call() -> No
     assert call["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}
     broken = forced_call("add", '"a": 2, oops', "r").tool_calls[0]
     assert broken["function"]["arguments"] == '{"a": 2, oops'  # returned as written, never dropped
+
+
+def test_a_constrained_forced_call_leaves_the_whole_arguments_object_to_the_model() -> None:
+    """A strict tool: the prefix stops before the object, which the grammar makes the model write."""
+    assert forced_call_prefix("add", constrained=True) + "{" == forced_call_prefix("add")
+    call = forced_call("add", '{"a":2,"b":3}', "r", constrained=True).tool_calls[0]
+    assert call["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}

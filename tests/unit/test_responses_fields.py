@@ -75,9 +75,7 @@ def test_settings_reach_the_chat_request_under_their_chat_names() -> None:
         tools=[tool], tool_choice={"type": "function", "name": "add"}, max_output_tokens=9,
         temperature=0.3, top_p=0.5, include=["message.output_text.logprobs"], user="u1",
     )  # fmt: skip
-    assert req.tools == [
-        {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}, "strict": False}}
-    ]
+    assert req.tools == [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
     assert (req.forced_tool(), req.max_tokens, req.temperature, req.top_p, req.logprobs, req.user) == (
         "add", 9, 0.3, 0.5, True, "u1"
     )  # fmt: skip
