@@ -35,6 +35,7 @@ from orl.serving.ingest import ingest_routes
 from orl.serving.openai_api import (
     ApiError,
     ChatRequest,
+    RolloutGroup,
     bad_request,
     error_body,
     json_object,
@@ -222,6 +223,8 @@ class _ApiHandlers:
             await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s),
             max_tokens_limit=self.settings.max_tokens_limit,
         )
+        if req.n > 1:
+            return await self._choices(request, req, started)
         turn_call, prompt_ids = await self._begin(request, req, "chatcmpl-" + uuid.uuid4().hex, started)
         stream = self.state.backend.generate_stream(prompt_ids, turn_call.params)
         if req.stream:
@@ -231,11 +234,43 @@ class _ApiHandlers:
                 media_type="text/event-stream",
                 headers=turn_call.headers(),
             )
-        generation = await _unless_client_leaves(request, stream)
-        if generation is None:
+        generations = await _unless_client_leaves(request, [stream])
+        if generations is None:
             return turn_call.abandoned()
-        body = await turn_call.finish(generation)
+        body = await turn_call.finish(generations[0])
         return JSONResponse(body, headers=turn_call.headers())
+
+    async def _choices(self, request: Request, req: ChatRequest, started: float) -> Response:
+        """n > 1: each choice is the one turn of a new session, and the n sessions are one rollout group
+        (the completion's id), so the pipeline normalises their rewards together. A given seed seeds
+        choice i with seed + i. The client's next request links, by its messages, to the session of the
+        choice it continues."""
+        for header in ("x-session-id", "x-group-id", "x-group-size"):
+            if request.headers.get(header):
+                raise bad_request(
+                    f"n > 1 makes its choices a rollout group of new sessions: send no {header}", param="n"
+                )
+        completion_id = "chatcmpl-" + uuid.uuid4().hex
+        turns = [
+            (await self._begin(request, req, f"{completion_id}-{index}", started, choice=index, of=req.n))
+            for index in range(req.n)
+        ]
+        streams = [self.state.backend.generate_stream(prompt_ids, turn.params) for turn, prompt_ids in turns]
+        generations = await _unless_client_leaves(request, streams)
+        if generations is None:
+            return turns[0][0].abandoned()
+        bodies = [
+            await turn.finish(generation) for (turn, _), generation in zip(turns, generations, strict=True)
+        ]
+        choices = [{**body["choices"][0], "index": index} for index, body in enumerate(bodies)]
+        usage = {key: sum(body["usage"][key] for body in bodies) for key in bodies[0]["usage"]}
+        usage["prompt_tokens"] = bodies[0]["usage"]["prompt_tokens"]  # one prompt, as OpenAI counts it
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        sessions = ",".join(_header_value(turn.turn.session_id) for turn, _ in turns)
+        return JSONResponse(
+            {**bodies[0], "id": completion_id, "choices": choices, "usage": usage},
+            headers={"x-group-id": completion_id, "x-session-ids": sessions},
+        )
 
     async def responses(self, request: Request) -> Response:
         """POST /v1/responses: the Responses API's request as a chat turn, its reply as a Response."""
@@ -275,20 +310,32 @@ class _ApiHandlers:
                 media_type="text/event-stream",
                 headers=turn_call.headers(),
             )
-        generation = await _unless_client_leaves(request, stream)
-        if generation is None:
+        generations = await _unless_client_leaves(request, [stream])
+        if generations is None:
             return turn_call.abandoned()
-        return JSONResponse(reply.of(await turn_call.finish(generation)), headers=turn_call.headers())
+        return JSONResponse(reply.of(await turn_call.finish(generations[0])), headers=turn_call.headers())
 
     async def _begin(
-        self, request: Request, req: ChatRequest, request_id: str, started: float
+        self,
+        request: Request,
+        req: ChatRequest,
+        request_id: str,
+        started: float,
+        *,
+        choice: int = 0,
+        of: int = 1,
     ) -> tuple[_Turn, list[int]]:
         """Link a checked request to its session and turn and stage RequestReceived: the turn to
-        serve, and the prompt's token ids."""
+        serve, and the prompt's token ids. `choice` of `of` > 1: one choice, in a new session of the
+        group named after the completion (its request id less the choice's suffix)."""
         main = _turn_type(request, self.settings.default_turn_type) == "main"
         group = parse_rollout_group(request.headers.get("x-group-id"), request.headers.get("x-group-size"))
+        if of > 1:
+            group = RolloutGroup(request_id.rsplit("-", 1)[0], of)
         prompt_ids = await self.state.off_loop(self._prompt_ids, req)
         params = self._sampling(req, len(prompt_ids))
+        if params.seed is not None and choice:
+            params = dataclasses.replace(params, seed=(params.seed + choice + 2**63) % 2**64 - 2**63)
         header_session = session_header(request.headers.get("x-session-id"))
         named, _ = self.state.tracker.explicit_session(
             header_session, req.session_id, req.user, req.prompt_cache_key
@@ -303,6 +350,7 @@ class _ApiHandlers:
             cache_key=req.prompt_cache_key,
             main=main,
             owner=request_key_id(request),
+            new_session=of > 1,
         )
         if turn.link_method == "new":  # committed with this turn's events
             self.state.recorder.spool.stage_session_owner(turn.session_id, turn.owner)
@@ -602,11 +650,11 @@ class _Turn:
         metrics.observe("request_latency_seconds", time.perf_counter() - self.started)
 
 
-async def _unless_client_leaves(request: Request, stream: GenerationStream) -> Generation | None:
-    """The finished generation, or None once the client has closed its connection: a client that
+async def _unless_client_leaves(request: Request, streams: list[GenerationStream]) -> list[Generation] | None:
+    """The finished generations, or None once the client has closed its connection: a client that
     timed out (a judge, then retrying) must not leave the model generating for nobody. Streamed
     replies stop the same way (Starlette closes their generator on disconnect)."""
-    finished = asyncio.ensure_future(stream.result())
+    finished = asyncio.ensure_future(asyncio.gather(*(stream.result() for stream in streams)))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait((finished, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -615,7 +663,8 @@ async def _unless_client_leaves(request: Request, stream: GenerationStream) -> G
         left = not finished.done()
         if left:  # the client left (or this handler was cancelled): stop generating
             finished.cancel()
-            await stream.aclose()
+            for stream in streams:
+                await stream.aclose()
     return None if left else finished.result()
 
 

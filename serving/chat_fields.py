@@ -75,7 +75,11 @@ CHAT_FIELDS: tuple[ChatField, ...] = (
         "0 only: orl keeps the sampled token's logprob, not the K most likely alternatives",
         0,
     ),
-    limited("n", "1 only: several choices of one request are not built yet", 1),
+    honoured(
+        "n",
+        "1 to 8 choices; each is the one turn of a session of its own, and the n sessions form a rollout "
+        "group (as X-Group-Id); not with stream, a named session or X-Group-Id",
+    ),
     honoured(
         "response_format",
         "text, json_object or json_schema, enforced by constrained decoding (llguidance); such a turn is "

@@ -19,6 +19,7 @@ from orl.serving.chat_fields import STREAM_OPTIONS, FieldRefused, check_fields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_SEQUENCES = 4
+MAX_CHOICES = 8  # n: the most choices of one request
 
 
 class ApiError(OrlError):
@@ -74,6 +75,7 @@ class ChatRequest:
     # response_format json_object / json_schema, or a forced strict tool's parameters as a json_schema
     # response_format, as canonical JSON
     constraint: str | None = None
+    n: int = 1  # choices: each one turn of a session of its own, the n sessions one rollout group
 
     def forced_tool(self) -> str | None:
         """The function name when tool_choice names one function."""
@@ -128,8 +130,29 @@ def parse_chat_body(body: dict[str, Any], *, max_tokens_limit: int) -> ChatReque
         prompt_cache_key=_optional_str(body, "prompt_cache_key"),
         logprobs=_logprobs(body),
         constraint=response_constraint or _strict_call_constraint(tools, tool_choice),
+        n=_choices(body),
     )
+    if req.n > 1 and req.stream:
+        raise bad_request(
+            "n > 1 with stream: true is not built yet: ask for the choices unstreamed", param="n"
+        )
+    if req.n > 1 and (req.session_id or req.user or req.prompt_cache_key):
+        raise bad_request(
+            "n > 1 opens a session of its own for each choice: send no session_id, user or prompt_cache_key",
+            param="n",
+        )
     return req
+
+
+def _choices(body: dict[str, Any]) -> int:
+    value = body.get("n")
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request("'n' must be an integer", param="n", code="invalid_type")
+    if not 1 <= value <= MAX_CHOICES:
+        raise bad_request(f"'n' must be between 1 and {MAX_CHOICES}; got {value}", param="n")
+    return value
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from orl.connectors.environment.api import ROLES as OBSERVATION_ROLES
 from orl.connectors.environment.outcome_events import MAX_CONTENT_CHARS
 from orl.rules.top_k import MAX_TOP_K
 from orl.serving.chat_fields import CHAT_FIELDS, STREAM_OPTIONS, ChatField
-from orl.serving.openai_api import MAX_STOP_SEQUENCES, ROLES
+from orl.serving.openai_api import MAX_CHOICES, MAX_STOP_SEQUENCES, ROLES
 from orl.serving.responses_api import LOGPROBS_INCLUDE, RESPONSES_FIELDS
 
 if TYPE_CHECKING:
@@ -235,6 +235,7 @@ def chat_request_schema(max_tokens_limit: int) -> Schema:
             {"anyOf": [stop, {"type": "array", "maxItems": MAX_STOP_SEQUENCES, "items": stop}]}
         ),
         "seed": _nullable({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}),
+        "n": _nullable({"type": "integer", "minimum": 1, "maximum": MAX_CHOICES}),
         "session_id": _nullable({"type": "string"}),
         "user": _nullable({"type": "string"}),
         "prompt_cache_key": _nullable({"type": "string"}),

@@ -75,10 +75,15 @@ class SessionTracker:
         cache_key: str | None = None,
         main: bool = True,
         owner: str = "",
+        new_session: bool = False,
     ) -> TurnAssignment:
+        """The session and turn of a request; `new_session`: a session of its own, whatever the
+        request's messages continue (one choice of several)."""
         session_id, method = self.explicit_session(header_session, body_session, user, cache_key)
         linked_turn: str | None = None
-        if session_id is None:
+        if new_session:
+            session_id, method = self.new_session_id(), "new"
+        elif session_id is None:
             found = self._find_prefix(messages, owner)
             if found is not None:
                 session_id, linked_turn = found

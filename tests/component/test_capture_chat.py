@@ -222,3 +222,33 @@ async def test_a_session_named_by_a_non_ascii_user_is_answered_with_its_id_perce
     assert reply.status_code == 200, reply.text
     assert reply.headers["x-session-id"] == "user:Zo%C3%AB %E1%9A%9B%25"
     assert server.spooled()[0]["envelope"]["session_id"] == "user:Zoë ᚛%"
+
+
+async def test_n_choices_are_one_turn_each_of_new_sessions_in_one_rollout_group(server: Server) -> None:
+    reply = await server.chat(n=3, seed=41)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert [choice["index"] for choice in body["choices"]] == [0, 1, 2]
+    assert body["usage"]["completion_tokens"] == 3 * 4 and body["usage"]["prompt_tokens"] < 4 * 20
+    requests = [e for e in server.spooled() if e["envelope"]["event_type"] == "RequestReceived"]
+    assert [r["request_id"] for r in requests] == [f"{body['id']}-{i}" for i in range(3)]
+    assert {(r["group_id"], r["group_size"]) for r in requests} == {(body["id"], 3)}
+    assert [r["sampling"]["seed"] for r in requests] == [41, 42, 43]
+    sessions = [r["envelope"]["session_id"] for r in requests]
+    assert len(set(sessions)) == 3 and all(r["link_method"] == "new" for r in requests)
+    assert reply.headers["x-session-ids"] == ",".join(sessions)
+    assert reply.headers["x-group-id"] == body["id"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "headers"),
+    [({"n": 2, "stream": True}, {}), ({"n": 2, "user": "u"}, {}), ({"n": 2}, {"x-session-id": "s"}),
+     ({"n": 2}, {"x-group-id": "g"}), ({"n": 9}, {})],
+)  # fmt: skip
+async def test_n_choices_refuse_what_would_put_them_elsewhere(
+    server: Server, fields: dict[str, Any], headers: dict[str, str]
+) -> None:
+    reply = await server.chat(headers=headers, **fields)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "n"
+    assert server.spooled() == []

@@ -279,6 +279,43 @@ def test_the_responses_api_records_exact_tokens_and_continues_a_response_in_its_
     assert json.loads(response["tool_calls_json"])[0]["id"] == call.call_id
 
 
+def test_n_choices_are_recorded_as_a_group_and_the_one_continued_links_to_its_session(
+    server: ServeProcess,
+) -> None:
+    """n=4 on the real model: 4 recorded responses, one new session each, one rollout group; the
+    client continues choice 2, whose session the next turn joins by its messages."""
+    messages = [{"role": "user", "content": "Name a fruit and say why you like it."}]
+    raw = client(server).chat.completions.with_raw_response.create(
+        model="orl-policy", messages=messages, n=4, max_tokens=16, temperature=1.0, seed=7
+    )  # choice i is seeded 7 + i: four different answers, the same on every run
+    completion = raw.parse()
+    assert [choice.index for choice in completion.choices] == [0, 1, 2, 3]
+    sessions = raw.headers["x-session-ids"].split(",")
+    responses = wait_for_events(
+        server, "responses", lambda e: e["request_id"].startswith(completion.id + "-")
+    )
+    assert sorted(r["request_id"] for r in responses) == [f"{completion.id}-{i}" for i in range(4)]
+    by_id = {r["request_id"]: r for r in responses}
+    for index, choice in enumerate(completion.choices):
+        recorded = by_id[f"{completion.id}-{index}"]
+        assert recorded["response_text"] == choice.message.content
+        assert recorded["envelope"]["session_id"] == sessions[index]
+    requests = [e for e in events(server, "requests") if e["request_id"].startswith(completion.id + "-")]
+    assert {(r["group_id"], r["group_size"]) for r in requests} == {(completion.id, 4)}
+    texts = [choice.message.content for choice in completion.choices]
+    assert len(set(texts)) == 4, texts  # else a resent conversation would link to neither (ambiguous)
+    follow = client(server).chat.completions.with_raw_response.create(
+        model="orl-policy",
+        messages=[
+            *messages,
+            {"role": "assistant", "content": texts[2]},
+            {"role": "user", "content": "And another?"},
+        ],
+        max_tokens=8,
+    )
+    assert follow.headers["x-session-id"] == sessions[2]
+
+
 def test_three_turns_without_session_headers_are_linked(server: ServeProcess) -> None:
     api = client(server)
     messages: list = [{"role": "user", "content": "Name a fruit."}]

@@ -68,7 +68,7 @@ def test_a_limited_field_takes_its_accepted_values_and_refuses_another_by_name(f
             "response_format",
             {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}},
         ),
-        ("n", 2),
+        ("n", 9),
         ("top_logprobs", 3),
         ("parallel_tool_calls", False),
         ("frequency_penalty", 0.5),

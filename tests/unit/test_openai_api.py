@@ -59,7 +59,7 @@ def test_sampling_parameters_and_stream_options_are_read() -> None:
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 9}, "n"),
         # found by tests/fuzz: each of these was accepted (n=true) or crashed the handler (a 500)
         ({"messages": [{"role": "user", "content": "x"}], "n": True}, "n"),
         ({"messages": [{"role": "user", "content": "x"}], "seed": 2**63}, "seed"),
