@@ -59,7 +59,7 @@ from orl.serving.responses_api import (
 )
 from orl.serving.session_tracker import SessionTracker, TurnAssignment
 from orl.serving.settings import ServeSettings
-from orl.serving.spool import EventSpool, SpoolDrainer
+from orl.serving.spool import EventSpool, SpoolDrainer, StoredConversation
 from orl.serving.tenancy import check_session_owner, request_key_id, require_internal_key
 from orl.serving.tool_calls import (
     ForcedCallStream,
@@ -281,8 +281,7 @@ class _ApiHandlers:
             json_object(await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s))
         )
         owner = request_key_id(request)
-        session: str | None = None
-        previous: list[dict[str, Any]] = []
+        continued: StoredConversation | None = None
         if wanted.previous_response_id:
             found = spool.stored_conversation(wanted.previous_response_id, owner)
             if found is None:
@@ -293,12 +292,15 @@ class _ApiHandlers:
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
-            session, previous = found
+            continued = found
+        previous = continued.messages if continued else []
         req = wanted.chat_request(previous, max_tokens_limit=self.settings.max_tokens_limit)
-        if session is not None:  # the turn joins the previous response's session
-            req = dataclasses.replace(req, session_id=session)
+        if continued is not None:  # the turn joins the previous response's session
+            req = dataclasses.replace(req, session_id=continued.session_id)
         response_id = "resp_" + uuid.uuid4().hex
-        turn_call, prompt_ids = await self._begin(request, req, response_id, started)
+        turn_call, prompt_ids = await self._begin(
+            request, req, response_id, started, continues=continued.turn_id if continued else None
+        )
         if wanted.store:
             turn_call.keep = functools.partial(_stage_response, spool, wanted, turn_call, owner)
         reply = _ResponseReply(wanted, response_id, int(time.time()), self.settings.served_model_name)
@@ -324,10 +326,12 @@ class _ApiHandlers:
         *,
         choice: int = 0,
         of: int = 1,
+        continues: str | None = None,
     ) -> tuple[_Turn, list[int]]:
         """Link a checked request to its session and turn and stage RequestReceived: the turn to
         serve, and the prompt's token ids. `choice` of `of` > 1: one choice, in a new session of the
-        group named after the completion (its request id less the choice's suffix)."""
+        group named after the completion (its request id less the choice's suffix). `continues`: the
+        turn this one follows (a stored response's), also after a restart of the server."""
         main = _turn_type(request, self.settings.default_turn_type) == "main"
         group = parse_rollout_group(request.headers.get("x-group-id"), request.headers.get("x-group-size"))
         if of > 1:
@@ -351,6 +355,7 @@ class _ApiHandlers:
             main=main,
             owner=request_key_id(request),
             new_session=of > 1,
+            continues=continues,
         )
         if turn.link_method == "new":  # committed with this turn's events
             self.state.recorder.spool.stage_session_owner(turn.session_id, turn.owner)
@@ -747,7 +752,7 @@ def _stage_response(
     spool.stage_response(
         turn.request_id,
         owner,
-        turn.turn.session_id,
+        (turn.turn.session_id, turn.turn.turn_id),
         request.previous_response_id,
         stored_messages(request, message),
     )

@@ -76,11 +76,13 @@ class SessionTracker:
         main: bool = True,
         owner: str = "",
         new_session: bool = False,
+        continues: str | None = None,
     ) -> TurnAssignment:
         """The session and turn of a request; `new_session`: a session of its own, whatever the
-        request's messages continue (one choice of several)."""
+        request's messages continue (one choice of several); `continues`: the turn of the session it
+        follows, when the caller knows it (a stored response's turn)."""
         session_id, method = self.explicit_session(header_session, body_session, user, cache_key)
-        linked_turn: str | None = None
+        linked_turn: str | None = continues
         if new_session:
             session_id, method = self.new_session_id(), "new"
         elif session_id is None:

@@ -61,11 +61,21 @@ _SET_TURN_INDEX = (
 )
 _SET_OWNER = "INSERT OR IGNORE INTO session_owners (session_id, key_id) VALUES (?, ?)"
 _SET_RESPONSE = (
-    "INSERT OR IGNORE INTO responses (response_id, key_id, session_id, previous_id, messages_json)"
-    " VALUES (?, ?, ?, ?, ?)"
+    "INSERT OR IGNORE INTO responses (response_id, key_id, session_id, turn_id, previous_id, messages_json)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
 )
 _Row = tuple[str, bytes | None, bytes]
-_StoredResponse = tuple[str, str, str | None, str]  # key id, session id, previous response id, messages JSON
+# key id, session id, turn id, previous response id, messages JSON
+_StoredResponse = tuple[str, str, str, str | None, str]
+
+
+@dataclass(frozen=True)
+class StoredConversation:
+    """A stored response's conversation: its session, its turn, and the chat messages of its chain."""
+
+    session_id: str
+    turn_id: str
+    messages: list[dict[str, Any]]
 
 
 class SpoolError(OrlError):
@@ -138,7 +148,7 @@ class EventSpool:
         # it continued and the chat messages it added (its input and its reply)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS responses (response_id TEXT PRIMARY KEY, key_id TEXT NOT NULL,"
-            " session_id TEXT NOT NULL, previous_id TEXT, messages_json TEXT NOT NULL)"
+            " session_id TEXT NOT NULL, turn_id TEXT NOT NULL, previous_id TEXT, messages_json TEXT NOT NULL)"
         )
         self._staged: list[_Row] = []
         self._staged_turn_indexes: dict[str, int] = {}
@@ -191,31 +201,38 @@ class EventSpool:
         return str(row[0]) if row else None
 
     def stage_response(
-        self, response_id: str, key_id: str, session_id: str, previous_id: str | None, messages_json: str
+        self,
+        response_id: str,
+        key_id: str,
+        turn: tuple[str, str],
+        previous_id: str | None,
+        messages_json: str,
     ) -> None:
-        """Keep a Responses API response with the next commit (the turn's events' transaction)."""
-        self._staged_responses[response_id] = (key_id, session_id, previous_id, messages_json)
+        """Keep a Responses API response, answered by `turn` (session id, turn id), with the next
+        commit (the turn's events' transaction)."""
+        self._staged_responses[response_id] = (key_id, *turn, previous_id, messages_json)
 
-    def stored_conversation(self, response_id: str, key_id: str) -> tuple[str, list[dict[str, Any]]] | None:
-        """(session id, chat messages) of the conversation that ends with a stored response: every
-        response of its `previous_id` chain, oldest first. None when the response is not stored, or was
-        created with another key (which may not read it)."""
+    def stored_conversation(self, response_id: str, key_id: str) -> StoredConversation | None:
+        """The conversation that ends with a stored response: its session and turn, and the chat
+        messages of every response of its `previous_id` chain, oldest first. None when the response is
+        not stored, or was created with another key (which may not read it)."""
         chain: list[_StoredResponse] = []
         current: str | None = response_id
         while current is not None:
             row = (
                 self._staged_responses.get(current)
                 or self._db.execute(
-                    "SELECT key_id, session_id, previous_id, messages_json FROM responses WHERE response_id = ?",
+                    "SELECT key_id, session_id, turn_id, previous_id, messages_json FROM responses"
+                    " WHERE response_id = ?",
                     (current,),
                 ).fetchone()
             )
             if row is None or row[0] != key_id:
                 return None
             chain.append(row)
-            current = row[2]
-        messages = [message for row in reversed(chain) for message in json.loads(row[3])]
-        return chain[0][1], messages
+            current = row[3]
+        messages = [message for row in reversed(chain) for message in json.loads(row[4])]
+        return StoredConversation(chain[0][1], chain[0][2], messages)
 
     def next_turn_index(self, session_id: str) -> int:
         """The session's next turn index as recorded (staged or committed); 0 for a session never seen."""

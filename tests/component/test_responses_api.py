@@ -21,6 +21,7 @@ from orl.schemas.codec import decode
 from orl.serving.app import ServerState, build_app
 from orl.serving.capture import EventRecorder
 from orl.serving.policy.chat_template import ChatTemplate
+from orl.serving.session_tracker import SessionTracker
 from orl.serving.settings import ServeSettings
 from orl.serving.spool import EventSpool
 
@@ -47,6 +48,7 @@ class Server:
             template=template,
             recorder=EventRecorder(self.spool, "live", clock_ms=lambda: 1_700_000_000_000),
             metrics=Metrics(),
+            tracker=SessionTracker(stored_next_turn_index=self.spool.next_turn_index),  # as orl serve has it
         )
         self.http = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=build_app(state), raise_app_exceptions=False),
@@ -181,7 +183,10 @@ async def test_a_stored_response_outlives_a_restart_and_only_its_own_key_continu
                     model="orl-policy", input="And then?", previous_response_id=previous
                 )
             assert refused.value.body["code"] == "previous_response_not_found"
-        [request] = restarted.spooled("RequestReceived")[-1:]
+        opened, _, request = restarted.spooled("RequestReceived")
+        # the restarted server knows the turn it continues from the spool file, not from memory
+        assert request["envelope"]["session_id"] == opened["envelope"]["session_id"]
+        assert (request["turn_index"], request["previous_turn_id"]) == (1, opened["envelope"]["turn_id"])
         assert [m["content"] for m in json.loads(request["messages_json"])] == [
             "Hi",
             "The answer is 3.",
