@@ -1,7 +1,12 @@
-"""The OpenAI Agents SDK (openai-agents, from PyPI) runs one-tool agents against a real `orl serve`.
+"""Client libraries from PyPI against a real `orl serve` on the real SmolLM2-135M (CPU): LangChain's
+`ChatOpenAI` (langchain-openai) and the OpenAI Agents SDK (openai-agents). Every turn they make must
+be answered and recorded as any client's is.
 
-The SDK speaks the Responses API by default (`OpenAIResponsesModel`). Two agents, each forced to call
-its tool on its first turn (`tool_choice`), on the real SmolLM2-135M on CPU, greedy:
+LangChain: plain, streamed, async (concurrent), tool (`bind_tools`, a strict forced call) and
+structured (`with_structured_output(method="json_schema")`) calls over chat completions.
+
+The Agents SDK speaks the Responses API by default (`OpenAIResponsesModel`). Two agents, each forced
+to call its tool on its first turn (`tool_choice`), greedy:
 
 - a strict tool (the SDK's default) that ends the run (`stop_on_first_tool`): orl decodes the forced
   call's arguments under the tool's schema, so the tool runs with valid integers and its result is the
@@ -61,6 +66,59 @@ def run_agent(server: ServeProcess, *, strict: bool) -> tuple[Any, list[tuple[in
 
 def recorded(server: ServeProcess, topic: str, after: int) -> list[dict[str, Any]]:
     return asyncio.run(read_events(server.log_url, f"live.{topic}"))[after:]
+
+
+def chat_openai(server: ServeProcess, **settings: Any) -> Any:
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        model="orl-policy", base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, **settings
+    )
+
+
+def test_langchain_plain_streamed_and_async_calls_are_answered_and_recorded(server: ServeProcess) -> None:
+    before = len(recorded(server, "responses", 0))
+    llm = chat_openai(server, temperature=0.0, max_tokens=16)
+    plain = llm.invoke("Say hello in three words.")
+    chunks = list(llm.stream("Count from one to five."))
+    concurrent = asyncio.run(_gather(llm.ainvoke(f"Name colour number {i}.") for i in range(4)))
+    assert isinstance(plain.content, str) and plain.content
+    assert len([c for c in chunks if c.content]) > 1, "tokens must arrive as several chunks"
+    assert all(isinstance(reply.content, str) and reply.content for reply in concurrent)
+    texts = [r["response_text"] for r in recorded(server, "responses", before)]
+    assert len(texts) == 6
+    assert texts[0] == plain.content and texts[1] == "".join(str(c.content) for c in chunks)
+    assert sorted(texts[2:]) == sorted(str(reply.content) for reply in concurrent)
+
+
+async def _gather(calls: Any) -> list[Any]:
+    return list(await asyncio.gather(*calls))
+
+
+def test_langchain_tool_and_structured_output_calls(server: ServeProcess) -> None:
+    from langchain_core.tools import tool
+    from pydantic import BaseModel, Field
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    class City(BaseModel):
+        name: str = Field(max_length=24)
+        country: str = Field(max_length=24)
+
+    before = len(recorded(server, "responses", 0))
+    llm = chat_openai(server, temperature=0.0, max_tokens=48)
+    called = llm.bind_tools([add], tool_choice="add", strict=True).invoke("What is 2 plus 3?")
+    [call] = called.tool_calls
+    assert call["name"] == "add" and all(isinstance(call["args"][k], int) for k in ("a", "b")), call
+    city = llm.with_structured_output(City, method="json_schema").invoke("Name a city and its country.")
+    assert isinstance(city, City) and city.name
+    tool_turn, structured_turn = recorded(server, "responses", before)
+    assert json.loads(tool_turn["tool_calls_json"])[0]["function"]["name"] == "add"
+    assert City.model_validate_json(structured_turn["response_text"]) == city
+    assert structured_turn["sampling"]["constraint"] is not None  # constrained: never trained on
 
 
 def test_a_strict_tool_is_called_with_arguments_that_fit_its_schema_and_answers(server: ServeProcess) -> None:
