@@ -29,6 +29,7 @@ import pytest
 
 from tests.integration.log_reading import read_events
 from tests.integration.serve_process import API_KEY, ServeProcess, serve_process
+from tests.integration.test_serving_openai import wait_until_spooled_events_are_logged
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -65,6 +66,9 @@ def run_agent(server: ServeProcess, *, strict: bool) -> tuple[Any, list[tuple[in
 
 
 def recorded(server: ServeProcess, topic: str, after: int) -> list[dict[str, Any]]:
+    """The topic's events after its first `after`, read once the server's spool is empty: every turn
+    answered so far was committed to the spool before its answer, so all its events are then logged."""
+    wait_until_spooled_events_are_logged(server)
     return asyncio.run(read_events(server.log_url, f"live.{topic}"))[after:]
 
 

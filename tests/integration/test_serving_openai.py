@@ -300,6 +300,7 @@ def test_n_choices_are_recorded_as_a_group_and_the_one_continued_links_to_its_se
         recorded = by_id[f"{completion.id}-{index}"]
         assert recorded["response_text"] == choice.message.content
         assert recorded["envelope"]["session_id"] == sessions[index]
+    wait_until_spooled_events_are_logged(server)
     requests = [e for e in events(server, "requests") if e["request_id"].startswith(completion.id + "-")]
     assert {(r["group_id"], r["group_size"]) for r in requests} == {(completion.id, 4)}
     texts = [choice.message.content for choice in completion.choices]
