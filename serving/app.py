@@ -251,22 +251,28 @@ class _ApiHandlers:
                     f"n > 1 makes its choices a rollout group of new sessions: send no {header}", param="n"
                 )
         completion_id = "chatcmpl-" + uuid.uuid4().hex
+        group = RolloutGroup(completion_id, req.n)
+        prompt_ids = await self.state.off_loop(self._prompt_ids, req)  # one prompt for every choice
         turns = [
-            (await self._begin(request, req, f"{completion_id}-{index}", started, choice=index, of=req.n))
+            self._open_turn(
+                request, req, f"{completion_id}-{index}", started, prompt_ids, choices=group, choice=index
+            )
             for index in range(req.n)
         ]
-        streams = [self.state.backend.generate_stream(prompt_ids, turn.params) for turn, prompt_ids in turns]
+        streams = [self.state.backend.generate_stream(prompt_ids, turn.params) for turn in turns]
         generations = await _unless_client_leaves(request, streams)
         if generations is None:
-            return turns[0][0].abandoned()
-        bodies = [
-            await turn.finish(generation) for (turn, _), generation in zip(turns, generations, strict=True)
-        ]
+            return turns[0].abandoned()
+        bodies = [await turn.finish(generation) for turn, generation in zip(turns, generations, strict=True)]
         choices = [{**body["choices"][0], "index": index} for index, body in enumerate(bodies)]
-        usage = {key: sum(body["usage"][key] for body in bodies) for key in bodies[0]["usage"]}
-        usage["prompt_tokens"] = bodies[0]["usage"]["prompt_tokens"]  # one prompt, as OpenAI counts it
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        sessions = ",".join(_header_value(turn.turn.session_id) for turn, _ in turns)
+        prompt_tokens = bodies[0]["usage"]["prompt_tokens"]  # one prompt, as OpenAI counts it
+        completion_tokens = sum(body["usage"]["completion_tokens"] for body in bodies)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        sessions = ",".join(_header_value(turn.turn.session_id) for turn in turns)
         return JSONResponse(
             {**bodies[0], "id": completion_id, "choices": choices, "usage": usage},
             headers={"x-group-id": completion_id, "x-session-ids": sessions},
@@ -324,19 +330,34 @@ class _ApiHandlers:
         request_id: str,
         started: float,
         *,
-        choice: int = 0,
-        of: int = 1,
         continues: str | None = None,
     ) -> tuple[_Turn, list[int]]:
-        """Link a checked request to its session and turn and stage RequestReceived: the turn to
-        serve, and the prompt's token ids. `choice` of `of` > 1: one choice, in a new session of the
-        group named after the completion (its request id less the choice's suffix). `continues`: the
-        turn this one follows (a stored response's), also after a restart of the server."""
-        main = _turn_type(request, self.settings.default_turn_type) == "main"
-        group = parse_rollout_group(request.headers.get("x-group-id"), request.headers.get("x-group-size"))
-        if of > 1:
-            group = RolloutGroup(request_id.rsplit("-", 1)[0], of)
+        """Tokenise a checked request's prompt and open its turn (`_open_turn`): the turn to serve, and
+        the prompt's token ids."""
         prompt_ids = await self.state.off_loop(self._prompt_ids, req)
+        turn = self._open_turn(request, req, request_id, started, prompt_ids, continues=continues)
+        return turn, prompt_ids
+
+    def _open_turn(
+        self,
+        request: Request,
+        req: ChatRequest,
+        request_id: str,
+        started: float,
+        prompt_ids: list[int],
+        *,
+        choices: RolloutGroup | None = None,
+        choice: int = 0,
+        continues: str | None = None,
+    ) -> _Turn:
+        """Link a request to its session and turn and stage RequestReceived. `choices`: the rollout group
+        of the request's n choices, and this is choice `choice`, in a new session of its own, seeded with
+        seed + choice. `continues`: the turn this one follows (a stored response's), also after a restart
+        of the server."""
+        main = _turn_type(request, self.settings.default_turn_type) == "main"
+        group = choices or parse_rollout_group(
+            request.headers.get("x-group-id"), request.headers.get("x-group-size")
+        )
         params = self._sampling(req, len(prompt_ids))
         if params.seed is not None and choice:
             params = dataclasses.replace(params, seed=(params.seed + choice + 2**63) % 2**64 - 2**63)
@@ -354,7 +375,7 @@ class _ApiHandlers:
             cache_key=req.prompt_cache_key,
             main=main,
             owner=request_key_id(request),
-            new_session=of > 1,
+            new_session=choices is not None,
             continues=continues,
         )
         if turn.link_method == "new":  # committed with this turn's events
@@ -365,7 +386,7 @@ class _ApiHandlers:
             request_id, turn, req, params, main=main, client_id=req.user, group=group
         )
         done = _truthy(request.headers.get("x-session-done"))
-        return _Turn(self.state, req, turn, request_id, params, main, done, started, [spooled]), prompt_ids
+        return _Turn(self.state, req, turn, request_id, params, main, done, started, [spooled])
 
     async def score(self, request: Request) -> Response:
         require_internal_key(request, self.settings.internal_key)

@@ -118,7 +118,7 @@ def parse_chat_body(body: dict[str, Any], *, max_tokens_limit: int) -> ChatReque
         messages=messages,
         tools=tools,
         tool_choice=tool_choice,
-        stream=_bool(body, "stream", False),
+        stream=bool_field(body, "stream", False),
         include_usage=_include_usage(body.get("stream_options")),
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_top_p(body),
@@ -232,7 +232,7 @@ def parse_score_request(raw: bytes, *, vocab_size: int) -> ScoreRequest:
         tools=_tools(body.get("tools")),
         response_token_ids=ids,
         temperature=temperature,
-        use_base=_bool(body, "use_base", False),
+        use_base=bool_field(body, "use_base", False),
         top_k=_top_k(body),
     )
 
@@ -510,7 +510,7 @@ def _seed(value: Any) -> int | None:
 def _logprobs(body: dict[str, Any]) -> bool:
     """`logprobs`; `top_logprobs` only as 0 (or null): orl returns the sampled tokens' logprobs, the
     numbers it records, not the K most likely alternatives."""
-    wanted = body.get("logprobs") is not None and _bool(body, "logprobs", False)
+    wanted = body.get("logprobs") is not None and bool_field(body, "logprobs", False)
     top = body.get("top_logprobs")
     if top is None:
         return wanted
@@ -566,7 +566,7 @@ def _constraint(value: Any) -> str | None:
     return text
 
 
-def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
+def bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
     """A boolean field; null is the default, as absent is (clients send nulls for unset fields)."""
     value = body.get(name)
     if value is None:
@@ -588,7 +588,7 @@ def _include_usage(options: Any) -> bool:
             param=f"stream_options.{unknown[0]}",
             code="unknown_parameter",
         )
-    return _bool(options, "include_usage", False)
+    return bool_field(options, "include_usage", False)
 
 
 def _optional_str(body: dict[str, Any], name: str) -> str | None:

@@ -17,17 +17,27 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from orl.serving.chat_fields import FIELDS_BY_NAME as CHAT_FIELDS_BY_NAME
 from orl.serving.chat_fields import ChatField, FieldRefused, as_given, check_fields, honoured, limited
-from orl.serving.openai_api import ApiError, ChatRequest, bad_request, parse_chat_body
+from orl.serving.openai_api import ApiError, ChatRequest, bad_request, bool_field, parse_chat_body
 from orl.serving.tool_calls import ReplyDelta
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
+# Fields both APIs have, taken the same way: their entries of the chat table.
+_SAME_AS_CHAT = {
+    name: CHAT_FIELDS_BY_NAME[name]
+    for name in (
+        "model", "tool_choice", "temperature", "top_p", "user", "top_logprobs", "parallel_tool_calls",
+        "service_tier", "safety_identifier", "prompt_cache_retention",
+    )
+}  # fmt: skip
+
 RESPONSES_FIELDS: tuple[ChatField, ...] = (
-    honoured("model", "recorded with the turn; the served policy answers whatever the name"),
+    _SAME_AS_CHAT["model"],
     honoured(
         "input",
         "a string, or items: messages (text parts), function_call and function_call_output; rendered with "
@@ -47,10 +57,10 @@ RESPONSES_FIELDS: tuple[ChatField, ...] = (
         "function tools, rendered with the chat template; calls are parsed from the output; strict: true "
         "only for the function tool_choice forces, whose arguments are then held to its schema",
     ),
-    honoured("tool_choice", "none, auto, required (with tools) or a named function, which is forced"),
+    _SAME_AS_CHAT["tool_choice"],
     honoured("stream", "typed server-sent events, from response.created to response.completed"),
-    honoured("temperature", "sampling temperature, recorded; logprobs are at this temperature"),
-    honoured("top_p", "nucleus sampling, recorded"),
+    _SAME_AS_CHAT["temperature"],
+    _SAME_AS_CHAT["top_p"],
     honoured("max_output_tokens", "the output's token limit; reaching it makes the response incomplete"),
     honoured(
         "text",
@@ -61,12 +71,10 @@ RESPONSES_FIELDS: tuple[ChatField, ...] = (
         "include",
         f"{LOGPROBS_INCLUDE} only: each sampled token's logprob, exactly as recorded, in the output text",
     ),
-    honoured("user", "links the turn to a session"),
+    _SAME_AS_CHAT["user"],
     honoured("prompt_cache_key", "links the turn to a session"),
-    limited(
-        "top_logprobs", "0 only: orl keeps the sampled token's logprob, not the K most likely alternatives", 0
-    ),
-    limited("parallel_tool_calls", "true only: orl does not stop the model after its first tool call", True),
+    _SAME_AS_CHAT["top_logprobs"],
+    _SAME_AS_CHAT["parallel_tool_calls"],
     limited("max_tool_calls", "absent only: orl does not cap the calls of one reply"),
     limited("truncation", "disabled only: a prompt longer than the context window is a 400", "disabled"),
     limited("reasoning", "absent only: the served model has no reasoning control"),
@@ -79,7 +87,7 @@ RESPONSES_FIELDS: tuple[ChatField, ...] = (
     limited("image", "absent only: the served model writes no images"),
     limited("moderation", "absent only: orl runs no moderation"),
     limited("prompt_cache_options", "absent only: orl's prefix cache has no breakpoints to set"),
-    limited("service_tier", "auto or default: orl has one tier", "auto", "default"),
+    _SAME_AS_CHAT["service_tier"],
     as_given(
         "stream_options",
         "include_obfuscation has no effect (no padding)",
@@ -90,16 +98,8 @@ RESPONSES_FIELDS: tuple[ChatField, ...] = (
         "labels for OpenAI's dashboard: echoed in the response, not recorded",
         {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
     ),
-    as_given(
-        "safety_identifier",
-        "an end-user id for OpenAI's abuse checks; orl has none, and does not record it",
-        {"type": ["string", "null"]},
-    ),
-    as_given(
-        "prompt_cache_retention",
-        "how long OpenAI keeps a prompt cache; orl keeps none",
-        {"enum": ["in_memory", "24h", None]},
-    ),
+    _SAME_AS_CHAT["safety_identifier"],
+    _SAME_AS_CHAT["prompt_cache_retention"],
 )
 
 RESPONSES_FIELDS_BY_NAME = {f.name: f for f in RESPONSES_FIELDS}
@@ -121,9 +121,8 @@ class ResponsesRequest:
     instructions: str | None
     previous_response_id: str | None
     store: bool
-    stream: bool
     echo: dict[str, Any]  # the request's settings as the Response object repeats them
-    chat_fields: dict[str, Any] = field(default_factory=dict)  # the chat-completions body, less messages
+    chat_fields: dict[str, Any]  # the chat-completions body, less messages
 
     def chat_request(self, previous: list[dict[str, Any]], *, max_tokens_limit: int) -> ChatRequest:
         """The chat request of this turn after the `previous` conversation; a bad value is a 400 named
@@ -150,9 +149,7 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
         raise bad_request(refused.message, param=refused.name, code=refused.code) from None
     instructions = _optional_text(body, "instructions")
     previous = _optional_text(body, "previous_response_id")
-    store = body.get("store")
-    if store is not None and not isinstance(store, bool):
-        raise bad_request("'store' must be a boolean", param="store", code="invalid_type")
+    store = bool_field(body, "store", True)
     tools = _tools(body.get("tools"))
     chat: dict[str, Any] = {
         name: body[name]
@@ -173,7 +170,7 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
         "parallel_tool_calls": True,
         "previous_response_id": previous,
         "prompt_cache_key": body.get("prompt_cache_key"),
-        "store": store is not False,
+        "store": store,
         "temperature": body.get("temperature", 1.0),
         "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}, "verbosity": "medium"},
         "tool_choice": body.get("tool_choice") or "auto",
@@ -187,8 +184,7 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
         input_messages=input_messages(body.get("input")),
         instructions=instructions,
         previous_response_id=previous,
-        store=store is not False,
-        stream=body.get("stream") is True,
+        store=store,
         echo=echo,
         chat_fields={k: v for k, v in chat.items() if v is not None},
     )

@@ -173,7 +173,12 @@ def test_the_openapi_document_describes_every_field_and_forbids_others() -> None
         assert schema["properties"][field.name]["description"] == f"{field.treatment}: {field.effect}"
 
 
+def docs_table(part: int) -> list[tuple[str, str, str]]:
+    """The (field, treatment, effect) rows of docs/clients.md's table before the Responses API's
+    heading (`part` 0, chat completions) or after it (1, the Responses API)."""
+    text = (ROOT / "docs" / "clients.md").read_text().split(RESPONSES_HEADING)[part]
+    return re.findall(r"^\| `(\w+)` \| ([a-z ]+) \| (.+) \|$", text, flags=re.MULTILINE)
+
+
 def test_docs_clients_table_is_the_code_table() -> None:
-    text = (ROOT / "docs" / "clients.md").read_text().split(RESPONSES_HEADING)[0]
-    rows = re.findall(r"^\| `(\w+)` \| ([a-z ]+) \| (.+) \|$", text, flags=re.MULTILINE)
-    assert rows == [(f.name, f.treatment, f.effect) for f in CHAT_FIELDS]
+    assert docs_table(0) == [(f.name, f.treatment, f.effect) for f in CHAT_FIELDS]
