@@ -85,7 +85,7 @@ def turn_events(session: str, index: int, votes: int, at_ms: int) -> list[Event]
     answer = response_generated(
         origin("serving/bench", at_ms + 10, request_id, "response"),
         request_id=request_id, prompt_token_ids=prompt,
-        response_token_ids=response, response_logprobs=[-0.5] * len(response), response_text="an answer " * 20,
+        response_token_ids=response, response_logprobs=[-0.5] * len(response), response_text="an answer " * 20, reasoning_text=None,
         tool_calls_json=None, finish_reason="stop", sampling=_sampling(), policy_version=0, policy_spans=[],
         latency_ms=100.0, prompt_tokens=len(prompt), completion_tokens=len(response), model="bench",
     )  # fmt: skip

@@ -149,7 +149,11 @@ class ResponseGenerated(TypedDict):
     response_token_ids: list[int]
     # One logprob per response token, under the sampling temperature.
     response_logprobs: list[float]
+    # The reply's content: the answer, after a reasoning block if it has one (what the judge reads).
     response_text: str
+    # The reply's reasoning block (a thinking chat template's <think>...</think>), stripped; null: none. Its
+    # tokens are in response_token_ids with the answer's.
+    reasoning_text: str | None
     tool_calls_json: str | None
     finish_reason: str
     sampling: SamplingParams

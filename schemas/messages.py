@@ -159,7 +159,8 @@ def messages_digest(messages: Sequence[Message]) -> str:
 def plain_template_messages(
     messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
 ) -> list[Message]:
-    """The messages as a chat template without tool roles gets them: role and prompt text only.
+    """The messages as a chat template without tool roles gets them: role and prompt text only (and
+    an assistant message's `reasoning_content`, for a template that shows earlier reasoning).
 
     Raises UnsupportedContentError for a message without a role or with unsupported content.
     """
@@ -177,6 +178,8 @@ def plain_template_messages(
             )
         else:
             out.append({"role": role, "content": text})
+        if role == "assistant" and isinstance(message.get("reasoning_content"), str):
+            out[-1]["reasoning_content"] = message["reasoning_content"]
     if tools:
         out = with_tool_definitions(out, tools)
     return out

@@ -47,6 +47,8 @@ from orl.serving.openai_api import (
 from orl.serving.openapi import openapi_document
 from orl.serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
 from orl.serving.policy.chat_template import ChatTemplate
+from orl.serving.reasoning import CLOSE as REASONING_CLOSE
+from orl.serving.reasoning import ReasoningStart, ReasoningStream, reasoning_start, split_reasoning
 from orl.serving.request_guards import ConcurrencyLimit, FinalErrorHandler, as_api_error, guard, read_body
 from orl.serving.responses_api import (
     ResponseEvents,
@@ -252,14 +254,14 @@ class _ApiHandlers:
                 )
         completion_id = "chatcmpl-" + uuid.uuid4().hex
         group = RolloutGroup(completion_id, req.n)
-        prompt_ids = await self.state.off_loop(self._prompt_ids, req)  # one prompt for every choice
+        prompt = await self.state.off_loop(self._prompt, req)  # one prompt for every choice
         turns = [
             self._open_turn(
-                request, req, f"{completion_id}-{index}", started, prompt_ids, choices=group, choice=index
+                request, req, f"{completion_id}-{index}", started, prompt, choices=group, choice=index
             )
             for index in range(req.n)
         ]
-        streams = [self.state.backend.generate_stream(prompt_ids, turn.params) for turn in turns]
+        streams = [self.state.backend.generate_stream(prompt.ids, turn.params) for turn in turns]
         generations = await _unless_client_leaves(request, streams)
         if generations is None:
             return turns[0].abandoned()
@@ -267,10 +269,12 @@ class _ApiHandlers:
         choices = [{**body["choices"][0], "index": index} for index, body in enumerate(bodies)]
         prompt_tokens = bodies[0]["usage"]["prompt_tokens"]  # one prompt, as OpenAI counts it
         completion_tokens = sum(body["usage"]["completion_tokens"] for body in bodies)
+        reasoning_tokens = sum(b["usage"]["completion_tokens_details"]["reasoning_tokens"] for b in bodies)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
         }
         sessions = ",".join(_header_value(turn.turn.session_id) for turn in turns)
         return JSONResponse(
@@ -334,9 +338,9 @@ class _ApiHandlers:
     ) -> tuple[_Turn, list[int]]:
         """Tokenise a checked request's prompt and open its turn (`_open_turn`): the turn to serve, and
         the prompt's token ids."""
-        prompt_ids = await self.state.off_loop(self._prompt_ids, req)
-        turn = self._open_turn(request, req, request_id, started, prompt_ids, continues=continues)
-        return turn, prompt_ids
+        prompt = await self.state.off_loop(self._prompt, req)
+        turn = self._open_turn(request, req, request_id, started, prompt, continues=continues)
+        return turn, prompt.ids
 
     def _open_turn(
         self,
@@ -344,7 +348,7 @@ class _ApiHandlers:
         req: ChatRequest,
         request_id: str,
         started: float,
-        prompt_ids: list[int],
+        prompt: _Prompt,
         *,
         choices: RolloutGroup | None = None,
         choice: int = 0,
@@ -358,7 +362,7 @@ class _ApiHandlers:
         group = choices or parse_rollout_group(
             request.headers.get("x-group-id"), request.headers.get("x-group-size")
         )
-        params = self._sampling(req, len(prompt_ids))
+        params = self._sampling(req, len(prompt.ids))
         if params.seed is not None and choice:
             params = dataclasses.replace(params, seed=(params.seed + choice + 2**63) % 2**64 - 2**63)
         header_session = session_header(request.headers.get("x-session-id"))
@@ -386,7 +390,9 @@ class _ApiHandlers:
             request_id, turn, req, params, main=main, client_id=req.user, group=group
         )
         done = _truthy(request.headers.get("x-session-done"))
-        return _Turn(self.state, req, turn, request_id, params, main, done, started, [spooled])
+        return _Turn(
+            self.state, req, turn, request_id, params, main, done, started, [spooled], prompt.reasoning
+        )
 
     async def score(self, request: Request) -> Response:
         require_internal_key(request, self.settings.internal_key)
@@ -423,14 +429,22 @@ class _ApiHandlers:
             )
         return JSONResponse(body)
 
-    def _prompt_ids(self, req: ChatRequest) -> list[int]:
+    def _prompt(self, req: ChatRequest) -> _Prompt:
+        """The request's prompt token ids, and where its reply may start reasoning. A constrained
+        turn (a forced tool call, a response_format) does not reason: a block the generation prompt
+        opened is closed empty in the prompt, so the constraint holds from the reply's first token."""
         try:
             text = self.state.template.render_text(
                 req.messages, req.tools if req.tool_choice != "none" else None
             )
         except PolicyError as error:
             raise bad_request(str(error), param="messages") from error
+        reasoning = reasoning_start(self.state.template.source, text)
         forced = req.forced_tool()
+        if forced or req.constraint is not None:
+            if reasoning == "prompt":
+                text += REASONING_CLOSE + "\n\n"
+            reasoning = "none"
         if forced:
             text += forced_call_prefix(forced, constrained=req.constrained_call())
         ids = list(self.state.template.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -441,7 +455,7 @@ class _ApiHandlers:
                 param="messages",
                 code="context_length_exceeded",
             )
-        return ids
+        return _Prompt(ids, reasoning)
 
     def _sampling(self, req: ChatRequest, prompt_tokens: int) -> SamplingParams:
         room = self.state.backend.context_window - prompt_tokens
@@ -463,6 +477,12 @@ class _ApiHandlers:
         )
 
 
+@dataclass(frozen=True)
+class _Prompt:
+    ids: list[int]
+    reasoning: ReasoningStart  # where the reply may start a reasoning block (orl.serving.reasoning)
+
+
 @dataclass
 class _Turn:
     """One chat turn after validation: produces the reply and records it."""
@@ -476,6 +496,7 @@ class _Turn:
     session_done: bool
     started: float
     events: list[Awaitable[None]]  # this turn's events, staged for the spool's group commit
+    reasoning: ReasoningStart
     # called with the reply's message just before its ResponseGenerated is staged (a stored response)
     keep: Callable[[dict[str, Any]], None] | None = None
     body: dict[str, Any] = field(default_factory=dict)  # the chat completion, once `finish` has built it
@@ -510,8 +531,10 @@ class _Turn:
         for committed in self.events:
             if isinstance(committed, asyncio.Future) and committed.done():
                 committed.result()  # raises the SpoolError of the failed commit
-        text, tool_calls = self._reply(generation)
+        reasoning, text, tool_calls = self._reply(generation)
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         if tool_calls:
             message["tool_calls"] = tool_calls
         if self.keep is not None:
@@ -525,6 +548,7 @@ class _Turn:
                 text=text or "",
                 tool_calls=tool_calls,
                 model=self.state.settings.served_model_name,
+                reasoning=reasoning,
             )
         )
         await self.spooled()
@@ -550,7 +574,7 @@ class _Turn:
                     "finish_reason": "tool_calls" if tool_calls else generation.finish_reason,
                 }
             ],
-            "usage": _usage(generation),
+            "usage": _usage(generation, await self._reasoning_tokens(generation, reasoning)),
         }
         return self.body
 
@@ -606,11 +630,15 @@ class _Turn:
         if forced:
             return ForcedCallStream(forced, self.request_id, constrained=self.req.constrained_call())
         if not self.req.may_call_tools():
-            return PlainReplyStream()
-        return ToolCallSplitter(self.request_id)
+            return ReasoningStream(PlainReplyStream(), self.reasoning)
+        return ReasoningStream(ToolCallSplitter(self.request_id), self.reasoning)
 
     def _delta_chunks(self, delta: ReplyDelta) -> list[bytes]:
-        chunks = [_sse(self._chunk({"content": delta.content}, None))] if delta.content else []
+        chunks = []
+        if delta.reasoning:
+            chunks.append(_sse(self._chunk({"reasoning_content": delta.reasoning}, None)))
+        if delta.content:
+            chunks.append(_sse(self._chunk({"content": delta.content}, None)))
         if delta.tool_calls:
             chunks.append(_sse(self._chunk({"tool_calls": list(delta.tool_calls)}, None)))
         return chunks
@@ -618,8 +646,13 @@ class _Turn:
     def _check_streamed(self, shown: list[ReplyDelta], message: dict[str, Any]) -> None:
         """Log and count a stream that does not add up to the recorded message (a bug, never expected)."""
         content = "".join(delta.content for delta in shown)
+        reasoning = "".join(delta.reasoning for delta in shown)
         calls = merged_tool_calls(call for delta in shown for call in delta.tool_calls)
-        if content != (message["content"] or "") or calls != message.get("tool_calls", []):
+        if (
+            content != (message["content"] or "")
+            or reasoning != message.get("reasoning_content", "")
+            or calls != message.get("tool_calls", [])
+        ):
             logger.error(
                 "request %s: the streamed reply differs from the recorded one (%d vs %d content chars, "
                 "%d vs %d tool calls)",
@@ -653,17 +686,40 @@ class _Turn:
             content.append({"token": text, "logprob": recorded, "bytes": list(raw), "top_logprobs": []})
         return {"content": content, "refusal": None}
 
-    def _reply(self, generation: Generation) -> tuple[str | None, list[dict[str, Any]]]:
+    def _reply(self, generation: Generation) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+        """The reply's reasoning (None: no block), content and tool calls."""
         forced = self.req.forced_tool()
         if forced:
             parsed = forced_call(
                 forced, generation.text, self.request_id, constrained=self.req.constrained_call()
             )
-        elif not self.req.may_call_tools():
-            return generation.text, []
-        else:
-            parsed = parse_reply(generation.text, self.request_id)
-        return parsed.content, parsed.tool_calls
+            return None, parsed.content, parsed.tool_calls
+        split = split_reasoning(generation.text, self.reasoning)
+        if not self.req.may_call_tools():
+            return split.reasoning, split.answer, []
+        parsed = parse_reply(split.answer, self.request_id)
+        return split.reasoning, parsed.content, parsed.tool_calls
+
+    async def _reasoning_tokens(self, generation: Generation, reasoning: str | None) -> int:
+        """How many of the reply's tokens are its reasoning block: up to the one that completes
+        `</think>` (all of them when the block never closed)."""
+        if reasoning is None:
+            return 0
+        template, ids = self.state.template, generation.token_ids
+
+        def closed_by(count: int) -> bool:
+            return REASONING_CLOSE in template.decode(ids[:count], skip_special_tokens=False)
+
+        def first_closing_prefix() -> int:
+            low, high = 1, len(ids)  # the shortest prefix whose text holds the marker
+            if not ids or not closed_by(high):
+                return len(ids)
+            while low < high:
+                middle = (low + high) // 2
+                low, high = (low, middle) if closed_by(middle) else (middle + 1, high)
+            return low
+
+        return await self.state.off_loop(first_closing_prefix)
 
     def _count(self, generation: Generation) -> None:
         metrics = self.state.metrics
@@ -779,9 +835,14 @@ def _stage_response(
     )
 
 
-def _usage(generation: Generation) -> dict[str, int]:
+def _usage(generation: Generation, reasoning_tokens: int) -> dict[str, Any]:
     prompt, completion = len(generation.prompt_token_ids), len(generation.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+    }
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

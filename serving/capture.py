@@ -108,8 +108,10 @@ class EventRecorder:
         text: str,
         tool_calls: list[dict[str, Any]],
         model: str,
+        reasoning: str | None = None,
     ) -> Awaitable[None]:
-        """Stage ResponseGenerated; await the result before sending the response."""
+        """Stage ResponseGenerated; await the result before sending the response. `text` is the
+        reply's content (its answer), `reasoning` its reasoning block (None: none)."""
         event = event_constructors.response_generated(
             self._origin((request_id,), session_id=turn.session_id, turn_id=turn.turn_id),
             request_id=request_id,
@@ -117,6 +119,7 @@ class EventRecorder:
             response_token_ids=generation.token_ids,
             response_logprobs=generation.logprobs,
             response_text=text,
+            reasoning_text=reasoning,
             tool_calls_json=json.dumps(tool_calls) if tool_calls else None,
             finish_reason=generation.finish_reason,
             sampling=sampling_record(params),

@@ -192,7 +192,9 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
 
 def input_messages(value: Any) -> list[dict[str, Any]]:
     """`input` as chat messages: a string is one user message; items become messages, a run of
-    function_call items one assistant message with tool_calls, a function_call_output a tool message."""
+    function_call items one assistant message with tool_calls, a function_call_output a tool message.
+    A reasoning item (a thinking model's earlier output, sent back) is the `reasoning_content` of the
+    assistant output that follows it; the chat template decides whether the model sees it."""
     if value is None:
         raise bad_request("'input' is required", param="input", code="missing_required_parameter")
     if isinstance(value, str):
@@ -200,13 +202,21 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise bad_request("'input' must be a string or a non-empty array of items", param="input")
     messages: list[dict[str, Any]] = []
+    reasoning: str | None = None  # a reasoning item's text, until the assistant output it precedes
     for index, item in enumerate(value):
         param = f"input[{index}]"
         if not isinstance(item, dict):
             raise bad_request(f"{param} must be an object", param=param, code="invalid_type")
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            reasoning = _reasoning_text(param, item)
+            continue
+        thought, reasoning = reasoning, None
         if kind == "message":
-            messages.append(_message(param, item))
+            message = _message(param, item)
+            if thought is not None and message["role"] == "assistant":
+                message["reasoning_content"] = thought
+            messages.append(message)
         elif kind == "function_call":
             call = {
                 "id": _text(item, "call_id", param),
@@ -217,7 +227,11 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
                 },
             }
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if thought is not None:  # a new reply: its reasoning, then its calls
+                messages.append(
+                    {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": thought}
+                )
+            elif last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
@@ -231,12 +245,30 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
             )
         else:
             raise bad_request(
-                f"{param}.type {kind!r} is not supported: orl takes message, function_call and "
-                "function_call_output items (text only; no stored item references)",
+                f"{param}.type {kind!r} is not supported: orl takes message, function_call, "
+                "function_call_output and reasoning items (text only; no stored item references)",
                 param=f"{param}.type",
                 code="unsupported_parameter",
             )
     return messages
+
+
+def _reasoning_text(param: str, item: dict[str, Any]) -> str:
+    """A reasoning item's text: its reasoning_text parts (else its summary_text parts), joined."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        raise bad_request(
+            f"{param}.content must be an array of reasoning_text parts", param=f"{param}.content"
+        )
+    texts = []
+    for index, part in enumerate(parts):
+        if not (isinstance(part, dict) and isinstance(part.get("text"), str)):
+            raise bad_request(
+                f"{param}.content[{index}] must be a reasoning_text or summary_text part with 'text'",
+                param=f"{param}.content[{index}]",
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def _message(param: str, item: dict[str, Any]) -> dict[str, Any]:
@@ -364,9 +396,11 @@ def _text(item: dict[str, Any], name: str, param: str) -> str:
 def output_items(
     response_id: str, message: dict[str, Any], logprobs: list[dict[str, Any]] | None
 ) -> list[dict[str, Any]]:
-    """The output of a reply (a chat assistant message): a message item when it has text or no calls,
-    then one function_call item per tool call."""
+    """The output of a reply (a chat assistant message): a reasoning item when it has reasoning, a
+    message item when it has text or no calls, then one function_call item per tool call."""
     items = []
+    if message.get("reasoning_content"):  # an empty block is no item
+        items.append(reasoning_item(response_id, message["reasoning_content"], "completed"))
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
         items.append(message_item(response_id, message.get("content") or "", logprobs, "completed"))
@@ -384,6 +418,17 @@ def message_item(
         "status": status,
         "role": "assistant",
         "content": content,
+    }
+
+
+def reasoning_item(response_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {
+        "type": "reasoning",
+        "id": "rs_" + response_id.removeprefix("resp_"),
+        "summary": [],
+        "content": content,
+        "status": status,
     }
 
 
@@ -435,12 +480,12 @@ def response_object(
     }
 
 
-def _usage(chat: dict[str, int]) -> dict[str, Any]:
+def _usage(chat: dict[str, Any]) -> dict[str, Any]:
     return {
         "input_tokens": chat["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": chat["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": chat["completion_tokens_details"],
         "total_tokens": chat["total_tokens"],
     }
 
@@ -465,6 +510,7 @@ class ResponseEvents:
         self._items: list[dict[str, Any]] = []  # in the order they opened
         self._text: list[str] = []
         self._message: dict[str, Any] | None = None
+        self._reasoning: dict[str, Any] | None = None
         self._calls: dict[int, dict[str, Any]] = {}  # a call delta's index: its item
 
     def start(self) -> list[dict[str, Any]]:
@@ -475,6 +521,19 @@ class ResponseEvents:
 
     def feed(self, delta: ReplyDelta) -> list[dict[str, Any]]:
         events = []
+        if delta.reasoning:
+            if self._reasoning is None:
+                self._reasoning = reasoning_item(self._response["id"], "", "in_progress")
+                events.append(self._added(self._reasoning))
+            events.append(
+                self._event(
+                    "response.reasoning_text.delta",
+                    item_id=self._reasoning["id"],
+                    output_index=self._items.index(self._reasoning),
+                    content_index=0,
+                    delta=delta.reasoning,
+                )
+            )
         if delta.content:
             if self._message is None:
                 events.extend(self._open_message())
@@ -506,7 +565,17 @@ class ResponseEvents:
             events.extend(self._open_message())
         for index, item in enumerate(self._items):
             done = by_id[item["id"]]
-            if done["type"] == "message":
+            if done["type"] == "reasoning":
+                events.append(
+                    self._event(
+                        "response.reasoning_text.done",
+                        item_id=done["id"],
+                        output_index=index,
+                        content_index=0,
+                        text=done["content"][0]["text"],
+                    )
+                )
+            elif done["type"] == "message":
                 part = done["content"][0]
                 events.append(
                     self._text_event(

@@ -108,10 +108,12 @@ def _name_and_arguments(body: str) -> tuple[str | None, str]:
 
 @dataclass(frozen=True)
 class ReplyDelta:
-    """What a piece of generated text lets a stream show now: content, and OpenAI `tool_calls` deltas."""
+    """What a piece of generated text lets a stream show now: content, OpenAI `tool_calls` deltas, and
+    reasoning (`orl.serving.reasoning`)."""
 
     content: str = ""
     tool_calls: tuple[dict[str, Any], ...] = ()  # each with its `index`, as in a chat.completion.chunk
+    reasoning: str = ""
 
 
 class ReplyStream(Protocol):

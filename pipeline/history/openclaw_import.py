@@ -233,6 +233,7 @@ def conversation_events(
         response_token_ids=response_ids,
         response_logprobs=logprobs,
         response_text=record["response_text"],
+        reasoning_text=None,
         tool_calls_json=json.dumps(tool_calls, ensure_ascii=False) if tool_calls else None,
         finish_reason="tool_calls" if tool_calls else "stop",
         sampling=sampling,

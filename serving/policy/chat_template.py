@@ -37,6 +37,11 @@ class ChatTemplate:
         return self._tok
 
     @property
+    def source(self) -> str:
+        """The chat template's Jinja text."""
+        return str(self._tok.chat_template)
+
+    @property
     def eos_token_ids(self) -> frozenset[int]:
         """Ids that end a turn: the tokenizer's eos (SmolLM2: <|im_end|>, id 2)."""
         eos = self._tok.eos_token_id

@@ -207,7 +207,7 @@ async def test_a_stored_response_outlives_a_restart_and_only_its_own_key_continu
             "input[0].content[0]",
             "unsupported_parameter",
         ),
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "unsupported_parameter"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "unsupported_parameter"),
         ({"max_output_tokens": 0}, "max_output_tokens", "invalid_value"),
         ({"include": ["file_search_call.results"]}, "include", "unsupported_parameter"),
         ({"text": {"format": {"type": "json_schema"}}}, "text.format.json_schema", "invalid_value"),

@@ -89,6 +89,7 @@ def response_generated(response_tokens: int = 48) -> dict[str, Any]:
         response_token_ids=[2 + (i * 104_729) % 49_000 for i in range(response_tokens)],
         response_logprobs=[-((i % 16) / 8.0) for i in range(response_tokens)],
         response_text="I ran `pytest -q`; test_parse fails on empty input. Patching parse() to return [].",
+        reasoning_text=None,
         tool_calls_json=json.dumps([{"id": "call_1", "type": "function", "function": {"name": "shell"}}]),
         finish_reason="tool_calls",
         sampling=sampling(),
