@@ -63,16 +63,20 @@ from orl.serving.session_tracker import SessionTracker, TurnAssignment
 from orl.serving.settings import ServeSettings
 from orl.serving.spool import EventSpool, SpoolDrainer, StoredConversation
 from orl.serving.tenancy import check_session_owner, request_key_id, require_internal_key
+from orl.serving.tool_calls import CLOSE as TOOL_CALL_CLOSE
 from orl.serving.tool_calls import (
+    REQUIRED_CALL_PREFIX,
     ForcedCallStream,
     PlainReplyStream,
     ReplyDelta,
     ReplyStream,
+    RequiredCallStream,
     ToolCallSplitter,
     forced_call,
     forced_call_prefix,
     merged_tool_calls,
     parse_reply,
+    required_call,
 )
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -431,8 +435,9 @@ class _ApiHandlers:
 
     def _prompt(self, req: ChatRequest) -> _Prompt:
         """The request's prompt token ids, and where its reply may start reasoning. A constrained
-        turn (a forced tool call, a response_format) does not reason: a block the generation prompt
-        opened is closed empty in the prompt, so the constraint holds from the reply's first token."""
+        turn (a forced or required tool call, a response_format) does not reason: a block the
+        generation prompt opened is closed empty in the prompt, so the constraint holds from the
+        reply's first token."""
         try:
             text = self.state.template.render_text(
                 req.messages, req.tools if req.tool_choice != "none" else None
@@ -441,12 +446,14 @@ class _ApiHandlers:
             raise bad_request(str(error), param="messages") from error
         reasoning = reasoning_start(self.state.template.source, text)
         forced = req.forced_tool()
-        if forced or req.constraint is not None:
+        if forced or req.required_call() or req.constraint is not None:
             if reasoning == "prompt":
                 text += REASONING_CLOSE + "\n\n"
             reasoning = "none"
         if forced:
             text += forced_call_prefix(forced, constrained=req.constrained_call())
+        elif req.required_call():
+            text += REQUIRED_CALL_PREFIX
         ids = list(self.state.template.tokenizer(text, add_special_tokens=False)["input_ids"])
         window = self.state.backend.context_window
         if len(ids) >= window:
@@ -471,10 +478,18 @@ class _ApiHandlers:
             temperature=req.temperature,
             top_p=req.top_p,
             max_tokens=min(wanted, room),
-            stop=req.stop,
+            stop=req.stop + _one_call_stop(req),
             seed=req.seed,
             constraint=req.constraint,
         )
+
+
+def _one_call_stop(req: ChatRequest) -> tuple[str, ...]:
+    """The stop that ends a reply at its first complete tool call, for parallel_tool_calls false: the
+    call parses without its closing tag (orl.serving.tool_calls)."""
+    if req.parallel_tool_calls or not req.may_call_tools():
+        return ()
+    return (TOOL_CALL_CLOSE,)
 
 
 @dataclass(frozen=True)
@@ -629,6 +644,8 @@ class _Turn:
         forced = self.req.forced_tool()
         if forced:
             return ForcedCallStream(forced, self.request_id, constrained=self.req.constrained_call())
+        if self.req.required_call():
+            return RequiredCallStream(self.request_id)
         if not self.req.may_call_tools():
             return ReasoningStream(PlainReplyStream(), self.reasoning)
         return ReasoningStream(ToolCallSplitter(self.request_id), self.reasoning)
@@ -693,6 +710,9 @@ class _Turn:
             parsed = forced_call(
                 forced, generation.text, self.request_id, constrained=self.req.constrained_call()
             )
+            return None, parsed.content, parsed.tool_calls
+        if self.req.required_call():
+            parsed = required_call(generation.text, self.request_id)
             return None, parsed.content, parsed.tool_calls
         split = split_reasoning(generation.text, self.reasoning)
         if not self.req.may_call_tools():

@@ -52,10 +52,15 @@ CHAT_FIELDS: tuple[ChatField, ...] = (
     honoured("messages", "rendered with the model's chat template; text parts only"),
     honoured(
         "tools",
-        "rendered with the chat template; tool calls are parsed from the output; strict: true only for "
-        "the function tool_choice forces, whose arguments are then held to its schema by constrained decoding",
+        "rendered with the chat template; tool calls are parsed from the output; strict: true only where "
+        "tool_choice makes a call (named or required), whose arguments are then held to its schema by "
+        "constrained decoding",
     ),
-    honoured("tool_choice", "none, auto, required (with tools) or a named function, which is forced"),
+    honoured(
+        "tool_choice",
+        "none, auto, required (the only tool's call, forced; among several, a call that constrained "
+        "decoding holds to name one of them) or a named function, which is forced",
+    ),
     honoured("stream", "server-sent chunks, then [DONE]"),
     honoured(
         "stream_options", "include_usage adds the usage chunk; include_obfuscation has no effect (no padding)"
@@ -85,10 +90,10 @@ CHAT_FIELDS: tuple[ChatField, ...] = (
         "text, json_object or json_schema, enforced by constrained decoding (llguidance); such a turn is "
         "recorded as constrained and never trained on",
     ),
-    limited(
+    honoured(
         "parallel_tool_calls",
-        "true only: orl does not stop the model after its first tool call",
-        True,
+        "false: the reply ends with its first complete tool call (a stop string that closes the call, "
+        "recorded with the turn's sampling), so it holds at most one",
     ),
     limited("frequency_penalty", f"0 only: a penalty {_NOT_RECORDED_DISTRIBUTION}", 0),
     limited("presence_penalty", f"0 only: a penalty {_NOT_RECORDED_DISTRIBUTION}", 0),

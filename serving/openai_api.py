@@ -72,16 +72,22 @@ class ChatRequest:
     user: str | None
     prompt_cache_key: str | None  # a session hint: stock OpenClaw sends `<sessionId>:0`
     logprobs: bool = False  # return each sampled token's logprob (the recorded one)
-    # response_format json_object / json_schema, or a forced strict tool's parameters as a json_schema
-    # response_format, as canonical JSON
+    # response_format json_object / json_schema, or a tool call's schema (a forced strict tool's
+    # parameters, tool_choice required's call object) as a json_schema response_format; canonical JSON
     constraint: str | None = None
     n: int = 1  # choices: each one turn of a session of its own, the n sessions one rollout group
+    parallel_tool_calls: bool = True  # false: at most one tool call (the reply stops after it)
 
     def forced_tool(self) -> str | None:
-        """The function name when tool_choice names one function."""
-        if isinstance(self.tool_choice, dict):
-            return str(self.tool_choice["function"]["name"])
-        return None
+        """The function whose call is forced: the one tool_choice names, or the only tool offered
+        when tool_choice is required."""
+        return _forced_name(self.tools, self.tool_choice)
+
+    def required_call(self) -> bool:
+        """Whether the reply must be a call of one of several tools (tool_choice required): the
+        prompt ends with `<tool_call>` and constrained decoding holds the call object that follows
+        (`REQUIRED_CALL_PREFIX`, the constraint)."""
+        return self.tool_choice == "required" and self.forced_tool() is None
 
     def constrained_call(self) -> bool:
         """Whether the forced call's arguments are held to its strict tool's parameters schema (the
@@ -129,8 +135,9 @@ def parse_chat_body(body: dict[str, Any], *, max_tokens_limit: int) -> ChatReque
         user=_optional_str(body, "user"),
         prompt_cache_key=_optional_str(body, "prompt_cache_key"),
         logprobs=_logprobs(body),
-        constraint=response_constraint or _strict_call_constraint(tools, tool_choice),
+        constraint=response_constraint or _call_constraint(tools, tool_choice),
         n=_choices(body),
+        parallel_tool_calls=bool_field(body, "parallel_tool_calls", True),
     )
     if req.n > 1 and req.stream:
         raise bad_request(
@@ -400,38 +407,66 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     return value or None
 
 
-def _strict_call_constraint(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
-    """The forced call's constraint when its tool is strict: its parameters schema, enforced by
-    constrained decoding. A strict tool the model may or may not call (tool_choice auto or required)
-    is a 400: orl holds a call's arguments to a schema only where the call is forced."""
-    if tool_choice == "none":
+def _forced_name(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
+    if isinstance(tool_choice, dict):
+        return str(tool_choice["function"]["name"])
+    if tool_choice == "required" and tools and len(tools) == 1:
+        return str(tools[0]["function"]["name"])
+    return None
+
+
+def _call_constraint(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
+    """The constraint that holds a reply's tool call, enforced by constrained decoding: a forced
+    strict tool's parameters schema; for tool_choice required among several tools, a call object
+    that names one of them (its arguments held to a strict tool's parameters, any object for the
+    others). A strict tool whose call is not held (tool_choice auto) is a 400: orl holds a call's
+    arguments to a schema only where a call must be made."""
+    if tool_choice == "none" or not tools:
         return None  # no call: nothing to constrain
-    forced = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
-    constraint = None
-    for i, tool in enumerate(tools or []):
+    forced = _forced_name(tools, tool_choice)
+    required = tool_choice == "required" and forced is None
+    constraint, calls = None, []
+    for i, tool in enumerate(tools):
         function = tool["function"]
-        if function.get("strict") is not True:
-            continue
-        if function["name"] != forced:
+        strict = function.get("strict") is True
+        parameters = function.get("parameters") or {"type": "object"}
+        if strict and not required and function["name"] != forced:
             raise bad_request(
-                f"tools[{i}].function.strict=true is honoured only for a forced call: orl holds a call's "
-                "arguments to the schema by constrained decoding once tool_choice names the function; "
-                "name it in tool_choice, or send strict: false (the arguments are then parsed as the model "
-                "wrote them)",
+                f"tools[{i}].function.strict=true is honoured only for a call that must be made: orl holds "
+                "a call's arguments to the schema by constrained decoding once tool_choice names the "
+                "function or is required; do so, or send strict: false (the arguments are then parsed as "
+                "the model wrote them)",
                 param=f"tools[{i}].function.strict",
                 code="unsupported_parameter",
             )
-        parameters = function.get("parameters") or {"type": "object"}
-        response_format = {"type": "json_schema", "json_schema": {"name": forced, "schema": parameters}}
-        try:
-            constraint = _constraint(response_format)
-        except ApiError as error:
-            raise bad_request(
-                error.message,
-                param=f"tools[{i}].function.parameters",
-                code=error.code or "invalid_json_schema",
-            ) from None
+        if strict:
+            constraint = _tool_constraint(i, function["name"], parameters)  # a schema llguidance takes
+        calls.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": function["name"]},
+                    "arguments": parameters if strict else {"type": "object"},
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    if required:
+        return _tool_constraint(None, "tool_call", {"anyOf": calls})
     return constraint
+
+
+def _tool_constraint(index: int | None, name: str, schema: dict[str, Any]) -> str | None:
+    response_format = {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+    try:
+        return _constraint(response_format)
+    except ApiError as error:
+        raise bad_request(
+            error.message,
+            param="tools" if index is None else f"tools[{index}].function.parameters",
+            code=error.code or "invalid_json_schema",
+        ) from None
 
 
 def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:

@@ -195,7 +195,7 @@ def _messages(roles: tuple[str, ...] = ROLES) -> Schema:
 def _tools() -> Schema:
     function = _object({"name": {"type": "string"}}) | {
         "properties": {"name": {"type": "string"}, "strict": _nullable({"type": "boolean"})}
-    }  # strict: true only with tool_choice naming the tool (serving/openai_api.py _strict_call_constraint)
+    }  # strict: true only where a call must be made (serving/openai_api.py _call_constraint)
     tool = _object({"type": {"const": "function"}, "function": function})
     return _nullable({"type": "array", "items": tool})
 
@@ -240,6 +240,7 @@ def chat_request_schema(max_tokens_limit: int) -> Schema:
         "user": _nullable({"type": "string"}),
         "prompt_cache_key": _nullable({"type": "string"}),
         "logprobs": _nullable({"type": "boolean"}),
+        "parallel_tool_calls": _nullable({"type": "boolean"}),
         "response_format": _nullable(
             {
                 "anyOf": [
@@ -318,6 +319,7 @@ def responses_request_schema(max_tokens_limit: int) -> Schema:
             ]
         },
         "stream": _nullable({"type": "boolean"}),
+        "parallel_tool_calls": _nullable({"type": "boolean"}),
         "temperature": _number(0.0, 2.0),
         "top_p": _number(0.0, 1.0, above_low=True),
         "max_output_tokens": _nullable({"type": "integer", "minimum": 1, "maximum": max_tokens_limit}),

@@ -55,9 +55,10 @@ RESPONSES_FIELDS: tuple[ChatField, ...] = (
     honoured(
         "tools",
         "function tools, rendered with the chat template; calls are parsed from the output; strict: true "
-        "only for the function tool_choice forces, whose arguments are then held to its schema",
+        "only where tool_choice makes a call (named or required), whose arguments are then held to its schema",
     ),
     _SAME_AS_CHAT["tool_choice"],
+    _SAME_AS_CHAT["parallel_tool_calls"],
     honoured("stream", "typed server-sent events, from response.created to response.completed"),
     _SAME_AS_CHAT["temperature"],
     _SAME_AS_CHAT["top_p"],
@@ -74,7 +75,6 @@ RESPONSES_FIELDS: tuple[ChatField, ...] = (
     _SAME_AS_CHAT["user"],
     honoured("prompt_cache_key", "links the turn to a session"),
     _SAME_AS_CHAT["top_logprobs"],
-    _SAME_AS_CHAT["parallel_tool_calls"],
     limited("max_tool_calls", "absent only: orl does not cap the calls of one reply"),
     limited("truncation", "disabled only: a prompt longer than the context window is a 400", "disabled"),
     limited("reasoning", "absent only: the served model has no reasoning control"),
@@ -153,7 +153,16 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
     tools = _tools(body.get("tools"))
     chat: dict[str, Any] = {
         name: body[name]
-        for name in ("model", "stream", "stream_options", "temperature", "top_p", "user", "prompt_cache_key")
+        for name in (
+            "model",
+            "stream",
+            "stream_options",
+            "temperature",
+            "top_p",
+            "user",
+            "prompt_cache_key",
+            "parallel_tool_calls",
+        )
         if body.get(name) is not None
     }
     chat.update(
@@ -167,7 +176,7 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
         "instructions": instructions,
         "max_output_tokens": body.get("max_output_tokens"),
         "metadata": body.get("metadata") or {},
-        "parallel_tool_calls": True,
+        "parallel_tool_calls": bool_field(body, "parallel_tool_calls", True),
         "previous_response_id": previous,
         "prompt_cache_key": body.get("prompt_cache_key"),
         "store": store,

@@ -44,6 +44,18 @@ def forced_call_prefix(function_name: str, *, constrained: bool = False) -> str:
     return head if constrained else head + "{"
 
 
+# tool_choice required among several tools: the prompt opens a call, and constrained decoding
+# makes the reply a call object that names one of the tools. Its text is parsed after this prefix.
+REQUIRED_CALL_PREFIX = OPEN
+
+
+def required_call(generated: str, request_id: str) -> ParsedReply:
+    """The reply to a required call's prompt: `parse_reply` of the prefix and what the model wrote
+    after it (a call whose name or arguments do not parse stays text, prefix included, as any
+    unparsed block does)."""
+    return parse_reply(REQUIRED_CALL_PREFIX + generated, request_id)
+
+
 def forced_call(
     function_name: str, generated: str, request_id: str, *, constrained: bool = False
 ) -> ParsedReply:
@@ -167,6 +179,21 @@ class ForcedCallStream:
                 {"index": 0, "id": call_id(self._request_id, 0), "type": "function", "function": opening},
             )
         )
+
+
+class RequiredCallStream:
+    """A required call's reply as `ToolCallSplitter` streams it, the prompt's prefix fed first, so
+    the deltas add up to `required_call`."""
+
+    def __init__(self, request_id: str) -> None:
+        self._splitter = ToolCallSplitter(request_id)
+        self._splitter.feed(REQUIRED_CALL_PREFIX)  # inside a block: nothing shows yet
+
+    def feed(self, piece: str) -> ReplyDelta:
+        return self._splitter.feed(piece)
+
+    def finish(self) -> ReplyDelta:
+        return self._splitter.finish()
 
 
 class ToolCallSplitter:

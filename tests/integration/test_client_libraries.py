@@ -1,6 +1,11 @@
 """Client libraries from PyPI against a real `orl serve` on the real SmolLM2-135M (CPU): LangChain's
-`ChatOpenAI` (langchain-openai) and the OpenAI Agents SDK (openai-agents). Every turn they make must
-be answered and recorded as any client's is.
+`ChatOpenAI` (langchain-openai), the OpenAI Agents SDK (openai-agents), LiteLLM and LlamaIndex's
+`OpenAILike` (in a venv of its own: tests/clients/). Every turn they make must be answered and
+recorded as any client's is.
+
+LiteLLM and LlamaIndex: plain, streamed, async (four concurrent), a strict tool call and structured
+output each. LlamaIndex's calls are forced with tool_choice required (one tool) and send
+parallel_tool_calls false.
 
 LangChain: plain, streamed, async (concurrent), tool (`bind_tools`, a strict forced call) and
 structured (`with_structured_output(method="json_schema")`) calls over chat completions.
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +36,7 @@ import pytest
 
 from tests.integration.log_reading import read_events
 from tests.integration.serve_process import API_KEY, ServeProcess, serve_process
-from tests.integration.test_serving_openai import wait_until_spooled_events_are_logged
+from tests.integration.test_serving_openai import SMALL_INTEGERS, wait_until_spooled_events_are_logged
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -151,3 +158,98 @@ def test_the_full_tool_loop_is_recorded_as_one_session(server: ServeProcess) -> 
     assert sent_back[2]["tool_calls"] == [call]  # the call as orl recorded it, resent by the SDK
     assert sent_back[3]["tool_call_id"] == call["id"]  # the tool's output, or the SDK's error text
     assert responses[1]["response_text"] == result.final_output
+
+
+def litellm_calls(server: ServeProcess) -> dict[str, Any]:
+    """LiteLLM's completion calls, as an app using LiteLLM with orl as an OpenAI-compatible provider
+    makes them: plain, streamed, async (concurrent), a strict forced tool call, and a pydantic
+    response_format."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its bundled price table: no fetch
+    import litellm
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=24)
+        country: str = Field(max_length=24)
+
+    provider = {"model": "openai/orl-policy", "api_base": f"{server.base_url}/v1", "api_key": API_KEY}
+    short = {**provider, "temperature": 0.0, "max_tokens": 16, "num_retries": 0}
+
+    def ask(text: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": text}]
+
+    async def concurrent() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                *(litellm.acompletion(messages=ask(f"Name colour {i}."), **short) for i in range(4))
+            )
+        )
+
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "strict": True,
+            "parameters": SMALL_INTEGERS,
+        },
+    }
+    plain = litellm.completion(messages=ask("Say hello in three words."), **short)
+    chunks = list(litellm.completion(messages=ask("Count from one to five."), stream=True, **short))
+    replies = asyncio.run(concurrent())
+    called = litellm.completion(
+        messages=ask("What is 2 plus 3?"), tools=[tool], tool_choice={"type": "function", "function": {"name": "add"}},
+        **{**short, "max_tokens": 48},
+    )  # fmt: skip
+    structured = litellm.completion(
+        messages=ask("Name a city and its country."), response_format=City, **{**short, "max_tokens": 48}
+    )
+    [call] = called.choices[0].message.tool_calls
+    return {
+        "plain": plain.choices[0].message.content,
+        "streamed": [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content],
+        "async": [reply.choices[0].message.content for reply in replies],
+        "tool": {"name": call.function.name, "arguments": json.loads(call.function.arguments)},
+        "structured": City.model_validate_json(structured.choices[0].message.content).model_dump(),
+    }
+
+
+LLAMAINDEX_PYTHON = Path(__file__).parents[2] / ".venv-llamaindex" / "bin" / "python"
+
+
+def llamaindex_calls(server: ServeProcess) -> dict[str, Any]:
+    """tests/clients/llamaindex_calls.py in LlamaIndex's own venv (its openai pin excludes the Agents
+    SDK's), the same five kinds of call through `OpenAILike`."""
+    assert LLAMAINDEX_PYTHON.exists(), "LlamaIndex's venv is missing: run scripts/install.sh --dev"
+    script = Path(__file__).parents[1] / "clients" / "llamaindex_calls.py"
+    done = subprocess.run(
+        [str(LLAMAINDEX_PYTHON), str(script), server.base_url, API_KEY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return dict(json.loads(done.stdout))
+
+
+@pytest.mark.parametrize("calls", [litellm_calls, llamaindex_calls], ids=["litellm", "llamaindex"])
+def test_litellm_and_llamaindex_calls_are_answered_and_recorded(server: ServeProcess, calls: Any) -> None:
+    before = len(recorded(server, "responses", 0))
+    got = calls(server)
+    assert got["plain"] and len(got["streamed"]) > 1, "tokens must arrive as several chunks"
+    assert len(got["async"]) == 4 and all(got["async"])
+    assert got["tool"]["name"] == "add" and set(got["tool"]["arguments"]) == {"a", "b"}  # strict: its schema
+    assert got["structured"]["name"] and got["structured"]["country"]
+    turns = recorded(server, "responses", before)
+    assert len(turns) == 8  # plain, streamed, 4 async, tool, structured: each recorded once
+    plain, streamed, *concurrent, tool_turn, structured_turn = turns
+    assert plain["response_text"] == got["plain"] and streamed["response_text"] == "".join(got["streamed"])
+    assert sorted(t["response_text"] for t in concurrent) == sorted(got["async"])
+    [call] = json.loads(tool_turn["tool_calls_json"])
+    assert json.loads(call["function"]["arguments"]) == got["tool"]["arguments"]
+    # LiteLLM asks for response_format; LlamaIndex for a forced strict call of a tool named City
+    [output] = [
+        c["function"]["arguments"] for c in json.loads(structured_turn["tool_calls_json"] or "[]")
+    ] or [structured_turn["response_text"]]
+    assert json.loads(output) == got["structured"]
+    assert structured_turn["sampling"]["constraint"] is not None  # constrained: never trained on

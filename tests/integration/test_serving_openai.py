@@ -226,6 +226,67 @@ def test_tool_call_round_trip(server: ServeProcess) -> None:
     assert second.choices[0].message.content or second.choices[0].message.tool_calls
 
 
+SMALL_INTEGERS = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 99},
+        "b": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+
+
+def test_tool_choice_required_among_several_tools_always_calls_one_of_them(server: ServeProcess) -> None:
+    tools = [
+        {"type": "function", "function": {"name": "add", "parameters": SMALL_INTEGERS, "strict": True}},
+        {"type": "function", "function": {"name": "multiply", "parameters": SMALL_INTEGERS, "strict": True}},
+    ]
+    replies = [
+        client(server).chat.completions.create(
+            model="orl-policy",
+            messages=[{"role": "user", "content": "What is 6 times 7?"}],
+            tools=tools,
+            tool_choice="required",
+            temperature=1.0,
+            seed=seed,
+            max_tokens=48,
+        )
+        for seed in range(4)
+    ]
+    for reply in replies:
+        [call] = reply.choices[0].message.tool_calls
+        assert reply.choices[0].finish_reason == "tool_calls" and call.function.name in ("add", "multiply")
+        arguments = json.loads(call.function.arguments)  # strict: they fit the tool's schema
+        assert set(arguments) == {"a", "b"} and all(0 <= v <= 99 for v in arguments.values())
+    wait_until_spooled_events_are_logged(server)
+    by_id = {e["request_id"]: e for e in events(server, "responses")}
+    recorded = [by_id[reply.id] for reply in replies]
+    assert [json.loads(r["tool_calls_json"]) for r in recorded] == [
+        [reply.choices[0].message.tool_calls[0].model_dump()] for reply in replies
+    ]
+    assert all(
+        json.loads(r["sampling"]["constraint"])["json_schema"]["name"] == "tool_call" for r in recorded
+    )
+
+
+def test_parallel_tool_calls_false_ends_the_reply_with_its_first_call(server: ServeProcess) -> None:
+    tool = {"type": "function", "function": {"name": "add", "parameters": SMALL_INTEGERS}}
+    reply = client(server).chat.completions.create(
+        model="orl-policy",
+        messages=[{"role": "user", "content": "Add 2 and 3, then 4 and 5: two calls of the add tool."}],
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "add"}},
+        parallel_tool_calls=False,
+        temperature=0.0,
+        max_tokens=96,
+    )
+    assert len(reply.choices[0].message.tool_calls) == 1 and reply.choices[0].finish_reason == "tool_calls"
+    [recorded] = wait_for_events(server, "responses", lambda e: e["request_id"] == reply.id)
+    assert recorded["sampling"]["stop"] == ["</tool_call>"]  # how the reply was cut, recorded with it
+    assert reply.usage.completion_tokens == len(recorded["response_token_ids"]) < 96
+
+
 def test_the_responses_api_records_exact_tokens_and_continues_a_response_in_its_session(
     server: ServeProcess,
 ) -> None:

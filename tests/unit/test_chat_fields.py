@@ -70,7 +70,7 @@ def test_a_limited_field_takes_its_accepted_values_and_refuses_another_by_name(f
         ),
         ("n", 9),
         ("top_logprobs", 3),
-        ("parallel_tool_calls", False),
+        ("parallel_tool_calls", "no"),
         ("frequency_penalty", 0.5),
         ("logit_bias", {"50256": -100}),
         ("reasoning_effort", "low"),
@@ -139,7 +139,7 @@ def test_stream_options_and_strict_tools_are_checked_by_name() -> None:
     strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
     error = refused(tools=[strict])  # strict is enforced only where the call is forced
     assert (error["param"], error["code"]) == ("tools[0].function.strict", "unsupported_parameter")
-    assert "honoured only for a forced call" in error["message"]
+    assert "honoured only for a call that must be made" in error["message"]
     assert (
         refused(tools=[{"type": "function", "function": {**TOOL["function"], "strict": 0}}])["code"]
         == "invalid_type"
@@ -182,3 +182,26 @@ def docs_table(part: int) -> list[tuple[str, str, str]]:
 
 def test_docs_clients_table_is_the_code_table() -> None:
     assert docs_table(0) == [(f.name, f.treatment, f.effect) for f in CHAT_FIELDS]
+
+
+def test_required_forces_the_only_tool_and_asks_a_call_of_several() -> None:
+    strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
+    only = parse(tools=[strict], tool_choice="required")
+    assert only.forced_tool() == "lookup" and only.constrained_call() and not only.required_call()
+    other = {"type": "function", "function": {"name": "other", "parameters": {"type": "object"}}}
+    held = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    strict["function"]["parameters"] = held
+    several = parse(tools=[strict, other], tool_choice="required")
+    assert several.forced_tool() is None and several.required_call() and not several.may_call_tools()
+    calls = json.loads(several.constraint or "")["json_schema"]["schema"]["anyOf"]
+    assert [c["properties"] for c in calls] == [
+        {"name": {"const": "lookup"}, "arguments": held},  # strict: its parameters
+        {"name": {"const": "other"}, "arguments": {"type": "object"}},
+    ]
+    error = refused(tools=[strict, other], tool_choice="auto")  # a strict tool whose call is not held
+    assert error["param"] == "tools[0].function.strict"
+
+
+def test_parallel_tool_calls_false_is_read() -> None:
+    assert parse(tools=[TOOL], parallel_tool_calls=False).parallel_tool_calls is False
+    assert parse(tools=[TOOL]).parallel_tool_calls is True

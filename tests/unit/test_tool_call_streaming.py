@@ -15,10 +15,12 @@ from orl.serving.tool_calls import (
     PlainReplyStream,
     ReplyDelta,
     ReplyStream,
+    RequiredCallStream,
     ToolCallSplitter,
     forced_call,
     merged_tool_calls,
     parse_reply,
+    required_call,
 )
 
 RID = "chatcmpl-test"
@@ -181,3 +183,16 @@ def test_any_cut_streams_what_the_whole_reply_parses_to(text: str, points: list[
 def test_a_forced_call_streams_its_final_call_for_any_cut(text: str, points: list[int]) -> None:
     want = forced_call("f", text, RID).tool_calls
     assert streamed(cut(text, points), ForcedCallStream("f", RID)) == ("", want)
+
+
+def test_a_required_call_is_the_call_object_the_model_wrote_after_the_prompts_prefix() -> None:
+    [call] = required_call('{"name": "add", "arguments": {"a": 1}}', RID).tool_calls
+    assert call["function"] == {"name": "add", "arguments": '{"a": 1}'}
+    unparsed = required_call("oops", RID)  # no call: the text stays, as any unparsed block does
+    assert unparsed.tool_calls == [] and unparsed.content == "<tool_call>oops"
+
+
+@given(replies, st.lists(st.integers(min_value=0), max_size=8))
+def test_a_required_call_streams_what_its_whole_reply_parses_to(text: str, points: list[int]) -> None:
+    want = required_call(text, RID)
+    assert streamed(cut(text, points), RequiredCallStream(RID)) == (want.content or "", want.tool_calls)
