@@ -8,6 +8,7 @@ per topic. `deal_partitions` is the SQLite log's group assignment. Reads and wri
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Iterator, Mapping, Sequence
 
 from orl.connectors.event_log.base import EventLogError, TopicPartition
@@ -16,22 +17,22 @@ _MASK_32 = 0xFFFFFFFF
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
 _R = 24
+_unpack_from = struct.unpack_from
 
 
 def murmur2(data: bytes) -> int:
     """MurmurHash2 as in org.apache.kafka.common.utils.Utils.murmur2, as a signed 32-bit int."""
     length = len(data)
     h = (_SEED ^ length) & _MASK_32
-    body_end = length - length % 4
-    for i in range(0, body_end, 4):
-        k = int.from_bytes(data[i : i + 4], "little")
-        k = (k * _M) & _MASK_32
-        k ^= k >> _R
-        k = (k * _M) & _MASK_32
-        h = ((h * _M) & _MASK_32) ^ k
-    tail = data[body_end:]
+    words = length >> 2
+    if words:
+        for k in _unpack_from(f"<{words}I", data):  # the body's little-endian 32-bit words
+            k = (k * _M) & _MASK_32
+            k ^= k >> _R
+            h = ((h * _M) & _MASK_32) ^ ((k * _M) & _MASK_32)
+    tail = length & 3
     if tail:
-        h ^= int.from_bytes(tail, "little")
+        h ^= int.from_bytes(data[length - tail :], "little")
         h = (h * _M) & _MASK_32
     h ^= h >> 13
     h = (h * _M) & _MASK_32
@@ -56,7 +57,7 @@ class Partitioner:
         if partitions == 1:
             return 0  # no hash to compute (the embedded log's default)
         if key is not None:
-            return partition_for_key(key, partitions)
+            return (murmur2(key) & 0x7FFFFFFF) % partitions  # partition_for_key, a call fewer per record
         counter = self._round_robin.setdefault(topic, itertools.count())
         return next(counter) % partitions
 

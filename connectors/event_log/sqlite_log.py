@@ -313,10 +313,18 @@ class SqliteEventLog(EventLog):
         return (await self.append_batch(topic, [record]))[0]
 
     async def append_batch(self, topic: str, records: Sequence[OutgoingRecord]) -> list[RecordPosition]:
+        limit = (
+            self.policy.max_record_bytes
+        )  # checked here per record, the reason asked only of those over it
         refused = {
-            i: why for i, r in enumerate(records) if (why := self.policy.oversized(r.value)) is not None
+            i: str(self.policy.oversized(r.value)) for i, r in enumerate(records) if len(r.value) > limit
         }
-        placed = await self._place([(topic, r) for i, r in enumerate(records) if i not in refused])
+        kept = (
+            [(topic, r) for r in records]
+            if not refused
+            else [(topic, r) for i, r in enumerate(records) if i not in refused]
+        )
+        placed = await self._place(kept)
         appended = iter(await self.call(SqliteStore.append, placed, []))
         if refused:
             positions = [None if i in refused else next(appended) for i in range(len(records))]
