@@ -169,6 +169,13 @@ class ConnectionSettings:
         "producer's max_request_size and the topics' max.message.bytes follow from it.",
         advanced=True,
     )
+    key_store: str = setting(
+        "",
+        "ORL_KEY_STORE",
+        "Sessions' data keys (every session's payloads are sealed with its own; `orl forget` destroys them): "
+        "a SQLite file every process reaches (default: keys.db in --data-dir), or 'off' to write in clear.",
+        advanced=True,
+    )
     model: str = setting(
         "smollm2-135m", "ORL_MODEL", "Base model: 'smollm2-135m' (shipped) or a Hugging Face folder path."
     )
@@ -181,6 +188,12 @@ class ConnectionSettings:
 
     def effective_log_url(self) -> str:
         return self.log_url or f"sqlite:///{(self.data_dir / 'log.db').resolve()}"
+
+    def effective_key_store(self) -> Path | None:
+        """The key store's file; None when sealing is off."""
+        if self.key_store == "off":
+            return None
+        return Path(self.key_store) if self.key_store else (self.data_dir / "keys.db").resolve()
 
     def topic_policy(self) -> TopicPolicy:
         return TopicPolicy(self.log_replication_factor, self.log_min_insync_replicas, self.max_record_bytes)

@@ -8,11 +8,12 @@ nowhere else.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from orl import __version__
@@ -87,6 +88,13 @@ COMMANDS: tuple[Command, ...] = (
         "Show the whole chain behind any id (turn, vote, reward, sample, step, checkpoint) or a session's checkpoints.",
         "orl.history:AuditSettings",
         "orl.history:run_audit",
+    ),
+    Command(
+        "forget",
+        "Erase a session's or a client key's data: destroy its data keys (every copy of its payloads becomes "
+        "unreadable), list the checkpoints derived from it, and with --retrain train a new run without it.",
+        "orl.forget:ForgetSettings",
+        "orl.forget:forget",
     ),
     Command(
         "export",
@@ -257,12 +265,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = build_settings(args._settings_cls, args, os.environ, config, command.name)
         log_settings(logger, settings)
         run: Callable[[object], int | None] = _load(command.run)  # type: ignore[assignment]
-        return int(run(settings) or 0)
+        with key_store_of(settings):
+            return int(run(settings) or 0)
     except OrlError as error:
         print(f"orl {command.name}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+@contextlib.contextmanager
+def key_store_of(settings: object) -> Iterator[None]:
+    """Seal the payloads the command writes, and open sealed ones, with the deployment's key store
+    (orl.schemas.sealing) while it runs: every command that reaches the log gets it here, and
+    nowhere else (the process's keys before it are back after it: tests call `main` in-process)."""
+    from orl.connectors.key_store import KeyStore
+    from orl.connectors.settings import ConnectionSettings
+    from orl.schemas.codec import install_data_keys, installed_data_keys
+
+    path = settings.effective_key_store() if isinstance(settings, ConnectionSettings) else None
+    if path is None:
+        yield
+        return
+    previous, keys = installed_data_keys(), KeyStore(path)
+    install_data_keys(keys)
+    try:
+        yield
+    finally:
+        install_data_keys(previous)
+        keys.close()
 
 
 if __name__ == "__main__":

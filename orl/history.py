@@ -221,6 +221,8 @@ async def _replay(settings: ReplaySettings) -> int:
         f"replayed {report.source_events} recorded events into {report.target!r}: {report.samples_ready} "
         f"samples ready, {report.samples_rejected} rejected ({report.skipped} events were already there)"
     )
+    if report.forgotten:
+        print(f"left out {report.forgotten} events whose payloads were forgotten (orl forget)")
     return 0
 
 
@@ -232,9 +234,10 @@ def run_replay(settings: ReplaySettings) -> int:
         data_dir=settings.data_dir, log_url=settings.log_url, store_url=settings.store_url,
         namespace=settings.target_namespace, model=settings.model, run_id=settings.train_run_id or settings.target_namespace,
         init_from=settings.train_from, max_staleness=-1, max_steps=settings.train_steps, idle_exit_s=30.0,
+        key_store=settings.key_store,
     )  # fmt: skip
     given = ["namespace", "run_id", "data_dir", "model", "max_staleness"]
-    given += [name for name in ("log_url", "store_url", "init_from") if getattr(train, name)]
+    given += [name for name in ("log_url", "store_url", "init_from", "key_store") if getattr(train, name)]
     shown = "orl train " + " ".join(f"{flag_name(name)} {getattr(train, name)}" for name in given)
     if settings.train_steps <= 0:
         print(f"to train a new model on it: {shown} [--max-steps N]")

@@ -10,9 +10,8 @@ import json
 from dataclasses import dataclass
 
 from orl.connectors.event_log.factory import open_event_log
-from orl.connectors.event_log.reading import read_to_end
 from orl.connectors.settings import ConnectionSettings, JsonOutputSettings, setting
-from orl.schemas.codec import decode
+from orl.pipeline.history.namespace_io import read_events
 from orl.schemas.topics import topic_name
 
 
@@ -68,15 +67,13 @@ def vote_summary(votes: list[dict]) -> VoteSummary:
 
 
 async def read_samples(log_url: str, namespace: str) -> list[dict]:
-    async with open_event_log(log_url) as log:
-        records = await read_to_end(log, topic_name(namespace, "samples"))
-    return [sample_row(decode(record.value)) for record in records]
+    async with open_event_log(log_url) as log:  # a forgotten sample (`orl forget`) is left out
+        return [sample_row(event) async for event in read_events(log, topic_name(namespace, "samples"))]
 
 
 async def read_vote_summary(log_url: str, namespace: str) -> VoteSummary:
     async with open_event_log(log_url) as log:
-        records = await read_to_end(log, topic_name(namespace, "judge_votes"))
-    return vote_summary([decode(record.value) for record in records])
+        return vote_summary([event async for event in read_events(log, topic_name(namespace, "judge_votes"))])
 
 
 def list_samples(settings: SamplesSettings) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.settings import ConnectionSettings
 from orl.pipeline.history.namespace_io import envelope_head, namespace_events, read_batches
-from orl.schemas.codec import decode
+from orl.schemas.codec import decode, payload_forgotten
 from orl.schemas.topics import topic_name
 
 STATUS_TOPICS = ("checkpoints", "policy_activations")
@@ -127,7 +127,7 @@ async def read_status_events(log_url: str, namespace: str) -> tuple[dict[str, li
                     event_type, occurred_at = head.event_type, head.occurred_at
                 if event_type == "SampleReady":
                     built += 1
-                    if newest is None or occurred_at >= newest[0]:
+                    if (newest is None or occurred_at >= newest[0]) and not payload_forgotten(record.value):
                         newest = (occurred_at, record.value)
                 elif event_type == "SampleRejected":
                     rejected += 1

@@ -6,6 +6,11 @@ current schema (chosen by `envelope.event_type`) after a strict conformance chec
 the writer schema by fingerprint (current or any frozen version) and resolves it to the current
 reader schema, so events written by older producers still decode. Timestamps stay epoch-millis
 ints (logical types are not applied). Every failure is an EventEncodeError / EventDecodeError.
+
+With data keys installed (`install_data_keys`, which `orl`'s commands do from --key-store), an
+event whose envelope names a session is sealed after encoding and opened before decoding
+(orl.schemas.sealing): callers see the same events either way; a forgotten payload raises
+PayloadForgotten (an EventDecodeError that carries the clear envelope).
 """
 
 from __future__ import annotations
@@ -23,6 +28,14 @@ from orl.schemas.conformance import Check, compile_check
 from orl.schemas.errors import EventDecodeError, EventEncodeError, UnknownEventTypeError
 from orl.schemas.registry import Registry, SchemaVersion, default_registry
 from orl.schemas.schema_forms import Schema, without_logical_types
+from orl.schemas.sealing import (
+    SEALED_HEADER,
+    DataKeys,
+    PayloadForgotten,
+    open_event,
+    seal_event,
+    sealed_parts,
+)
 
 MARKER = b"\xc3\x01"
 HEADER_LEN = len(MARKER) + 8
@@ -60,8 +73,9 @@ class _Reader:
 class Codec:
     """Encodes and decodes events with the schemas of one registry."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, data_keys: DataKeys | None = None) -> None:
         self._registry = registry
+        self.data_keys = data_keys  # None: events are written in clear (sealed ones still need keys to read)
         current = {name: registry.current(name) for name in registry.event_types}
         parsed = {name: _codec_schema(version.schema) for name, version in current.items()}
         self._writers = {
@@ -87,10 +101,18 @@ class Codec:
             schemaless_writer(out, writer.schema, event)
         except (ValueError, TypeError, OverflowError, struct.error) as exc:
             raise EventEncodeError(f"{writer.event_type}: {type(exc).__name__}: {exc}") from exc
+        envelope = event["envelope"]
+        if self.data_keys is not None and envelope.get("session_id"):
+            return seal_event(out.getvalue(), envelope, self.data_keys)
         return out.getvalue()
 
     def decode(self, data: Buffer) -> dict[str, Any]:
         reader = self._reader_for(data)
+        if reader is None:  # a sealed event: open it, decode what it holds, keep the clear envelope
+            envelope, plain = open_event(data, self.data_keys)
+            event = self.decode(plain)
+            event["envelope"] = envelope
+            return event
         source = BytesIO(data)
         source.seek(HEADER_LEN)
         try:
@@ -108,8 +130,11 @@ class Codec:
         return record
 
     def event_type_of(self, data: Buffer) -> str:
-        """The event type named by the header's fingerprint; the body is not read."""
-        return self._reader_for(data).version.event_type
+        """The event type named by the header's fingerprint (of a sealed event: its clear envelope)."""
+        reader = self._reader_for(data)
+        if reader is None:
+            return str(sealed_parts(data).envelope["event_type"])
+        return reader.version.event_type
 
     def _writer_for(self, event: Mapping[str, Any]) -> _Writer:
         if not isinstance(event, Mapping):
@@ -126,7 +151,8 @@ class Codec:
             raise UnknownEventTypeError(event_type)
         return writer
 
-    def _reader_for(self, data: Buffer) -> _Reader:
+    def _reader_for(self, data: Buffer) -> _Reader | None:
+        """The reader of the data's writer schema; None for a sealed event."""
         if type(data) is bytes:  # the common case: one lookup by marker + fingerprint
             reader = self._readers_by_header.get(data[:HEADER_LEN])
             if reader is not None:
@@ -141,6 +167,8 @@ class Codec:
             raise EventDecodeError(
                 f"bad marker {bytes(data[:2]).hex()}: not Avro single-object encoding (c301)"
             )
+        if bytes(data[:HEADER_LEN]) == SEALED_HEADER:
+            return None
         fingerprint = bytes(data[2:HEADER_LEN])
         reader = self._readers.get(fingerprint)
         if reader is None:
@@ -168,6 +196,16 @@ def default_codec() -> Codec:
     return Codec(default_registry())
 
 
+def install_data_keys(keys: DataKeys | None) -> None:
+    """Seal every session's events with `keys` from now on in this process (None: write in clear)."""
+    default_codec().data_keys = keys
+
+
+def installed_data_keys() -> DataKeys | None:
+    """The data keys `install_data_keys` gave this process (None: it writes in clear)."""
+    return default_codec().data_keys
+
+
 def encode(event: Mapping[str, Any]) -> bytes:
     """Encode an event with the current schema of its `envelope.event_type`."""
     return default_codec().encode(event)
@@ -181,3 +219,25 @@ def decode(data: Buffer) -> dict[str, Any]:
 def event_type_of(data: Buffer) -> str:
     """The event type of encoded bytes, from the header alone."""
     return default_codec().event_type_of(data)
+
+
+FORGOTTEN = "payload_forgotten"  # the key of `decode_or_forgotten`'s stub
+
+
+def decode_or_forgotten(data: Buffer) -> dict[str, Any]:
+    """decode(data); for an event whose payload was forgotten (`orl forget`), the stub
+    `{"envelope": its clear envelope, "payload_forgotten": True}`, for readers that index or list
+    events by their envelope (audit, export)."""
+    try:
+        return decode(data)
+    except PayloadForgotten as forgotten:
+        return {"envelope": forgotten.envelope, FORGOTTEN: True}
+
+
+def payload_forgotten(data: Buffer) -> bool:
+    """Whether these are a sealed event's bytes whose data key was destroyed (read from the clear
+    parts; nothing is decrypted)."""
+    keys = default_codec().data_keys
+    if keys is None or bytes(data[:HEADER_LEN]) != SEALED_HEADER:
+        return False
+    return keys.key_for_reading(sealed_parts(data).key_id) is None

@@ -49,7 +49,9 @@ from typing import Any
 
 from orl.connectors.event_log.base import EventLog, OutgoingRecord, RecordRefused
 from orl.connectors.metrics import Metrics
+from orl.schemas.codec import installed_data_keys
 from orl.schemas.errors import OrlError
+from orl.schemas.sealing import PayloadForgotten, open_blob, seal_blob
 from orl.serving.settings import SPOOL_SYNC_MODES
 
 logger = logging.getLogger(__name__)
@@ -66,7 +68,21 @@ _SET_RESPONSE = (
 )
 _Row = tuple[str, bytes | None, bytes]
 # key id, session id, turn id, previous response id, messages JSON
-_StoredResponse = tuple[str, str, str, str | None, str]
+_StoredResponse = tuple[str, str, str, str | None, str | bytes]  # messages_json: sealed when bytes
+_RESPONSES_PURPOSE = "spool:responses"  # what a stored response's sealed messages are bound to
+
+
+def _opened(row: _StoredResponse) -> str:
+    """A stored response's messages_json (opened if sealed; raises PayloadForgotten when forgotten)."""
+    stored = row[4]
+    if isinstance(stored, str):
+        return stored
+    keys = installed_data_keys()
+    if keys is None:
+        raise SpoolError(
+            f"a stored response of session {row[1]!r} is sealed and this server has no key store"
+        )
+    return open_blob(bytes(stored), row[1], _RESPONSES_PURPOSE, keys).decode()
 
 
 @dataclass(frozen=True)
@@ -209,8 +225,13 @@ class EventSpool:
         messages_json: str,
     ) -> None:
         """Keep a Responses API response, answered by `turn` (session id, turn id), with the next
-        commit (the turn's events' transaction)."""
-        self._staged_responses[response_id] = (key_id, *turn, previous_id, messages_json)
+        commit (the turn's events' transaction); its messages are sealed with the session's data key
+        like its events (orl.schemas.sealing)."""
+        keys = installed_data_keys()
+        stored: str | bytes = messages_json
+        if keys is not None:
+            stored = seal_blob(messages_json.encode(), turn[0], _RESPONSES_PURPOSE, keys)
+        self._staged_responses[response_id] = (key_id, *turn, previous_id, stored)
 
     def stored_conversation(self, response_id: str, key_id: str) -> StoredConversation | None:
         """The conversation that ends with a stored response: its session and turn, and the chat
@@ -231,7 +252,10 @@ class EventSpool:
                 return None
             chain.append(row)
             current = row[3]
-        messages = [message for row in reversed(chain) for message in json.loads(row[4])]
+        try:
+            messages = [message for row in reversed(chain) for message in json.loads(_opened(row))]
+        except PayloadForgotten:  # `orl forget`: the conversation can no longer be continued
+            return None
         return StoredConversation(chain[0][1], chain[0][2], messages)
 
     def next_turn_index(self, session_id: str) -> int:
@@ -302,6 +326,10 @@ class EventSpool:
             with contextlib.suppress(sqlite3.Error):  # the transaction may already be gone (disk I/O error)
                 self._db.execute("ROLLBACK")
             raise
+        keys = installed_data_keys()
+        if keys is not None:
+            for session_id, owner in owners.items():
+                keys.assign_tenant(session_id, owner)  # whose session it is, for `orl forget --tenant`
 
     def oldest(self, limit: int) -> list[SpooledEvent]:
         rows = self._db.execute("SELECT seq, topic, key, value FROM spool ORDER BY seq LIMIT ?", (limit,))

@@ -13,9 +13,12 @@ unit files, and leave a lone worker on the minutes-long fault and end-to-end fil
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from orl.connectors.key_store import KeyStore
+from orl.schemas.codec import install_data_keys
 
 pytest_plugins = [
     "tests.fixtures.kafka_broker",
@@ -23,6 +26,32 @@ pytest_plugins = [
     "tests.fixtures.model",
     "tests.fixtures.fake_sglang",
 ]
+
+
+# Test folders whose tests run orl as a deployment (its commands, servers and workers).
+DEPLOYMENT_FOLDERS = ("faults", "e2e", "integration", "clients")
+
+
+@pytest.fixture(autouse=True)
+def deployment_key_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path | None]:
+    """In the deployment folders, one key store per test, as a deployment has one: every process the
+    test starts gets it (ORL_KEY_STORE) and the test's own reads and writes use it, so payloads are
+    sealed end to end as in `orl up` (orl.schemas.sealing). Unit and component tests write in clear."""
+    parts = request.node.path.relative_to(request.config.rootpath).parts
+    if len(parts) < 3 or parts[0] != "tests" or parts[1] not in DEPLOYMENT_FOLDERS:
+        yield None
+        return
+    path = tmp_path_factory.mktemp("keys") / "keys.db"
+    monkeypatch.setenv("ORL_KEY_STORE", str(path))
+    keys = KeyStore(path)
+    install_data_keys(keys)
+    try:
+        yield path
+    finally:
+        install_data_keys(None)
+        keys.close()
 
 
 # Test folders whose files run for minutes (stacks, subprocesses, training), slowest first.

@@ -10,8 +10,8 @@ restart from a manifest re-reads them (none trained twice, none skipped).
 
 Skip reasons (counted; the decision depends only on the record and the version being trained, so a
 restart decides the same): rejected (SampleRejected upstream), stale, duplicate (a sample id already
-trained), undecodable, unknown_event, unknown_method, empty_response, malformed (lengths that do not
-match the response, non-finite values, top-K rows that are not [T][K]), held_out (a session held out
+trained), undecodable, forgotten (its data key was destroyed: `orl forget`), unknown_event,
+unknown_method, empty_response, malformed (lengths that do not match the response, non-finite values, top-K rows that are not [T][K]), held_out (a session held out
 for the promotion gate: `orl.schemas.ids.held_out_session`).
 """
 
@@ -25,10 +25,11 @@ from typing import Any, cast
 
 from orl.connectors.event_log.base import ConsumedRecord, TopicPartition
 from orl.rules.top_k import top_k_rows_aligned
-from orl.schemas.codec import decode
+from orl.schemas.codec import FORGOTTEN, decode
 from orl.schemas.errors import EventDecodeError, UnknownEventTypeError
 from orl.schemas.event_types import SampleReady
 from orl.schemas.ids import held_out_session
+from orl.schemas.sealing import PayloadForgotten
 
 METHODS = ("binary", "opd", "combined")
 SEEN_IDS_KEPT = 100_000  # duplicate detection window (sample ids); far more than any redelivery spans
@@ -74,12 +75,14 @@ class Batch:
 class _Pending:
     record: ConsumedRecord
     event: dict[str, Any] | None  # None when the bytes did not decode
-    event_type: str
+    event_type: str  # "" when they did not decode; FORGOTTEN when the payload was forgotten
 
 
 def _decoded(record: ConsumedRecord) -> _Pending:
     try:
         event = decode(record.value)
+    except PayloadForgotten:  # `orl forget`: the sample is not trained on
+        return _Pending(record, None, FORGOTTEN)
     except (EventDecodeError, UnknownEventTypeError):
         return _Pending(record, None, "")
     return _Pending(record, event, str(event["envelope"]["event_type"]))
@@ -173,7 +176,7 @@ class SampleBatcher:
 
     def _verdict(self, pending: _Pending, current_version: int, batch_ids: set[str]) -> TrainingSample | str:
         if pending.event is None:
-            return "undecodable"
+            return "forgotten" if pending.event_type == FORGOTTEN else "undecodable"
         if pending.event_type == "SampleRejected":
             return "rejected"
         if pending.event_type != "SampleReady":

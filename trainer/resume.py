@@ -43,6 +43,7 @@ from orl.schemas.errors import ConfigError, EventDecodeError
 from orl.schemas.event_constructors import checkpoint_published, policy_rejected, train_step_completed
 from orl.schemas.event_types import CheckpointPublished, TrainStepCompleted
 from orl.schemas.events import EventOrigin
+from orl.schemas.sealing import PayloadForgotten
 from orl.schemas.topics import topic_name
 from orl.trainer.settings import parse_init_from
 
@@ -245,6 +246,8 @@ async def _event_ids(log_: EventLog, topic: str) -> set[str]:
             for record in await consumer.poll(max_records=5000, timeout_s=1.0):
                 try:
                     ids.add(str(decode(record.value)["envelope"]["event_id"]))
+                except PayloadForgotten as forgotten:  # its id is in the clear envelope
+                    ids.add(str(forgotten.envelope["event_id"]))  # type: ignore[index]
                 except EventDecodeError:
                     continue  # not ours to judge here; its consumers dead-letter it
     return ids

@@ -27,7 +27,7 @@ from orl.connectors.event_log.base import Consumer, EventLog, TopicPartition
 from orl.connectors.object_store.base import ObjectStore
 from orl.pipeline.history.audit_index import AuditIndex
 from orl.pipeline.history.namespace_io import catalog_topics, partition_count
-from orl.schemas.codec import decode
+from orl.schemas.codec import FORGOTTEN, decode_or_forgotten
 from orl.schemas.errors import OrlError
 from orl.schemas.event_types import (
     CheckpointPublished,
@@ -79,7 +79,7 @@ class EventFetcher:
         await self._consumer.seek(tp, offset)
         for record in await self._consumer.poll(max_records=1, timeout_s=5.0):
             if record.offset == offset and record.partition == partition:
-                return decode(record.value)
+                return decode_or_forgotten(record.value)
         raise NotFound(
             f"{event_id} is indexed at {topic}[{partition}]@{offset} but the log has no such record"
         )
@@ -118,6 +118,8 @@ def _vote_view(vote: Vote) -> dict[str, Any]:
 def _event_view(event: Mapping[str, Any]) -> dict[str, Any]:
     """An event's fields for the chain, with token arrays summarised."""
     kind = event["envelope"]["event_type"]
+    if event.get(FORGOTTEN):  # `orl forget`: the envelope is all there is
+        return {"event_id": event["envelope"]["event_id"], "type": kind, FORGOTTEN: True}
     if kind in ("JudgeVoteCast", "HintVoteCast"):
         return _vote_view(cast(Vote, event))
     view: dict[str, Any] = {"event_id": event["envelope"]["event_id"], "type": kind}
@@ -145,6 +147,7 @@ async def _turn_chain(index: AuditIndex, fetch: EventFetcher, turn_id: str) -> d
         "hint_decisions": [],
         "teacher_scores": [],
         "samples": [],
+        "forgotten": [],  # events of the turn whose payloads were forgotten (`orl forget`)
     }
     slots = {
         "NextStateObserved": "next_states",
@@ -160,7 +163,11 @@ async def _turn_chain(index: AuditIndex, fetch: EventFetcher, turn_id: str) -> d
     for event_id, kind in index.turn_events(turn_id):
         event = await fetch.get(index, event_id)
         view = _event_view(event)
-        if kind == "RequestReceived":  # parsed whole, then each message's text shortened
+        if event.get(FORGOTTEN):  # only the envelope is left; a sample's training is still traced
+            (chain["samples"] if kind in ("SampleReady", "SampleRejected") else chain["forgotten"]).append(
+                view
+            )
+        elif kind == "RequestReceived":  # parsed whole, then each message's text shortened
             del view["messages_json"]
             view["messages"] = [_message_view(m) for m in json.loads(event["messages_json"] or "[]")]
             chain["request"] = view
@@ -185,6 +192,8 @@ async def _add_reward_parts(index: AuditIndex, fetch: EventFetcher, chain: dict[
             continue
         shown.add(reward_id)
         event = await fetch.get(index, reward_id)
+        if event.get(FORGOTTEN):
+            continue
         turn_id = event["envelope"]["turn_id"]
         chain["rewards"].append(_event_view(event) | {"from_turn": turn_id})
         for vote_id in event["vote_ids"]:
@@ -436,12 +445,18 @@ def _render_turn(add: Add, chain: dict[str, Any]) -> None:
         add(1, f"teacher {teacher['event_id']} ({teacher['teacher_kind']}, v{teacher['policy_version']})")
     if not chain["samples"]:
         add(1, "no sample yet (the turn is not decided)")
+    if chain["forgotten"]:
+        add(1, f"{len(chain['forgotten'])} events forgotten (orl forget): "
+               + ", ".join(f"{e['type']} {e['event_id']}" for e in chain["forgotten"]))  # fmt: skip
     for sample in chain["samples"]:
-        if sample["type"] == "SampleRejected":
+        if sample.get(FORGOTTEN):
+            add(1, f"{sample['type']} {sample['event_id']}: payload forgotten (orl forget)")
+        elif sample["type"] == "SampleRejected":
             add(1, f"sample rejected {sample['event_id']}: {sample['reason']}")
             continue
-        add(1, f"sample {sample['event_id']} ({sample['method']}, reward {sample['reward']}, "
-               f"off_policy {sample['off_policy']}, promoted {sample['promoted']})")  # fmt: skip
+        else:
+            add(1, f"sample {sample['event_id']} ({sample['method']}, reward {sample['reward']}, "
+                   f"off_policy {sample['off_policy']}, promoted {sample['promoted']})")  # fmt: skip
         if not sample["training"]:
             add(2, "not trained on yet")
         for step in sample["training"]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from orl.connectors.event_log.base import ConsumedRecord, EventLog
 from orl.pipeline.history.namespace_io import catalog_topics, read_batches
-from orl.schemas.codec import decode
+from orl.schemas.codec import FORGOTTEN, decode_or_forgotten
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS positions (topic TEXT, part INTEGER, next_offset INTEGER, PRIMARY KEY (topic, part));
@@ -116,13 +116,16 @@ class AuditIndex:
         versions: list[tuple[int, str, str, str]] = []
         positions: dict[tuple[str, int], int] = {}
         for record in records:
-            event = decode(record.value)
+            event = decode_or_forgotten(record.value)  # a forgotten payload: its envelope is indexed
             envelope = event["envelope"]
             event_id = envelope["event_id"]
             events.append(
                 (event_id, envelope["event_type"], record.topic, record.partition, record.offset,
                  envelope.get("session_id"), envelope.get("turn_id"), envelope["occurred_at"])
             )  # fmt: skip
+            if event.get(FORGOTTEN):
+                positions[(record.topic, record.partition)] = record.offset + 1
+                continue
             links.extend((event_id, dst, kind) for dst, kind in _links(event))
             row = _version_row(event)
             if row is not None:

@@ -1,7 +1,8 @@
 """`orl export`: a namespace as JSON lines, one decoded event per line, for analysis.
 
 Each line is `{"topic", "partition", "offset", "timestamp_ms", "event"}` with the event decoded by
-the codec; bytes fields (a dead letter's original bytes) become base64 strings. Topics are
+the codec (an event whose payload was forgotten, `orl forget`, as `{"envelope": ..., "payload_forgotten":
+true}`); bytes fields (a dead letter's original bytes) become base64 strings. Topics are
 written in catalog order, records in offset order per partition.
 Reads: the catalog topics of the namespace (and their dead-letter topics with `dead_letters`).
 """
@@ -15,7 +16,7 @@ from typing import IO, Any
 
 from orl.connectors.event_log.base import EventLog
 from orl.pipeline.history.namespace_io import catalog_topics, read_batches
-from orl.schemas.codec import decode
+from orl.schemas.codec import decode_or_forgotten
 from orl.schemas.topics import dlq_topic
 
 
@@ -49,7 +50,7 @@ async def export_namespace(
                     "partition": r.partition,
                     "offset": r.offset,
                     "timestamp_ms": r.timestamp_ms,
-                    "event": jsonable(decode(r.value)),
+                    "event": jsonable(decode_or_forgotten(r.value)),
                 }
                 out.write(json.dumps(row, ensure_ascii=False) + "\n")
             lines += len(records)

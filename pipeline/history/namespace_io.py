@@ -8,6 +8,7 @@ Reads and writes the topics its callers name.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from functools import cache
@@ -19,7 +20,10 @@ from orl.pipeline.processors.topology import STAGES
 from orl.schemas.codec import HEADER_LEN, MARKER, decode, encode
 from orl.schemas.event_types import Envelope
 from orl.schemas.registry import default_registry
+from orl.schemas.sealing import SEALED_HEADER, PayloadForgotten
 from orl.schemas.topics import TOPICS, dlq_topic, record_key, topic_for_event, topic_name
+
+logger = logging.getLogger(__name__)
 
 Event = dict[str, Any]
 BATCH_RECORDS = 5000
@@ -76,10 +80,17 @@ async def read_batches(
 
 
 async def read_events(log: EventLog, topic: str) -> AsyncIterator[Event]:
-    """Every decoded event on a topic, in offset order per partition."""
+    """Every readable event on a topic, in offset order per partition: an event whose payload was
+    forgotten (`orl forget`) is left out, and how many were is logged."""
+    forgotten = 0
     async for records in read_batches(log, topic):
         for record in records:
-            yield decode(record.value)
+            try:
+                yield decode(record.value)
+            except PayloadForgotten:
+                forgotten += 1
+    if forgotten:
+        logger.info("%s: %d events left out: their payloads were forgotten", topic, forgotten)
 
 
 async def namespace_events(log: EventLog, namespace: str, topics: Iterable[str]) -> dict[str, list[Event]]:
@@ -138,6 +149,7 @@ class EnvelopeHead(NamedTuple):
     event_type: str
     occurred_at: int
     namespace_span: tuple[int, int]  # byte range of the namespace string (length prefix included)
+    sealed: bool = False  # a SealedEvent (orl.schemas.sealing): what follows the envelope is no payload field
 
 
 def envelope_head(value: bytes) -> EnvelopeHead | None:
@@ -145,20 +157,24 @@ def envelope_head(value: bytes) -> EnvelopeHead | None:
     which also says what is wrong with bytes that are no event).
 
     Every current schema starts with the envelope, whose first fields are event_id, event_type,
-    schema_version, occurred_at, producer, namespace: an older writer schema is not trusted to.
+    schema_version, occurred_at, producer, namespace: an older writer schema is not trusted to. A
+    sealed event starts with the same clear envelope.
     """
     event_type = _current_types().get(value[:HEADER_LEN])
     if event_type is None:
         return None
     length, pos = _read_long(value, HEADER_LEN)
     event_id = value[pos : pos + length].decode()
-    length, pos = _read_long(value, pos + length)  # event_type: the header already says it
+    length, pos = _read_long(value, pos + length)  # event_type: the header already says it (unless sealed)
+    sealed = event_type == _SEALED
+    if sealed:
+        event_type = value[pos : pos + length].decode()
     _, pos = _read_long(value, pos + length)  # schema_version
     occurred_at, pos = _read_long(value, pos)
     length, pos = _read_long(value, pos)  # producer
     start = pos + length
     length, pos = _read_long(value, start)
-    return EnvelopeHead(event_id, event_type, occurred_at, (start, pos + length))
+    return EnvelopeHead(event_id, event_type, occurred_at, (start, pos + length), sealed)
 
 
 def envelope_keys(value: bytes) -> tuple[str, str | None, str | None] | None:
@@ -192,7 +208,7 @@ def vote_fields(value: bytes) -> tuple[str, str, str, int] | None:
     schema fails there, not here.
     """
     head = envelope_head(value)
-    if head is None or head.event_type not in VOTE_TYPES:
+    if head is None or head.sealed or head.event_type not in VOTE_TYPES:
         return None
     _, _, pos = _envelope_tail(value, head)
     _, pos = _read_string(value, pos)  # judge_id
@@ -221,7 +237,13 @@ def _read_optional_string(value: bytes, pos: int) -> tuple[str | None, int]:
 def _current_types() -> dict[bytes, str]:
     """Event type by the header (marker + fingerprint) of its current schema."""
     registry = default_registry()
-    return {MARKER + registry.current(name).fingerprint: name for name in registry.event_types}
+    return {
+        SEALED_HEADER: _SEALED,
+        **{MARKER + registry.current(name).fingerprint: name for name in registry.event_types},
+    }
+
+
+_SEALED = "<sealed>"  # _current_types' name for the sealed header: the event type is in the clear envelope
 
 
 class EncodedEvent(NamedTuple):

@@ -4,7 +4,8 @@
 `timestamp_ms`) and then the event's own fields, typed from its current Avro schema: records become
 structs (the envelope is one), arrays lists, `["null", T]` a nullable T, bytes binary, and the
 envelope's `occurred_at` (timestamp-millis) a UTC timestamp. Events of older schema versions are
-upcast by the codec first, so one event type has one table schema. Rows are written in row groups
+upcast by the codec first, so one event type has one table schema; an event whose payload was
+forgotten (`orl forget`) is left out. Rows are written in row groups
 of up to ROW_GROUP events; each file is written as `<name>.part` and renamed when complete.
 Needs pyarrow (`.venv/bin/pip install -e '.[parquet]'` in the repository, or `pip install pyarrow`).
 Reads: the catalog topics of the namespace (and their dead-letter topics with `dead_letters`).
@@ -12,17 +13,20 @@ Reads: the catalog topics of the namespace (and their dead-letter topics with `d
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from orl.connectors.event_log.base import EventLog
 from orl.pipeline.history.namespace_io import catalog_topics, read_batches
-from orl.schemas.codec import decode, event_type_of
+from orl.schemas.codec import decode, event_type_of, payload_forgotten
 from orl.schemas.errors import ConfigError
 from orl.schemas.registry import default_registry
 from orl.schemas.schema_forms import Schema
 from orl.schemas.topics import dlq_topic
+
+logger = logging.getLogger(__name__)
 
 ROW_GROUP = 5000
 POSITION_COLUMNS = ("topic", "partition", "offset", "timestamp_ms")
@@ -135,10 +139,14 @@ async def export_parquet(
     if dead_letters:
         topics += [dlq_topic(t) for t in catalog_topics(namespace)]
     files: dict[str, _TypeFile] = {}
+    forgotten = 0
     try:
         for topic in topics:
             async for records in read_batches(log, topic):
                 for r in records:
+                    if payload_forgotten(r.value):  # `orl forget`: no payload to write
+                        forgotten += 1
+                        continue
                     event_type = event_type_of(r.value)
                     if event_type not in files:
                         files[event_type] = _TypeFile(folder, event_type)
@@ -152,4 +160,6 @@ async def export_parquet(
         raise
     for file in files.values():
         file.close()
+    if forgotten:
+        logger.info("left out %d events whose payloads were forgotten", forgotten)
     return {event_type: file.count for event_type, file in sorted(files.items())}

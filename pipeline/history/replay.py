@@ -133,6 +133,7 @@ class ReplayReport:
     samples_ready: int
     samples_rejected: int
     vote_config_versions: tuple[str, ...]
+    forgotten: int = 0  # recorded events left out: their payloads were forgotten (`orl forget`)
 
 
 def manifest_topic(namespace: str) -> str:
@@ -230,14 +231,14 @@ def archive_source(store: ObjectStore, namespace: str, topics: Sequence[str]) ->
     return ReplaySource(tuple(topics), read, count)
 
 
-async def copy(writer: NamespaceWriter, source: ReplaySource, progress: Progress, total: int) -> int:
+async def copy(writer: NamespaceWriter, source: ReplaySource, progress: Progress, total: int) -> Splicer:
     """The source (`total` records) spliced into the writer's namespace (a replay whose stages then
-    run over the log); returns the watermark (the latest occurred_at copied)."""
+    run over the log); returns the splicer (its watermark: the latest occurred_at copied)."""
     splicer = Splicer(writer.namespace)
     async for batch in source.batches():
         await writer.write_batch(splicer.splice(batch))
         progress("copy", len(batch), total)
-    return splicer.watermark_ms
+    return splicer
 
 
 async def in_order(
@@ -292,7 +293,7 @@ async def replay_in_memory(
     workers: int,
     progress: Progress,
     total: int,
-) -> RecordedVotes:
+) -> tuple[RecordedVotes, int]:
     """A replay whose stages are all pure: one pass over the source (`total` records), each event
     decoded once, the sessions dealt between `workers` shards (pipeline/history/replay_shard.py) by record key.
 
@@ -331,7 +332,8 @@ async def replay_in_memory(
         flush_ms = flush_time_ms(watermark, config) if flush else None
         finals = await on_every(shards, "finish", [(flush_ms,)] * len(shards))
         await writer.write_batch([item for part in finals for item in part])
-    return votes
+        forgotten = sum(await on_every(shards, "forgotten", [()] * len(shards)))
+    return votes, forgotten
 
 
 def flush_time_ms(watermark_ms: int, config: PipelineConfig) -> int:
@@ -442,19 +444,22 @@ async def replay(
         workers = 1
     with tuned_for_streams():
         if len(pure) == len(chosen):
-            votes = await replay_in_memory(writer, source, pure, config, plan.flush, workers, progress, total)
+            votes, forgotten = await replay_in_memory(
+                writer, source, pure, config, plan.flush, workers, progress, total
+            )
         else:
             votes = RecordedVotes({}, frozenset())
             if plan.votes == "reuse":
                 counter = LocalShard(ReplayShard([], config, plan.target, hold_votes=False))
                 votes, _ = await count_recorded_votes(source, [counter])
                 config = reuse_config(config, votes.counts)
-            watermark = await copy(writer, source, progress, total)
-            flush_ms = flush_time_ms(watermark, config) if plan.flush else None
+            splicer = await copy(writer, source, progress, total)
+            forgotten = splicer.forgotten
+            flush_ms = flush_time_ms(splicer.watermark_ms, config) if plan.flush else None
             over_log = [stage for stage in chosen if stage is not None]
             await run_stages(log, over_log, config, plan, flush_ms, progress, effect_concurrency)
     ready, rejected = await count_samples(log, plan.target)
     return ReplayReport(
         plan.target, total, writer.written, writer.skipped, ready, rejected,
-        tuple(sorted(votes.versions)),
+        tuple(sorted(votes.versions)), forgotten,
     )  # fmt: skip

@@ -31,10 +31,11 @@ from orl.pipeline.history.namespace_io import (
 from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit, Processor
 from orl.pipeline.runtime.memory_runner import MemoryRunner
-from orl.schemas.codec import decode, encode, event_type_of
+from orl.schemas.codec import decode, encode, event_type_of, payload_forgotten
 from orl.schemas.event_constructors import teacher_scored
 from orl.schemas.event_types import HintVoteCast, JudgeVoteCast, TeacherScored
 from orl.schemas.events import EventOrigin
+from orl.schemas.sealing import PayloadForgotten
 from orl.schemas.topics import topic_for_event
 
 Event = dict[str, Any]
@@ -87,7 +88,10 @@ def count_votes(values: Iterable[bytes]) -> RecordedVotes:
         if fields is None:
             if event_type_of(value) not in VOTE_TYPES:
                 continue  # a hint decision on the hints topic
-            event = cast(JudgeVoteCast | HintVoteCast, decode(value))  # an older writer schema
+            try:  # sealed, or an older writer schema
+                event = cast(JudgeVoteCast | HintVoteCast, decode(value))
+            except PayloadForgotten:
+                continue
             fields = (
                 event["envelope"]["event_type"], event["judge_kind"], event["judge_config_version"],
                 int(event["vote_index"]),
@@ -121,13 +125,19 @@ class Splicer:
     target: str
     teacher_scores: list[Event] = field(default_factory=list)  # TeacherScored, to re-attach
     watermark_ms: int = 0  # the latest occurred_at seen
+    forgotten: int = 0  # events left out: their payloads were forgotten (`orl forget`)
 
     def splice(self, batch: Iterable[RawRecord]) -> list[EncodedEvent]:
         """The batch in the target namespace, minus HintSelected / HintRejected (re-derived) and
-        TeacherScored (kept in `teacher_scores`). Only `envelope.namespace` changes: the bytes are
-        spliced, not decoded and re-encoded (an event of an older writer schema is upcast)."""
+        TeacherScored (kept in `teacher_scores`), minus events whose payloads were forgotten. Only
+        `envelope.namespace` changes: the bytes are spliced, not decoded and re-encoded (an event of
+        an older writer schema is upcast; a sealed one keeps its seal, so forgetting its session
+        later shreds the copy too)."""
         kept = []
         for key, value in batch:
+            if payload_forgotten(value):
+                self.forgotten += 1
+                continue
             head = envelope_head(value)
             if head is None:  # an older writer schema: decode (upcast) and re-encode
                 value = encode(decode(value))
@@ -243,6 +253,10 @@ class ReplayShard:
 
     def watermark(self) -> int:
         return self.splicer.watermark_ms
+
+    def forgotten(self) -> int:
+        """Events of this shard left out because their payloads were forgotten."""
+        return self.splicer.forgotten
 
     def finish(self, flush_ms: int | None) -> list[EncodedEvent]:
         """The waiting teacher scores re-attached and, with a flush time, each stage's timeouts fired

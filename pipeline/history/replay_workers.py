@@ -27,7 +27,9 @@ from orl.pipeline.history.replay_shard import ReplayShard
 from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Processor
 from orl.pipeline.runtime.gc_tuning import tuned_for_streams
+from orl.schemas.codec import install_data_keys, installed_data_keys
 from orl.schemas.errors import OrlError
+from orl.schemas.sealing import DataKeys
 
 STOP_TIMEOUT_S = 10.0
 
@@ -77,7 +79,10 @@ class WorkerShard:
         context = multiprocessing.get_context("spawn")
         self.connection, child = context.Pipe()
         self.process = context.Process(
-            target=serve, args=(child, stages, config, target), name=f"orl-replay-{index}", daemon=True
+            target=serve,
+            args=(child, stages, config, target, installed_data_keys()),
+            name=f"orl-replay-{index}",
+            daemon=True,
         )
         self.process.start()
         child.close()
@@ -120,9 +125,15 @@ class WorkerShard:
 
 
 def serve(
-    connection: Connection, stages: Sequence[Processor | None], config: PipelineConfig, target: str
+    connection: Connection,
+    stages: Sequence[Processor | None],
+    config: PipelineConfig,
+    target: str,
+    data_keys: DataKeys | None,
 ) -> None:
-    """A worker process's loop: one ReplayShard, one call at a time, until told to stop."""
+    """A worker process's loop: one ReplayShard, one call at a time, until told to stop (with the
+    driver's key store, which travels by its path)."""
+    install_data_keys(data_keys)
     shard = ReplayShard(stages, config, target)
     with tuned_for_streams():
         while True:

@@ -219,8 +219,9 @@ class ProcessorAgent:
         cached = self._decoded.get(key)
         if cached is not None and cached[0] is stored:  # the very bytes this worker stored or decoded
             return cached[1]
-        state = self.host.state_codec.from_bytes(stored)
-        self._decoded[key] = (stored, state)
+        state = self.host.state_from_bytes(key, stored)
+        if state is not None:  # None: a forgotten session's state (`orl forget`) reads as none
+            self._decoded[key] = (stored, state)
         return state
 
     def partition_of(self, key: str) -> int:
@@ -237,7 +238,7 @@ class ProcessorAgent:
             if key in self.table:
                 del self.table[key]
         else:
-            value = self.host.state_codec.to_bytes(state)
+            value = self.host.state_bytes(key, state)
             self.table[key] = value
             self._decoded[key] = (value, state)
 

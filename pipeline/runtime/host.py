@@ -37,10 +37,11 @@ from orl.pipeline.processors.contract import Emit, Processor
 from orl.pipeline.processors.event_building import Event, State
 from orl.pipeline.processors.state_codec import StateCodec
 from orl.pipeline.runtime.shared_decodes import SharedDecodes
-from orl.schemas.codec import encode
+from orl.schemas.codec import encode, installed_data_keys
 from orl.schemas.errors import EventDecodeError
 from orl.schemas.event_constructors import dead_lettered
 from orl.schemas.events import EventOrigin
+from orl.schemas.sealing import PayloadForgotten, is_sealed_blob, open_blob, seal_blob
 from orl.schemas.topics import dlq_topic, record_key, topic_name
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,27 @@ class ProcessorHost:
         """How the stage's session states become changelog values and back."""
         return self.stage.state_codec
 
+    def state_bytes(self, key: str, state: State) -> bytes:
+        """The session's state as its changelog value: sealed with the session's data key when this
+        process has a key store (orl.schemas.sealing), since a state holds the turn's text."""
+        value = self.state_codec.to_bytes(state)
+        keys = installed_data_keys()
+        return seal_blob(value, key, f"changelog:{self.name}", keys) if keys is not None and key else value
+
+    def state_from_bytes(self, key: str, value: bytes) -> State | None:
+        """The state a changelog value holds; None when the session was forgotten (`orl forget`)."""
+        if is_sealed_blob(value):
+            keys = installed_data_keys()
+            if keys is None:
+                raise EventDecodeError(
+                    f"{self.name}: the state of session {key!r} is sealed and this process has no key store"
+                )
+            try:
+                value = open_blob(value, key, f"changelog:{self.name}", keys)
+            except PayloadForgotten:
+                return None
+        return self.state_codec.from_bytes(value)
+
     @property
     def input_topics(self) -> list[str]:
         """The full names of the stage's input topics."""
@@ -129,6 +151,11 @@ class ProcessorHost:
         try:
             decodes = self.decodes if self.decodes is not None else self._private_decodes()  # it has a len()
             event = decodes.decode(record)
+        except (
+            PayloadForgotten
+        ):  # `orl forget` destroyed the session's key: nothing to learn from, nothing to keep
+            self.metrics.count("forgotten_skipped", topic=record.topic, processor=self.name)
+            return Step("", None, [], [], processed=False)
         except EventDecodeError as error:
             return Step("", None, [self.dead_letter(record, str(error))], [], processed=False)
         envelope = event["envelope"]

@@ -48,7 +48,6 @@ from orl.connectors.metrics import Metrics
 from orl.pipeline.effects.contract import EffectCall, EffectStage
 from orl.pipeline.processors.config import PipelineConfig
 from orl.pipeline.processors.contract import Emit, Processor
-from orl.pipeline.processors.state_codec import StateCodec
 from orl.pipeline.runtime.host import (
     Output,
     ProcessorHost,
@@ -111,7 +110,7 @@ class StreamRunner:
         names = [*host.input_topics, *host.output_topics, *host.dead_letter_topics, self.changelog]
         await self.log.create_topics([TopicSpec(name, self.partitions) for name in names])
         restore_group = f"{self.group_id}.restore"
-        self.states = await read_changelog(self.log, self.changelog, restore_group, self.host.state_codec)
+        self.states = await read_changelog(self.log, self.changelog, restore_group, self.host)
         logger.info("%s: restored %d session states", self.processor.name, len(self.states))
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -299,7 +298,7 @@ class StreamRunner:
         records = []
         for key in sorted(dirty):
             state = self.states.get(key)
-            value = b"" if state is None else self.host.state_codec.to_bytes(state)
+            value = b"" if state is None else self.host.state_bytes(key, state)
             records.append((self.changelog, OutgoingRecord(value=value, key=key.encode())))
         return records
 
@@ -329,13 +328,15 @@ def next_poll_size(size: int, records: int, states_written: int, floor: int, cap
     return size
 
 
-async def read_changelog(log: EventLog, topic: str, group_id: str, codec: StateCodec) -> dict[str, Any]:
-    """The last state per key on a changelog topic (empty value = deleted), read from the beginning."""
+async def read_changelog(log: EventLog, topic: str, group_id: str, host: ProcessorHost) -> dict[str, Any]:
+    """The last state per key on a changelog topic (empty value = deleted; a forgotten session's
+    state reads as deleted), read from the beginning."""
     states: dict[str, Any] = {}
     for record in await read_to_end(log, topic, group_id):
         key = (record.key or b"").decode()
-        if record.value:
-            states[key] = codec.from_bytes(record.value)
+        state = host.state_from_bytes(key, record.value) if record.value else None
+        if state is not None:
+            states[key] = state
         else:
             states.pop(key, None)
     return states

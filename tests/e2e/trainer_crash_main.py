@@ -20,6 +20,7 @@ import orl.trainer.main
 from orl.connectors.object_store.base import ObjectStore
 from orl.trainer.settings import TrainSettings
 
+from orl.cli import key_store_of
 from orl.settings_binding import add_settings_arguments, build_settings
 from tests.support.crashing_store import CRASH_POINTS, CrashingStore
 
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = build_settings(TrainSettings, args, os.environ)  # reads the settings' fields only
     if args.fault_after:
         crash_on_checkpoint_writes(settings.run_id, args.fault_after, args.fault_version)
-    return orl.trainer.main.train(settings)
+    with key_store_of(settings):  # as `orl train` opens it
+        return orl.trainer.main.train(settings)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Callable
+from pathlib import Path
 
+from orl.connectors.key_store import KeyStore
 from orl.pipeline.processors.config import LinkerConfig, PipelineConfig
 from orl.pipeline.processors.registry import PURE_PROCESSORS
 from orl.pipeline.runtime.faust_runtime import GUARANTEES, run_worker
 from orl.pipeline.runtime.host import wall_clock_ms
+from orl.schemas.codec import install_data_keys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if os.environ.get("ORL_KEY_STORE"):  # the test's key store, as `orl pipeline` opens it
+        install_data_keys(KeyStore(Path(os.environ["ORL_KEY_STORE"])))
     config = PipelineConfig()
     if args.idle_timeout_s is not None:
         config = dataclasses.replace(config, linker=LinkerConfig(idle_timeout_s=args.idle_timeout_s))
