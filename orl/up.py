@@ -232,6 +232,7 @@ def stack_env(settings: UpSettings) -> dict[str, str]:
         "ORL_DATA_DIR": str(settings.data_dir.resolve()),
         "ORL_LOG_URL": settings.effective_log_url(),
         "ORL_STORE_URL": settings.effective_store_url(),
+        "ORL_KEY_STORE": str(settings.effective_key_store() or "off"),  # one key store for all of them
         "ORL_PORT": str(settings.port),
         "ORL_API_KEYS": keys.api_key,  # the clients'
         "ORL_ADMIN_KEY": keys.admin_key,
