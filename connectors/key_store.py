@@ -10,8 +10,9 @@ unlinked: `secure_delete` zeroes freed cells and the rollback journal is deleted
 
 Every process of a deployment opens the same file (`ConnectionSettings.effective_key_store()`),
 so it belongs on a disk they all reach. Lookups are cached per process and the cache is dropped
-whenever another connection has committed (SQLite's `data_version`), so a key forgotten by
-`orl forget` stops being used by a running server at its next write.
+whenever another connection has committed (SQLite's `data_version`, looked at every
+CACHE_CHECK_S), so a key forgotten by `orl forget` stops being used by a running server within a
+quarter of a second.
 Reads and writes: the key store file.
 """
 
@@ -37,6 +38,9 @@ CREATE INDEX IF NOT EXISTS keys_by_tenant ON data_keys (tenant);
 """
 
 
+CACHE_CHECK_S = 0.25  # how stale a process's cached keys may be after another process forgets
+
+
 class ForgottenSession(NamedTuple):
     session_id: str
     tenant: str | None
@@ -52,8 +56,9 @@ class KeyStore:
         self._connection: sqlite3.Connection | None = (
             None  # opened on first use: `orl settings` makes no file
         )
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # every use of the connection holds it
         self._version = -1
+        self._checked_at = -CACHE_CHECK_S
         self._writing: dict[str, tuple[str, bytes]] = {}
         self._reading: dict[str, bytes | None] = {}
 
@@ -82,9 +87,10 @@ class KeyStore:
         return (KeyStore, (self.path,))
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
 
     def key_for_writing(self, session_id: str) -> tuple[str, bytes]:
         with self._lock:
@@ -121,15 +127,18 @@ class KeyStore:
                 self._make_key(session_id, tenant)
 
     def tenant_of(self, session_id: str) -> str | None:
-        row = self._db.execute(
-            "SELECT tenant FROM data_keys WHERE session_id = ? AND tenant IS NOT NULL LIMIT 1", (session_id,)
-        ).fetchone()
+        with self._lock:
+            row = self._db.execute(
+                "SELECT tenant FROM data_keys WHERE session_id = ? AND tenant IS NOT NULL LIMIT 1",
+                (session_id,),
+            ).fetchone()
         return None if row is None else str(row[0])
 
     def sessions_of_tenant(self, tenant: str) -> list[str]:
-        rows = self._db.execute(
-            "SELECT DISTINCT session_id FROM data_keys WHERE tenant = ? ORDER BY session_id", (tenant,)
-        )
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT session_id FROM data_keys WHERE tenant = ? ORDER BY session_id", (tenant,)
+            ).fetchall()
         return [str(r[0]) for r in rows]
 
     def forget_sessions(self, session_ids: list[str]) -> list[ForgottenSession]:
@@ -159,12 +168,19 @@ class KeyStore:
         return self.forget_sessions(self.sessions_of_tenant(tenant))
 
     def forgotten_sessions(self) -> set[str]:
-        rows = self._db.execute(
-            "SELECT DISTINCT session_id FROM data_keys WHERE data_key IS NULL AND forgotten_at_ms IS NOT NULL"
-        )
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT session_id FROM data_keys WHERE data_key IS NULL AND forgotten_at_ms IS NOT NULL"
+            ).fetchall()
         return {str(r[0]) for r in rows}
 
     def _drop_stale_cache(self) -> None:
+        """Drop the cache when another connection has committed since the last look, looking at
+        most every CACHE_CHECK_S (a look is a query: every event's seal would pay it)."""
+        now = time.monotonic()
+        if now - self._checked_at < CACHE_CHECK_S:
+            return
+        self._checked_at = now
         version = self._db.execute("PRAGMA data_version").fetchone()[0]
         if version != self._version:
             self._version = version

@@ -4,10 +4,11 @@ clear envelope, tampering is caught, and forgetting leaves no key byte in the ke
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
-from orl.connectors.key_store import KeyStore
+from orl.connectors.key_store import CACHE_CHECK_S, KeyStore
 from orl.pipeline.history.namespace_io import envelope_head, envelope_keys, with_namespace
 from orl.schemas.codec import FORGOTTEN, Codec, decode_or_forgotten, install_data_keys, payload_forgotten
 from orl.schemas.errors import EventDecodeError
@@ -89,6 +90,7 @@ def test_a_running_process_sees_another_process_forget(tmp_path: Path) -> None:
     data = codec.encode(example_event("NextStateObserved"))
     assert codec.decode(data)  # cached the key
     forgetter.forget_sessions([SESSION_ID])
+    time.sleep(CACHE_CHECK_S + 0.05)  # a process looks at the store's version at most this often
     with pytest.raises(PayloadForgotten):
         codec.decode(data)
     fresh = codec.encode(example_event("NextStateObserved"))  # what the session says next gets a new key
