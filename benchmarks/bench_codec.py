@@ -47,7 +47,10 @@ def main() -> None:
     event = response_generated()
     with tempfile.TemporaryDirectory() as folder:
         keys = KeyStore(Path(folder) / "keys.db")
-        for form, codec in (("clear", Codec(default_registry())), ("sealed", Codec(default_registry(), keys))):
+        for form, codec in (
+            ("clear", Codec(default_registry())),
+            ("sealed", Codec(default_registry(), keys)),
+        ):
             data = codec.encode(event)
             assert codec.decode(data) == event
             print(f"{form}: ResponseGenerated, {len(data)} bytes encoded")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from orl.schemas.errors import ConfigError
+from orl.schemas.ids import side_session
 from orl.schemas.sealing import UnknownDataKey, new_data_key
 
 _SCHEMA = """
@@ -142,17 +143,19 @@ class KeyStore:
         return [str(r[0]) for r in rows]
 
     def forget_sessions(self, session_ids: list[str]) -> list[ForgottenSession]:
-        """Destroy every key of these sessions; returns what was destroyed per session."""
+        """Destroy every key of these sessions and of their side sessions (orl.schemas.ids.side_session:
+        the judge's calls about them); returns what was destroyed per session."""
         now_ms = int(time.time() * 1000)
         out = []
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 for session_id in session_ids:
+                    side = side_session(session_id, "")  # and its side sessions: "<session>/<purpose>"
                     destroyed = self._db.execute(
-                        "UPDATE data_keys SET data_key = NULL, forgotten_at_ms = ? "
-                        "WHERE session_id = ? AND data_key IS NOT NULL",
-                        (now_ms, session_id),
+                        "UPDATE data_keys SET data_key = NULL, forgotten_at_ms = ? WHERE data_key IS NOT NULL "
+                        "AND (session_id = ? OR substr(session_id, 1, ?) = ?)",
+                        (now_ms, session_id, len(side), side),
                     ).rowcount
                     out.append(ForgottenSession(session_id, self.tenant_of(session_id), destroyed, now_ms))
                 self._db.execute("COMMIT")

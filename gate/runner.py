@@ -66,6 +66,7 @@ from orl.schemas.event_types import GatedAnswer, PolicyGated, RequestReceived
 from orl.schemas.events import EventOrigin
 from orl.schemas.ids import held_out_session
 from orl.schemas.messages import Message, prompt_text
+from orl.schemas.sealing import PayloadForgotten
 from orl.schemas.topics import topic_name
 from orl.serving.policy.base import PolicyBackend, SamplingParams
 from orl.serving.policy.chat_template import ChatTemplate
@@ -80,6 +81,7 @@ NO_REPLY = "(the user ended the session without replying)"
 class HeldOutPrompt:
     prompt_id: str
     messages: list[Message]
+    session_id: str = ""  # a recorded prompt's session (its judge's calls are that session's side turns)
 
     @property
     def text(self) -> str:
@@ -137,7 +139,7 @@ class GateLog:
             session_id = request["envelope"].get("session_id") or ""
             if request["turn_kind"] == "main" and held_out_session(session_id, self.holdout_share):
                 turn_id = request["envelope"].get("turn_id") or request["request_id"]
-                self.held_out.append(HeldOutPrompt(turn_id, json.loads(request["messages_json"])))
+                self.held_out.append(HeldOutPrompt(turn_id, json.loads(request["messages_json"]), session_id))
         else:
             self.decisions.read(event)
 
@@ -243,7 +245,7 @@ class Evaluator:
             **state,
             "event_id": f"gate:{self.settings.run_id}:{version}:{prompt.prompt_id}:{index}",
             "turn_id": f"gate:{prompt.prompt_id}:{index}",
-            "session_id": f"gate:{prompt.prompt_id}",
+            "session_id": prompt.session_id or f"gate:{prompt.prompt_id}",
             "namespace": self.settings.namespace,
             "occurred_at": int(time.time() * 1000),
         }
@@ -446,7 +448,10 @@ async def follow(
         while not stop.is_set():
             records = await consumer.poll(max_records=1000, timeout_s=1.0)
             for record in records:
-                state.read(decode(record.value))
+                try:
+                    state.read(decode(record.value))
+                except PayloadForgotten:
+                    continue  # `orl forget`: the session's prompts are no longer held out
             candidate = state.candidate()
             if records or candidate is None:
                 continue  # decide once caught up: a newer version may be waiting behind these records

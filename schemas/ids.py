@@ -36,3 +36,13 @@ def held_out_session(session_id: str, share: float) -> bool:
         raise ConfigError(f"the held-out share must be in [0, 1), got {share}")
     digest = hashlib.sha256(session_id.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < share
+
+
+SIDE_SESSION_MARK = "/"  # between a session's id and the purpose of orl's own calls about it
+
+
+def side_session(session_id: str, purpose: str) -> str:
+    """The session of orl's own calls about a session (its LLM judge's, `purpose` "judge"), which the
+    server records as side turns: their payloads quote the session's, so they are sealed with a key of
+    their own that `orl forget` destroys with the session's (orl.connectors.key_store)."""
+    return f"{session_id}{SIDE_SESSION_MARK}{purpose}"

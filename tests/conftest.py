@@ -32,26 +32,29 @@ pytest_plugins = [
 DEPLOYMENT_FOLDERS = ("faults", "e2e", "integration", "clients")
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def deployment_key_store(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Path | None]:
-    """In the deployment folders, one key store per test, as a deployment has one: every process the
-    test starts gets it (ORL_KEY_STORE) and the test's own reads and writes use it, so payloads are
-    sealed end to end as in `orl up` (orl.schemas.sealing). Unit and component tests write in clear."""
+    """In the deployment folders, one key store per test module, as a deployment has one: every
+    process the module starts gets it (ORL_KEY_STORE) and the tests' own reads and writes use it, so
+    payloads are sealed end to end as in `orl up` (orl.schemas.sealing). Module-scoped, and autouse
+    so it comes first: the fault suite runs its stacks in module fixtures. Unit and component tests
+    write in clear."""
     parts = request.node.path.relative_to(request.config.rootpath).parts
     if len(parts) < 3 or parts[0] != "tests" or parts[1] not in DEPLOYMENT_FOLDERS:
         yield None
         return
     path = tmp_path_factory.mktemp("keys") / "keys.db"
-    monkeypatch.setenv("ORL_KEY_STORE", str(path))
     keys = KeyStore(path)
-    install_data_keys(keys)
-    try:
-        yield path
-    finally:
-        install_data_keys(None)
-        keys.close()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ORL_KEY_STORE", str(path))
+        install_data_keys(keys)
+        try:
+            yield path
+        finally:
+            install_data_keys(None)
+            keys.close()
 
 
 # Test folders whose files run for minutes (stacks, subprocesses, training), slowest first.

@@ -57,6 +57,7 @@ from orl.schemas.errors import ConfigError
 from orl.schemas.event_constructors import hint_vote_cast, judge_vote_cast
 from orl.schemas.event_types import NextStateObserved, SamplingParams
 from orl.schemas.events import EventOrigin
+from orl.schemas.ids import side_session
 
 logger = logging.getLogger(__name__)
 PRODUCER = "pipeline.judge/1"
@@ -166,16 +167,19 @@ class JudgeStage:
             builder = build_reward_judge_messages if call.kind == "reward" else build_hint_judge_messages
             messages = builder(turn["messages"], turn["response_text"], next_state)
             prompt_text = json.dumps(messages, ensure_ascii=False)
-            raw, usage = await self._llm_vote(judge, messages, seed)
+            raw, usage = await self._llm_vote(
+                judge, messages, seed, side_session(next_state["session_id"], "judge")
+            )
         latency_ms = (time.perf_counter() - started) * 1000
         return [
             self._vote_event(call.kind, judge, next_state, index, seed, prompt_text, raw, usage, latency_ms)
         ]
 
     async def _llm_vote(
-        self, judge: JudgeConfig, messages: list[dict[str, str]], seed: int
+        self, judge: JudgeConfig, messages: list[dict[str, str]], seed: int, session_id: str
     ) -> tuple[str, dict]:
-        """The judge's raw words; a failure after the bounded retries is returned as an error marker."""
+        """The judge's raw words; a failure after the bounded retries is returned as an error marker.
+        `session_id` names the call's session (orl's server records it as a side turn there)."""
         body = {
             "model": judge.model or "judge",
             "messages": messages,
@@ -184,7 +188,7 @@ class JudgeStage:
             "max_tokens": judge.max_tokens,
             "seed": seed % (2**31),
         }
-        headers = {"X-Turn-Type": "side"}
+        headers = {"X-Turn-Type": "side", "X-Session-Id": session_id}
         if self.api_key:  # an outside judge without a key of its own gets no Authorization header
             headers["Authorization"] = f"Bearer {self.api_key}"
         last_error = ""

@@ -13,6 +13,7 @@ from typing import Any
 
 from orl.pipeline.effects.judge_stage import JudgeStage
 from orl.pipeline.effects.judging import JudgeConfig
+from orl.schemas.ids import side_session
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -24,9 +25,11 @@ from tests.unit.test_pipeline_judge_rules import call as reward_call
 RAW_REPLIES = ("The answer is fine. \\boxed{1}", "It seems good to me.", "Wrong. \\boxed{-1}")
 
 
-def judge_app(replies: itertools.cycle[str]) -> Starlette:
+def judge_app(replies: itertools.cycle[str], sessions: list[str] | None = None) -> Starlette:
     async def chat(request: Request) -> JSONResponse:
         await request.json()
+        if sessions is not None:
+            sessions.append(request.headers.get("x-session-id", ""))
         message = {"role": "assistant", "content": next(replies)}
         usage = {"prompt_tokens": 10, "completion_tokens": 5}
         return JSONResponse(
@@ -65,3 +68,18 @@ def test_votes_that_fail_to_parse_are_counted_per_judge_with_the_recent_fraction
     assert sample_value(exposition, "orl_judge_votes_total", judge_id="prm", parsed="false") == 2.0
     fraction = sample_value(exposition, "orl_judge_recent_unparsed_fraction", judge_id="prm")
     assert fraction is not None and abs(fraction - 2 / 6) < 1e-9
+
+
+def test_the_judges_calls_name_the_side_session_of_the_judged_session() -> None:
+    """orl's server records the judge's calls as side turns there, sealed with a key that `orl forget`
+    destroys with the judged session's (orl.schemas.ids.side_session)."""
+    port, sessions = free_port(), []
+    server, _ = serve_in_thread(judge_app(itertools.cycle(RAW_REPLIES), sessions), port)
+    try:
+        judge = JudgeConfig(judge_id="prm", kind="llm", m=1, endpoint_url=f"http://127.0.0.1:{port}/v1")
+        stage = JudgeStage(reward_judges=(judge,), hint_judge=None, api_key="k")
+        call = reward_call(0, judge.judge_id)
+        asyncio.run(stage.perform(call))
+    finally:
+        server.should_exit = True
+    assert sessions == [side_session(call.payload["next_state"]["session_id"], "judge")]

@@ -12,6 +12,7 @@ from orl.connectors.key_store import CACHE_CHECK_S, KeyStore
 from orl.pipeline.history.namespace_io import envelope_head, envelope_keys, with_namespace
 from orl.schemas.codec import FORGOTTEN, Codec, decode_or_forgotten, install_data_keys, payload_forgotten
 from orl.schemas.errors import EventDecodeError
+from orl.schemas.ids import side_session
 from orl.schemas.registry import default_registry
 from orl.schemas.sealing import (
     PayloadForgotten,
@@ -163,3 +164,20 @@ def test_one_live_key_per_session_across_stores(tmp_path: Path) -> None:
     assert first.key_for_writing("s") == second.key_for_writing("s")
     first.close()
     second.close()
+
+
+def test_forgetting_a_session_forgets_its_side_sessions(keys: KeyStore) -> None:
+    """The judge's calls about a session are recorded in its side session (orl.schemas.ids.side_session)."""
+    codec = _codec(keys)
+    judged = example_event("RequestReceived")
+    judged["envelope"]["session_id"] = side_session(SESSION_ID, "judge")
+    own, side = codec.encode(example_event("RequestReceived")), codec.encode(judged)
+    other = example_event("RequestReceived")
+    other["envelope"]["session_id"] = SESSION_ID + "x/judge"  # a prefix is not a side session
+    unrelated = codec.encode(other)
+    [forgotten] = keys.forget_sessions([SESSION_ID])
+    assert forgotten.keys_destroyed == 2
+    for data in (own, side):
+        with pytest.raises(PayloadForgotten):
+            codec.decode(data)
+    assert codec.decode(unrelated)["envelope"]["session_id"] == SESSION_ID + "x/judge"
