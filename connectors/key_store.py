@@ -62,6 +62,7 @@ class KeyStore:
         self._checked_at = -CACHE_CHECK_S
         self._writing: dict[str, tuple[str, bytes]] = {}
         self._reading: dict[str, bytes | None] = {}
+        self._forgotten: set[str] | None = None  # loaded on first use, dropped with the rest of the cache
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -117,6 +118,13 @@ class KeyStore:
             self._reading[key_id] = key
             return key
 
+    def was_forgotten(self, session_id: str) -> bool:
+        with self._lock:
+            self._drop_stale_cache()
+            if self._forgotten is None:
+                self._forgotten = self.forgotten_sessions()
+            return session_id in self._forgotten
+
     def assign_tenant(self, session_id: str, tenant: str) -> None:
         """Record whose session this is (the first assignment stands); makes its key if it has none."""
         with self._lock:
@@ -165,6 +173,7 @@ class KeyStore:
             self._db.execute("VACUUM")  # rewrite the file: no page keeps a destroyed key's bytes
             self._writing.clear()
             self._reading.clear()
+            self._forgotten = None
         return out
 
     def forget_tenant(self, tenant: str) -> list[ForgottenSession]:
@@ -189,6 +198,7 @@ class KeyStore:
             self._version = version
             self._writing.clear()
             self._reading.clear()
+            self._forgotten = None
 
     def _live_key(self, session_id: str) -> tuple[str, bytes] | None:
         row = self._db.execute(

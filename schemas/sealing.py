@@ -66,6 +66,10 @@ class DataKeys(Protocol):
         """The key with this id; None when it was destroyed; raises UnknownDataKey when it never existed."""
         ...
 
+    def was_forgotten(self, session_id: str) -> bool:
+        """Whether `orl forget` destroyed a key of this session (it stays forgotten: no state is kept for it)."""
+        ...
+
     def assign_tenant(self, session_id: str, tenant: str) -> None:
         """Record whose session it is (the id of the client key that opened it), for `orl forget --tenant`."""
         ...

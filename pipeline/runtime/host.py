@@ -103,6 +103,13 @@ class ProcessorHost:
         """How the stage's session states become changelog values and back."""
         return self.stage.state_codec
 
+    def forgotten(self, key: str) -> bool:
+        """Whether `orl forget` destroyed the session's keys: its state is dropped, not carried on
+        (a session once forgotten stays so: what arrives for it later is recorded, sealed under a new
+        key, and starts from no state)."""
+        keys = installed_data_keys()
+        return keys is not None and bool(key) and keys.was_forgotten(key)
+
     def state_bytes(self, key: str, state: State) -> bytes:
         """The session's state as its changelog value: sealed with the session's data key when this
         process has a key store (orl.schemas.sealing), since a state holds the turn's text."""
@@ -160,8 +167,11 @@ class ProcessorHost:
             return Step("", None, [self.dead_letter(record, str(error))], [], processed=False)
         envelope = event["envelope"]
         key = (record.key or b"").decode() or (record_key(event) or "")
+        state = state_of(key)
+        if state is not None and self.forgotten(key):
+            state = None  # what the forgotten session said before is not carried into anything new
         try:
-            new_state, emits, calls = self.step(state_of(key), event)
+            new_state, emits, calls = self.step(state, event)
             outputs = self.encode(emits)
         except Exception as error:  # noqa: BLE001 - the processing-error policy (module docstring)
             logger.exception("%s cannot process %s", self.name, envelope["event_id"])
@@ -185,6 +195,9 @@ class ProcessorHost:
         changed: dict[str, State | None] = {}
         emits_all: list[Emit] = []
         for key, state in sessions:
+            if self.forgotten(key):  # `orl forget`: the state is dropped, never written again
+                changed[key] = None
+                continue
             new_state, emits = self.stage.on_tick(state, now_ms, self.config)
             if emits or new_state is not state:
                 changed[key] = new_state

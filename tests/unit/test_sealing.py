@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from orl.connectors.key_store import CACHE_CHECK_S, KeyStore
 from orl.pipeline.history.namespace_io import envelope_head, envelope_keys, with_namespace
+from orl.pipeline.processors.config import PipelineConfig
+from orl.pipeline.processors.registry import PURE_PROCESSORS
+from orl.pipeline.runtime.memory_runner import MemoryRunner
 from orl.schemas.codec import FORGOTTEN, Codec, decode_or_forgotten, install_data_keys, payload_forgotten
 from orl.schemas.errors import EventDecodeError
 from orl.schemas.ids import side_session
@@ -21,8 +24,10 @@ from orl.schemas.sealing import (
     open_blob,
     seal_blob,
 )
+from orl.schemas.topics import topic_for_event
 
 from tests.unit.event_examples import EXAMPLES, SESSION_ID, example_event
+from tests.unit.pipeline_streams import Conversation
 
 CANARY = "canary-7d1e5b-the-users-secret"
 
@@ -181,3 +186,26 @@ def test_forgetting_a_session_forgets_its_side_sessions(keys: KeyStore) -> None:
         with pytest.raises(PayloadForgotten):
             codec.decode(data)
     assert codec.decode(unrelated)["envelope"]["session_id"] == SESSION_ID + "x/judge"
+
+
+def test_a_forgotten_sessions_state_is_dropped_not_carried_on(keys: KeyStore) -> None:
+    """A processor holding a session's state in memory when it is forgotten drops it at the next
+    tick (nothing is written again under a new key), and a later event of the session starts from none."""
+    runner = MemoryRunner([PURE_PROCESSORS["turn_linker"]], PipelineConfig())
+    chat = Conversation("kept")
+    chat.say(f"My code is {CANARY}")
+    chat.turn("Noted.")
+    for event in chat.events:
+        runner.feed(topic_for_event(event["envelope"]["event_type"]), event)
+    states = runner.states["turn_linker"]
+    assert "kept" in states
+    install_data_keys(keys)
+    try:
+        keys.key_for_writing("kept")
+        keys.forget_sessions(["kept"])
+        assert runner.tick(PURE_PROCESSORS["turn_linker"], chat.tick()) == []
+        assert "kept" not in states
+        host = runner.hosts["turn_linker"]
+        assert host.forgotten("kept") and not host.forgotten("other")
+    finally:
+        install_data_keys(None)
