@@ -38,7 +38,10 @@ from orl.serving.tenancy import key_id
 class ForgetSettings(ConnectionSettings, JsonOutputSettings):
     session: tuple[str, ...] = setting((), "ORL_FORGET_SESSION", "Sessions to forget (comma separated).")
     tenant: str = setting(
-        "", "ORL_FORGET_TENANT", "Instead of --session: forget every session this client API key opened."
+        "",
+        "ORL_FORGET_TENANT",
+        "Instead of --session: forget every session this client API key opened.",
+        secret=True,
     )
     retrain: bool = setting(
         False,
