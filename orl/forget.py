@@ -39,7 +39,7 @@ class ForgetSettings(ConnectionSettings, JsonOutputSettings):
     session: tuple[str, ...] = setting((), "ORL_FORGET_SESSION", "Sessions to forget (comma separated).")
     tenant: str = setting(
         "",
-        "ORL_FORGET_TENANT",
+        "ORL_FORGET_TENANT_KEY",
         "Instead of --session: forget every session this client API key opened.",
         secret=True,
     )
