@@ -202,6 +202,16 @@ class ConnectionSettings:
         return self.store_url or f"file://{(self.data_dir / 'objects').resolve()}"
 
 
+def same_deployment(settings: ConnectionSettings) -> dict[str, Any]:
+    """The connection settings of `settings` but its namespace (log, store, key store, topic policy,
+    model), as keywords for another command's settings that must reach the same deployment."""
+    return {
+        f.name: getattr(settings, f.name)
+        for f in dataclasses.fields(ConnectionSettings)
+        if f.name != "namespace"
+    }
+
+
 def settings_env(settings: object, only: Iterable[str] | None = None) -> dict[str, str]:
     """The settings (the fields named in `only`, else all) as the environment variables that give them
     back: the one way a child process gets its settings (`orl.cli` reads them like any environment).

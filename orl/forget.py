@@ -26,7 +26,7 @@ from typing import Any
 
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.key_store import ForgottenSession, KeyStore
-from orl.connectors.settings import ConnectionSettings, JsonOutputSettings, setting
+from orl.connectors.settings import ConnectionSettings, JsonOutputSettings, same_deployment, setting
 from orl.history import ReplaySettings, _store, run_replay
 from orl.pipeline.history.audit import NotFound, audit_session
 from orl.pipeline.history.audit_index import AuditIndex, index_path
@@ -96,9 +96,7 @@ def forget(settings: ForgetSettings) -> int:
         return 0
     target = f"{settings.namespace}-retrain-{time.strftime('%Y%m%d%H%M%S')}"
     replay = ReplaySettings(
-        data_dir=settings.data_dir, log_url=settings.log_url, store_url=settings.store_url,
-        s3_access_key=settings.s3_access_key, s3_secret_key=settings.s3_secret_key, key_store=settings.key_store,
-        namespace=settings.namespace, model=settings.model, target_namespace=target,
+        **same_deployment(settings), namespace=settings.namespace, target_namespace=target,
         train_steps=settings.retrain_steps, progress=False,
     )  # fmt: skip
     print(f"retraining without them: orl replay --namespace {settings.namespace} --target-namespace {target} "

@@ -1,41 +1,45 @@
 """Sealing: the payload of every event that names a session is encrypted with that session's data key.
 
-Erasure on an immutable log works by crypto-shredding: each session gets its own random 256-bit
-AES-GCM data key, kept in a key store apart from the log (orl.connectors.key_store). Destroying the
+Erasure on an immutable log works by crypto-shredding: each session gets its own random 512-bit
+AES-SIV data key, kept in a key store apart from the log (orl.connectors.key_store). Destroying the
 key (`orl forget`) makes every copy of the session's payloads unreadable at once: the log, its
 archives, spools, changelogs and exports, wherever they were copied.
 
 A sealed event is an Avro record of its own (`SealedEvent`, single-object encoded like every
 event, under its own fingerprint): the event's envelope in clear (ids, type, session, namespace,
-time: ordering, keying, linking and lineage keep working), the data key's id, a 96-bit random
-nonce, and the AES-GCM ciphertext of the event's ordinary encoding. The associated data binds the
-ciphertext to the envelope's event id, type and session and to the key id, so a payload cannot be
-moved to another event. The namespace is not bound: a replay rewrites it in place.
+time: ordering, keying, linking and lineage keep working), the data key's id, and the AES-SIV
+ciphertext of the event's ordinary encoding. The associated data binds the ciphertext to the
+envelope's event id, type and session and to the key id, so a payload cannot be moved to another
+event. The namespace is not bound: a replay rewrites it in place.
+
+AES-SIV (RFC 5297) is deterministic: the same event sealed twice under the same key is the same
+bytes. So sealing keeps what orl's exactly-once rests on: a stage restarted after kill -9, a second
+worker, a replay write byte-identical events, and the log's duplicate checks and the golden streams
+still hold. It tells an onlooker no more than that two sealed events carry the same payload, and
+event ids already make every event's payload distinct.
 
 `seal_blob` / `open_blob` do the same for bytes that are no event (a processor's session state on
 its changelog, a stored Responses API conversation in a spool).
 
-The cryptography is the `cryptography` package's AESGCM; orl writes none of its own. Pure logic:
+The cryptography is the `cryptography` package's AESSIV; orl writes none of its own. Pure logic:
 the keys come from a `DataKeys` (the key store implements it); reads and writes no files.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import struct
 from io import BytesIO
 from typing import Any, NamedTuple, Protocol
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.ciphers.aead import AESSIV
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from orl.schemas.errors import EventDecodeError, OrlError
 from orl.schemas.registry import AVRO_DIR
 from orl.schemas.schema_forms import fingerprint_of, self_contained, without_logical_types
 
-KEY_BYTES = 32  # AES-256
-NONCE_BYTES = 12  # 96 bits, random per seal (AES-GCM's recommended nonce size)
+KEY_BYTES = 64  # AES-SIV with two AES-256 keys (one for the synthetic IV, one for the cipher)
 
 
 class PayloadForgotten(EventDecodeError):
@@ -76,7 +80,7 @@ class DataKeys(Protocol):
 
 
 def new_data_key() -> bytes:
-    return AESGCM.generate_key(bit_length=KEY_BYTES * 8)
+    return AESSIV.generate_key(bit_length=KEY_BYTES * 8)
 
 
 def _sealed_schema() -> dict[str, Any]:
@@ -89,8 +93,11 @@ def _sealed_schema() -> dict[str, Any]:
         "fields": [
             {"name": "envelope", "type": envelope},
             {"name": "key_id", "type": "string"},
-            {"name": "nonce", "type": "bytes"},
-            {"name": "ciphertext", "type": "bytes", "doc": "AES-GCM of the event's ordinary encoding."},
+            {
+                "name": "ciphertext",
+                "type": "bytes",
+                "doc": "AES-SIV of the event's ordinary encoding (its 16-byte synthetic IV first).",
+            },
         ],
     }
     return self_contained(schema, "SealedEvent")
@@ -104,7 +111,6 @@ _PARSED = parse_schema(without_logical_types(SEALED_SCHEMA))
 class SealedParts(NamedTuple):
     envelope: dict[str, Any]
     key_id: str
-    nonce: bytes
     ciphertext: bytes
 
 
@@ -120,11 +126,10 @@ def _event_aad(envelope: dict[str, Any], key_id: str) -> bytes:
 def seal_event(encoded: bytes, envelope: dict[str, Any], keys: DataKeys) -> bytes:
     """The sealed form of an encoded event (`encoded` is orl.schemas.codec's ordinary encoding)."""
     key_id, key = keys.key_for_writing(envelope["session_id"])
-    nonce = os.urandom(NONCE_BYTES)
-    ciphertext = AESGCM(key).encrypt(nonce, encoded, _event_aad(envelope, key_id))
+    ciphertext = AESSIV(key).encrypt(encoded, [_event_aad(envelope, key_id)])
     out = BytesIO()
     out.write(SEALED_HEADER)
-    record = {"envelope": envelope, "key_id": key_id, "nonce": nonce, "ciphertext": ciphertext}
+    record = {"envelope": envelope, "key_id": key_id, "ciphertext": ciphertext}
     schemaless_writer(out, _PARSED, record)
     return out.getvalue()
 
@@ -139,7 +144,7 @@ def sealed_parts(data: bytes | bytearray | memoryview) -> SealedParts:
         raise EventDecodeError(f"SealedEvent: body does not parse: {type(exc).__name__}: {exc}") from exc
     if not isinstance(record, dict) or source.tell() != len(data):
         raise EventDecodeError("SealedEvent: trailing bytes after the body")
-    return SealedParts(record["envelope"], record["key_id"], record["nonce"], record["ciphertext"])
+    return SealedParts(record["envelope"], record["key_id"], record["ciphertext"])
 
 
 def open_event(data: bytes | bytearray | memoryview, keys: DataKeys | None) -> tuple[dict[str, Any], bytes]:
@@ -164,7 +169,7 @@ def open_event(data: bytes | bytearray | memoryview, keys: DataKeys | None) -> t
             envelope,
         )
     try:
-        plain = AESGCM(key).decrypt(parts.nonce, parts.ciphertext, _event_aad(envelope, parts.key_id))
+        plain = AESSIV(key).decrypt(parts.ciphertext, [_event_aad(envelope, parts.key_id)])
     except InvalidTag:
         raise EventDecodeError(
             f"{envelope['event_type']} {envelope['event_id']}: the sealed payload does not authenticate "
@@ -173,16 +178,15 @@ def open_event(data: bytes | bytearray | memoryview, keys: DataKeys | None) -> t
     return envelope, plain
 
 
-BLOB_MAGIC = b"orl-sealed-blob-1\x00"
+BLOB_MAGIC = b"orl-sealed-blob-2\x00"
 
 
 def seal_blob(plaintext: bytes, session_id: str, purpose: str, keys: DataKeys) -> bytes:
     """`plaintext` sealed with the session's data key; `purpose` (e.g. "changelog:judge") is bound in."""
     key_id, key = keys.key_for_writing(session_id)
-    nonce = os.urandom(NONCE_BYTES)
-    ciphertext = AESGCM(key).encrypt(nonce, plaintext, _blob_aad(session_id, purpose, key_id))
+    ciphertext = AESSIV(key).encrypt(plaintext, [_blob_aad(session_id, purpose, key_id)])
     key_id_bytes = key_id.encode()
-    return BLOB_MAGIC + bytes([len(key_id_bytes)]) + key_id_bytes + nonce + ciphertext
+    return BLOB_MAGIC + bytes([len(key_id_bytes)]) + key_id_bytes + ciphertext
 
 
 def is_sealed_blob(data: bytes) -> bool:
@@ -194,13 +198,12 @@ def open_blob(data: bytes, session_id: str, purpose: str, keys: DataKeys) -> byt
     pos = len(BLOB_MAGIC)
     length = data[pos]
     key_id = data[pos + 1 : pos + 1 + length].decode()
-    pos += 1 + length
-    nonce, ciphertext = data[pos : pos + NONCE_BYTES], data[pos + NONCE_BYTES :]
+    ciphertext = data[pos + 1 + length :]
     key = keys.key_for_reading(key_id)
     if key is None:
         raise PayloadForgotten(f"{purpose} of session {session_id!r} was forgotten", session_id)
     try:
-        return AESGCM(key).decrypt(nonce, ciphertext, _blob_aad(session_id, purpose, key_id))
+        return AESSIV(key).decrypt(ciphertext, [_blob_aad(session_id, purpose, key_id)])
     except InvalidTag:
         raise EventDecodeError(f"{purpose} of session {session_id!r} does not authenticate") from None
 

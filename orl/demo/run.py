@@ -30,7 +30,7 @@ from typing import Any
 from orl.compute.machine import describe_machine, resolved_numerics
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.event_log.reading import read_to_end
-from orl.connectors.settings import ConnectionSettings, PrecisionSettings, setting
+from orl.connectors.settings import ConnectionSettings, PrecisionSettings, same_deployment, setting
 from orl.demo.report import StepResult, merge_results, write_report, write_summaries
 from orl.demo.scenarios import Scenario, evaluation_prompts, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation, Sampling
@@ -282,14 +282,8 @@ async def _run_all(
 def up_settings(settings: DemoSettings, method: SampleMethod, namespace: str) -> UpSettings:
     """The stack `orl up` would start for one method of the demo, in its own namespace and run."""
     return UpSettings(
-        data_dir=settings.data_dir,
-        log_url=settings.log_url,
-        store_url=settings.store_url,
-        s3_access_key=settings.s3_access_key,
-        s3_secret_key=settings.s3_secret_key,
+        **same_deployment(settings),
         namespace=namespace,
-        model=settings.model,
-        model_cache_dir=settings.model_cache_dir,
         port=settings.port,
         method=method,
         judge="user_reply",

@@ -65,6 +65,23 @@ def test_request_text_is_not_in_the_sealed_bytes(keys: KeyStore) -> None:
     assert SESSION_ID.encode() in sealed  # the envelope stays in clear
 
 
+def test_sealing_is_deterministic_so_a_rewrite_is_the_same_bytes(keys: KeyStore) -> None:
+    # a stage restarted after kill -9, a second worker and a replay must write byte-identical events
+    first, second = example_event("RequestReceived"), example_event("RequestReceived")
+    codec = _codec(keys)
+    assert codec.encode(first) == codec.encode(second)
+    second["messages_json"] = second["messages_json"].replace("Run the tests", CANARY)
+    assert codec.encode(first) != codec.encode(second)
+    assert seal_blob(b"state", "s1", "changelog:judge", keys) == seal_blob(
+        b"state", "s1", "changelog:judge", keys
+    )
+    other = KeyStore(keys.path.parent / "other.db")  # another deployment: its own key, other bytes
+    try:
+        assert _codec(other).encode(first) != codec.encode(first)
+    finally:
+        other.close()
+
+
 def test_the_clear_envelope_reads_without_the_key(keys: KeyStore) -> None:
     event = example_event("JudgeVoteCast")
     sealed = _codec(keys).encode(event)
