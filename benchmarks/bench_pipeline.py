@@ -31,7 +31,10 @@ Measurements per runtime:
 `embedded`: SQLite event log; the pipeline runs as `orl up` runs it (orl/up.py `pipeline_roles`): on
 2+ cores turn_linker and judge in this process (orl.pipeline.runtime.main.run_pipeline) and vote_tally
 and sample_builder in an `orl pipeline` child process that gets its settings in its environment;
-`--one-process` runs every stage here. `faust` and `llm` (votes/s of the LLM judge on CPU): see benchmarks/bench_pipeline_runtimes.py.
+`--one-process` runs every stage here. `--sealing on` (embedded) seals every event with its session's
+data key as a deployment does (orl.schemas.sealing: the appended serving events too, a key store in
+the run's folder), `off` writes in clear, `both` alternates the two in one run (what erasure costs).
+`faust` and `llm` (votes/s of the LLM judge on CPU): see benchmarks/bench_pipeline_runtimes.py.
 Writes only under a temporary directory.
 """
 
@@ -54,11 +57,12 @@ from typing import Any
 from orl.compute.machine import available_cores
 from orl.connectors.event_log.base import EventLog, OutgoingRecord
 from orl.connectors.event_log.catalog import create_catalog_topics
+from orl.connectors.key_store import KeyStore
 from orl.connectors.settings import settings_env
 from orl.pipeline.history.namespace_io import envelope_keys
 from orl.pipeline.runtime.main import build_runners, build_stages, run_pipeline
 from orl.pipeline.runtime.settings import PipelineSettings
-from orl.schemas.codec import decode, encode
+from orl.schemas.codec import decode, encode, install_data_keys, installed_data_keys
 from orl.schemas.topics import topic_for_event, topic_name
 
 from orl.up import pipeline_roles
@@ -130,6 +134,7 @@ def bench_settings(args: argparse.Namespace, log_url: str, data_dir: Path) -> Pi
         topic_partitions=args.partitions,
         effect_concurrency=args.effect_concurrency,
         tick_interval_s=1.0,
+        key_store=str(data_dir / "keys.db") if getattr(args, "sealed", False) else "off",
     )
 
 
@@ -332,23 +337,38 @@ async def offer(
 
 
 async def embedded(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from orl.connectors.event_log.sqlite_log import SqliteEventLog
-
     results = []
     processes = "1 process" if args.one_process or available_cores() < 2 else "2 processes"
+    sealings = {"on": [True], "off": [False], "both": [False, True]}[args.sealing]
     for mode in ("backlog", "burst", "rate"):
         for _ in range(args.repeat):
-            with tempfile.TemporaryDirectory() as tmp:
-                log = SqliteEventLog(Path(tmp) / "log.db")
-                await log.start()
-                try:
-                    result = await measure(log, args, Path(tmp), mode)
-                finally:
-                    await log.close()
-            result["runtime"] = f"embedded (SQLite, {processes})"
-            print(json.dumps(result), flush=True)
-            results.append(result)
+            for sealed in sealings:  # side by side: clear then sealed, in every round
+                args.sealed = sealed
+                with tempfile.TemporaryDirectory() as tmp:
+                    result = await measure_embedded(args, Path(tmp), mode)
+                result["runtime"] = f"embedded (SQLite, {processes}, {'sealed' if sealed else 'clear'})"
+                print(json.dumps(result), flush=True)
+                results.append(result)
     return results
+
+
+async def measure_embedded(args: argparse.Namespace, data_dir: Path, mode: str) -> dict[str, Any]:
+    """One run on a fresh SQLite log in `data_dir`; sealed (`args.sealed`) with a key store there, which
+    this process's stages and the appended serving events use too (the child opens the same file)."""
+    from orl.connectors.event_log.sqlite_log import SqliteEventLog
+
+    previous = installed_data_keys()
+    keys = KeyStore(data_dir / "keys.db") if args.sealed else None
+    install_data_keys(keys)
+    log = SqliteEventLog(data_dir / "log.db")
+    await log.start()
+    try:
+        return await measure(log, args, data_dir, mode)
+    finally:
+        await log.close()
+        install_data_keys(previous)
+        if keys is not None:
+            keys.close()
 
 
 def warm_up_sessions(args: argparse.Namespace, log_url: str) -> int:
@@ -418,6 +438,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="embedded: every stage in this process (no downstream process)",
     )
     parser.add_argument("--judge", default="user_reply", help="rule judge (entry point name)")
+    parser.add_argument(
+        "--sealing",
+        choices=("on", "off", "both"),
+        default="on",
+        help="embedded: seal payloads as a deployment does (on), write in clear (off), or both in turn",
+    )
     parser.add_argument("--effect-concurrency", type=int, default=4, help="concurrent judge calls")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="give up on a run after this long")
     parser.add_argument("--judgements", type=int, default=4, help="llm: turns to judge")
