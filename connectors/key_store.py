@@ -1,9 +1,11 @@
 """The key store: every session's data key (orl.schemas.sealing), in a SQLite file apart from the log.
 
 Table `data_keys`: key id, session, tenant (the id of the client key that opened the session, once
-the server knows it), the 32-byte key, when it was made and when it was forgotten. A session has at
+the server knows it), the 64-byte key, when it was made and when it was forgotten. A session has at
 most one live key (a unique partial index): processes that meet a new session at once converge on
-the first key written. `forget_sessions` / `forget_tenant` destroy keys: the row stays (so a reader
+the first key written. Table `tenant_names`: the name of a named tenant's client key id (the server
+records it at start: `--tenant-keys`); a tenant whose key was replaced has several. `forget_sessions`
+/ `forget_tenant` destroy keys: the row stays (so a reader
 can say "forgotten" rather than "unknown key") and the key's bytes are overwritten, not only
 unlinked: `secure_delete` zeroes freed cells and the rollback journal is deleted after each commit
 (no WAL, whose frames would keep old pages).
@@ -36,6 +38,7 @@ CREATE TABLE IF NOT EXISTS data_keys (
     created_at_ms INTEGER NOT NULL, forgotten_at_ms INTEGER);
 CREATE UNIQUE INDEX IF NOT EXISTS live_key ON data_keys (session_id) WHERE data_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS keys_by_tenant ON data_keys (tenant);
+CREATE TABLE IF NOT EXISTS tenant_names (tenant TEXT PRIMARY KEY, name TEXT NOT NULL);
 """
 
 
@@ -142,6 +145,26 @@ class KeyStore:
                 (session_id,),
             ).fetchone()
         return None if row is None else str(row[0])
+
+    def name_tenant(self, tenant: str, name: str) -> None:
+        """Record that the client key with id `tenant` is the named tenant `name`'s."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO tenant_names (tenant, name) VALUES (?, ?)", (tenant, name)
+            )
+
+    def tenants_named(self, name: str) -> list[str]:
+        """The client key ids the named tenant `name` has had."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT tenant FROM tenant_names WHERE name = ? ORDER BY tenant", (name,)
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def tenant_names(self) -> dict[str, str]:
+        """Every named tenant's name, by client key id."""
+        with self._lock:
+            return {str(t): str(n) for t, n in self._db.execute("SELECT tenant, name FROM tenant_names")}
 
     def sessions_of_tenant(self, tenant: str) -> list[str]:
         with self._lock:

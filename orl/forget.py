@@ -2,7 +2,8 @@
 
 Every event that names a session is sealed with that session's data key (orl.schemas.sealing), and
 so are the processors' session states and the server's stored Responses API conversations. `orl
-forget --session S` (or `--tenant KEY`: every session the client key KEY opened) destroys those keys
+forget --session S` (or `--tenant NAME`: every session of a named tenant; `--client-key KEY`: every
+session the client key KEY opened) destroys those keys
 in the key store (orl.connectors.key_store). From then on every copy of those payloads is
 unreadable, wherever it went: the log, its archives, exports, replays, spools and changelogs.
 Readers skip such events and say how many (`orl export` writes their envelopes with
@@ -39,8 +40,13 @@ class ForgetSettings(ConnectionSettings, JsonOutputSettings):
     session: tuple[str, ...] = setting((), "ORL_FORGET_SESSION", "Sessions to forget (comma separated).")
     tenant: str = setting(
         "",
-        "ORL_FORGET_TENANT_KEY",
-        "Instead of --session: forget every session this client API key opened.",
+        "ORL_FORGET_TENANT",
+        "Instead of --session: forget every session of this named tenant (--tenant-keys).",
+    )
+    client_key: str = setting(
+        "",
+        "ORL_FORGET_CLIENT_KEY",
+        "Instead of --session: forget every session this client API key opened (a key of --api-keys).",
         secret=True,
     )
     retrain: bool = setting(
@@ -69,11 +75,24 @@ async def derived_from(settings: ForgetSettings, sessions: list[str]) -> dict[st
 
 
 def _sessions(settings: ForgetSettings, keys: KeyStore) -> tuple[list[str], str | None]:
-    if bool(settings.session) == bool(settings.tenant):
-        raise ConfigError("give exactly one of --session S[,S2...] or --tenant CLIENT_KEY")
+    """The sessions to forget, and the tenant they are (its name, or the client key's id)."""
+    if sum(map(bool, (settings.session, settings.tenant, settings.client_key))) != 1:
+        raise ConfigError("give exactly one of --session S[,S2...], --tenant NAME or --client-key KEY")
     if settings.session:
         return sorted(set(settings.session)), None
-    tenant = key_id(settings.tenant.encode("utf-8", "surrogatepass"))
+    if settings.tenant:
+        key_ids = keys.tenants_named(settings.tenant)
+        if not key_ids:
+            named = sorted(set(keys.tenant_names().values()))
+            raise ConfigError(
+                f"the key store {keys.path} has no tenant named {settings.tenant!r} "
+                f"(named tenants: {', '.join(named) or 'none'}; a server names them at start: --tenant-keys)"
+            )
+        sessions = sorted({s for tenant in key_ids for s in keys.sessions_of_tenant(tenant)})
+        if not sessions:
+            raise ConfigError(f"tenant {settings.tenant!r} has opened no session yet: nothing to forget")
+        return sessions, settings.tenant
+    tenant = key_id(settings.client_key.encode("utf-8", "surrogatepass"))
     sessions = keys.sessions_of_tenant(tenant)
     if not sessions:
         raise ConfigError(f"the key store {keys.path} has no session opened by that client key (id {tenant})")

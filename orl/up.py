@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orl.compute.machine import available_cores, cpu_model_name, resolved_numerics
 from orl.connectors.settings import (
@@ -49,7 +50,7 @@ from orl.pipeline.runtime.settings import (
 )
 from orl.rules.top_k import check_opd_topk
 from orl.schemas.errors import ConfigError
-from orl.serving.settings import ServerAccessSettings
+from orl.serving.settings import ServerAccessSettings, check_tenant_name
 from orl.settings_binding import CONFIG_ENV, ConfigFile, config_from_environment
 from orl.stack_settings import StackSettings
 from orl.supervised import SUPERVISOR_PID_ENV
@@ -76,6 +77,12 @@ class UpSettings(
 ):
     components: tuple[str, ...] = setting(
         ("serve", "pipeline", "train"), "ORL_COMPONENTS", "Which processes to start."
+    )
+    tenants: tuple[str, ...] = setting(
+        (),
+        "ORL_TENANTS",
+        "Named tenants, comma separated: each gets a client key of its own, kept in keys.json under "
+        "tenant_keys; a tenant's sessions are its own (`orl forget --tenant NAME` erases them).",
     )
 
 
@@ -160,12 +167,22 @@ class StackKeys:
     api_key: str  # the clients' (the banner, the demo's sessions)
     admin_key: str  # /admin
     internal_key: str  # the pipeline's and the gate's: the judge's and the teacher's calls to the server
+    api_keys: tuple[str, ...] = ()  # every client key given (--api-keys); else (api_key,)
+    tenant_keys: dict[str, str] = field(default_factory=dict)  # each named tenant's client key, by name
+
+    def serve_env(self) -> dict[str, str]:
+        """The client keys as the server takes them (ORL_API_KEYS, ORL_TENANT_KEYS)."""
+        return {
+            "ORL_API_KEYS": ",".join(self.api_keys or (self.api_key,)),
+            "ORL_TENANT_KEYS": ",".join(f"{name}={key}" for name, key in self.tenant_keys.items()),
+        }
 
 
 def stack_keys(settings: UpSettings) -> StackKeys:
-    """The stack's keys: each one given, else the one kept in keys.json, else a new one (kept there)."""
+    """The stack's keys: each one given, else the one kept in keys.json, else a new one (kept there).
+    A named tenant (--tenants) gets its key the same way, under "tenant_keys"."""
     path = settings.data_dir / "keys.json"
-    stored: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    stored: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     prefixes = {"api_key": "orl-", "admin_key": "orl-admin-", "internal_key": "orl-internal-"}
     given = {
         "api_key": settings.api_keys[0] if settings.api_keys else "",
@@ -173,13 +190,29 @@ def stack_keys(settings: UpSettings) -> StackKeys:
         "internal_key": settings.internal_key,
     }
     missing = {
-        name: prefix + secrets.token_hex(16) for name, prefix in prefixes.items() if name not in stored
+        name: prefix + secrets.token_hex(16)
+        for name, prefix in prefixes.items()
+        if name not in stored and not all(given.values())  # a keys.json of older orl has no internal key
     }
-    if missing and not all(given.values()):  # new keys to keep (a keys.json of older orl has no internal key)
+    given_tenants = settings.named_tenants()  # --tenant-keys given to orl up: served as they are
+    stored_tenants: dict[str, str] = stored.get("tenant_keys", {})
+    new_tenants = {
+        check_tenant_name(name): "orl-" + secrets.token_hex(16)
+        for name in settings.tenants
+        if name not in stored_tenants and name not in given_tenants
+    }
+    if missing or new_tenants:  # new keys to keep
         stored = {**stored, **missing}
+        if new_tenants:
+            stored["tenant_keys"] = stored_tenants = {**stored_tenants, **new_tenants}
         private_data_dir(settings.data_dir)
         write_private(path, json.dumps(stored, indent=2))
-    return StackKeys(**{name: given[name] or stored[name] for name in prefixes})
+    tenants = {name: stored_tenants[name] for name in settings.tenants if name not in given_tenants}
+    return StackKeys(
+        **{name: given[name] or stored[name] for name in prefixes},
+        api_keys=settings.api_keys,
+        tenant_keys={**tenants, **given_tenants},
+    )
 
 
 def private_data_dir(data_dir: Path) -> None:
@@ -234,7 +267,7 @@ def stack_env(settings: UpSettings) -> dict[str, str]:
         "ORL_STORE_URL": settings.effective_store_url(),
         "ORL_KEY_STORE": str(settings.effective_key_store() or "off"),  # one key store for all of them
         "ORL_PORT": str(settings.port),
-        "ORL_API_KEYS": keys.api_key,  # the clients'
+        **keys.serve_env(),  # the clients' keys
         "ORL_ADMIN_KEY": keys.admin_key,
         "ORL_INTERNAL_KEY": keys.internal_key,  # the server takes it from the pipeline and the gate
         "ORL_API_KEY": keys.internal_key,  # the key the pipeline and the gate call the server with
@@ -303,7 +336,7 @@ class Launch:
 # The secrets each `orl <command>` of the stack needs; every other secret is kept out of its environment.
 _S3 = ("ORL_S3_ACCESS_KEY", "ORL_S3_SECRET_KEY")
 CHILD_SECRETS: dict[str, tuple[str, ...]] = {
-    "serve": ("ORL_API_KEYS", "ORL_ADMIN_KEY", "ORL_INTERNAL_KEY", *_S3),
+    "serve": ("ORL_API_KEYS", "ORL_TENANT_KEYS", "ORL_ADMIN_KEY", "ORL_INTERNAL_KEY", *_S3),
     "pipeline": ("ORL_API_KEY", "ORL_JUDGE_API_KEY"),  # the judge and teacher call the server
     "train": _S3,
     "gate": ("ORL_API_KEY", "ORL_JUDGE_API_KEY", *_S3),
@@ -503,6 +536,11 @@ def start_banner(settings: UpSettings, reward_line: str) -> str:
     return "\n".join([
         f"orl is up: point any OpenAI client at {url}",
         f"  API key: the \"api_key\" of {keys} (mode 0600)",
+        *(
+            [f"  tenants {', '.join(settings.tenants)}: each one's key is under \"tenant_keys\" in {keys}"]
+            if settings.tenants
+            else []
+        ),
         "  try it:",
         f"    curl -s {url}/chat/completions -H \"Authorization: Bearer $(python3 -c 'import json;"
         f" print(json.load(open(\"{keys}\"))[\"api_key\"])')\" -H 'Content-Type: application/json'"

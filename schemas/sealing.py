@@ -78,6 +78,10 @@ class DataKeys(Protocol):
         """Record whose session it is (the id of the client key that opened it), for `orl forget --tenant`."""
         ...
 
+    def name_tenant(self, tenant: str, name: str) -> None:
+        """Record that the client key with id `tenant` belongs to the named tenant `name`."""
+        ...
+
 
 def new_data_key() -> bytes:
     return AESSIV.generate_key(bit_length=KEY_BYTES * 8)

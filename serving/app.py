@@ -128,7 +128,7 @@ class ServerState:
 
 def build_app(state: ServerState) -> Starlette:
     api = _ApiHandlers(state)
-    chat_keys = (*state.settings.api_keys, state.settings.internal_key)  # the judge and teacher chat too
+    chat_keys = (*state.settings.client_keys(), state.settings.internal_key)  # the judge and teacher chat too
     routes = [
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/readyz", api.readyz, methods=["GET"]),
@@ -143,7 +143,7 @@ def build_app(state: ServerState) -> Starlette:
         Route("/v1/responses", guard(api.responses, chat_keys), methods=["POST"]),
         Route(
             "/v1/sessions/{session_id}/end",
-            guard(api.end_session, state.settings.api_keys),
+            guard(api.end_session, state.settings.client_keys()),
             methods=["POST"],
         ),
         Route("/v1/orl/score", guard(api.score, chat_keys), methods=["POST"]),  # the internal key only

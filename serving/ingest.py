@@ -62,7 +62,7 @@ def ingest_routes(state: ServerState, webhooks: Mapping[str, WebhookMapping] | N
         path = state.settings.webhooks_file
         webhooks = load_webhook_mappings(path) if path else {}
     handlers = _IngestHandlers(state, dict(webhooks))
-    keys = state.settings.api_keys
+    keys = state.settings.client_keys()
     return [
         Route(path, guard(_rejections_counted(state, path, handler), keys), methods=["POST"])
         for path, handler in (

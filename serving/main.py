@@ -21,6 +21,7 @@ from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.metrics import Metrics
 from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.factory import open_object_store
+from orl.schemas.codec import installed_data_keys
 from orl.schemas.errors import ConfigError
 from orl.schemas.topics import topic_name
 from orl.serving.admin import admin_routes
@@ -33,6 +34,7 @@ from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.session_tracker import SessionTracker
 from orl.serving.settings import ServeSettings
 from orl.serving.spool import EventSpool, SpoolDrainer
+from orl.serving.tenancy import key_id
 
 # How long an idle keep-alive connection stays open. uvicorn's default, 5 s, equals the expiry of
 # httpx's pool (the openai SDK's and the demo's client): a request sent on a pooled connection just as
@@ -43,16 +45,20 @@ logger = logging.getLogger(__name__)
 
 
 def check_settings(settings: ServeSettings) -> None:
-    if not settings.api_keys:
+    client_keys = settings.client_keys()
+    if not client_keys:
         raise ConfigError(
-            "no API key: set --api-keys / ORL_API_KEYS (orl never serves without authentication)"
+            "no API key: set --api-keys / ORL_API_KEYS or --tenant-keys / ORL_TENANT_KEYS (orl never serves "
+            "without authentication)"
         )
+    if set(settings.api_keys) & set(settings.named_tenants().values()):
+        raise ConfigError("a named tenant's key (--tenant-keys) must not be in --api-keys too")
     if not settings.admin_key:
         raise ConfigError("no admin key: set --admin-key / ORL_ADMIN_KEY")
-    if settings.admin_key in settings.api_keys:
-        raise ConfigError("--admin-key must differ from every --api-keys entry")
-    if settings.internal_key and settings.internal_key in (*settings.api_keys, settings.admin_key):
-        raise ConfigError("--internal-key must differ from --admin-key and from every --api-keys entry")
+    if settings.admin_key in client_keys:
+        raise ConfigError("--admin-key must differ from every client key (--api-keys, --tenant-keys)")
+    if settings.internal_key and settings.internal_key in (*client_keys, settings.admin_key):
+        raise ConfigError("--internal-key must differ from --admin-key and from every client key")
     if settings.threads < 0:
         raise ConfigError(f"--threads must be >= 0, not {settings.threads}")
     if settings.max_concurrent_requests <= 0:
@@ -106,6 +112,7 @@ async def running_server(
 ) -> AsyncIterator[RunningServer]:
     """Everything `orl serve` runs, minus the HTTP listener: tests drive `build_app(state)` directly."""
     check_settings(settings)
+    name_tenants(settings)
     if backend is None or template is None:
         backend, template = build_backend(settings)
     log = open_event_log(settings.effective_log_url(), settings.topic_policy(), client_id="orl-serve")
@@ -164,6 +171,15 @@ async def running_server(
         await backend.close()
         await log.close()
         spool.close()
+
+
+def name_tenants(settings: ServeSettings) -> None:
+    """Record each named tenant's client key id in the key store, so that `orl forget --tenant NAME`
+    finds its sessions without the key (the key store keeps no key, only its id)."""
+    keys = installed_data_keys()
+    for name, key in settings.named_tenants().items():
+        if keys is not None:
+            keys.name_tenant(key_id(key.encode("utf-8", "surrogatepass")), name)
 
 
 async def _background(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import typing
 from dataclasses import dataclass
 from typing import Literal
@@ -14,6 +15,7 @@ from orl.connectors.settings import (
     ThreadSettings,
     setting,
 )
+from orl.schemas.errors import ConfigError
 
 PolicyBackend = Literal["transformers", "sglang"]
 TurnType = Literal["main", "side"]  # side turns are served and recorded, never trained on
@@ -32,6 +34,15 @@ class ServerAccessSettings:
         "Comma-separated client bearer keys (orl serve: required; orl up: generated into keys.json if none).",
         secret=True,
     )
+    tenant_keys: tuple[str, ...] = setting(
+        (),
+        "ORL_TENANT_KEYS",
+        "Client keys of named tenants, TENANT=KEY comma separated (orl up: generated into keys.json for "
+        "--tenants): each takes the client routes, and the sessions it opens are the tenant's "
+        "(`orl forget --tenant TENANT`).",
+        secret=True,
+        advanced=True,
+    )
     admin_key: str = setting(
         "",
         "ORL_ADMIN_KEY",
@@ -47,6 +58,40 @@ class ServerAccessSettings:
         secret=True,
         advanced=True,
     )
+
+    def named_tenants(self) -> dict[str, str]:
+        """Each named tenant's client key, by tenant name (raises ConfigError on a malformed entry)."""
+        return parse_tenant_keys(self.tenant_keys)
+
+    def client_keys(self) -> tuple[str, ...]:
+        """Every key that takes the client routes: --api-keys and the named tenants' keys."""
+        return (*self.api_keys, *self.named_tenants().values())
+
+
+TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+
+
+def check_tenant_name(name: str) -> str:
+    if not TENANT_NAME.fullmatch(name):
+        raise ConfigError(
+            f"tenant name {name!r}: use 1-63 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+        )
+    return name
+
+
+def parse_tenant_keys(entries: tuple[str, ...]) -> dict[str, str]:
+    """{tenant: key} of --tenant-keys' TENANT=KEY entries: names valid and distinct, keys distinct."""
+    tenants: dict[str, str] = {}
+    for entry in entries:
+        name, separator, key = entry.partition("=")
+        if not separator or not key:
+            raise ConfigError("--tenant-keys: each entry is TENANT=KEY (the key itself is not shown here)")
+        if check_tenant_name(name) in tenants:
+            raise ConfigError(f"--tenant-keys: tenant {name!r} is listed twice")
+        if key in tenants.values():
+            raise ConfigError(f"--tenant-keys: tenant {name!r} has another tenant's key")
+        tenants[name] = key
+    return tenants
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
-"""Erasure on the embedded log, as a user does it: `orl forget --tenant KEY --retrain`.
+"""Erasure on the embedded log, as a user does it: `orl forget --tenant alice --retrain`.
 
-Two client keys talk to SmolLM2 through `orl serve`; tenant A's turns carry a planted canary (chat
-turns and a stored Responses API conversation), tenant B's do not. The pipeline's stages judge the
+Two client keys talk to SmolLM2 through `orl serve`: the named tenant alice's (--tenant-keys) and a
+plain client key B's. Alice's turns carry a planted canary (chat turns and a stored Responses API
+conversation), B's do not. The pipeline's stages judge the
 traffic, `orl train` trains one step on every sample, `orl archive` copies the namespace to the
 object store and `orl replay` copies it into a second namespace. With the key store the canary reads
 back through `orl export`, yet no file holds it in clear (everything is sealed at rest). After
-`orl forget --tenant A --retrain`: the report lists the checkpoint trained on A's samples; a new run
+`orl forget --tenant alice --retrain` (by name: the server recorded which key id is alice's, the
+key itself is nowhere but the server's settings): the report lists the checkpoint trained on A's samples; a new run
 was trained without them; export, replay and audit say "forgotten" instead of failing; and not one
 byte of the canary is readable anywhere: every file under the data dir, the object store, the key
 store, and a fresh export.
@@ -83,7 +85,9 @@ def test_forget_a_tenant_leaves_no_readable_byte_and_retrains_without_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log_url = f"sqlite:///{tmp_path / 'log.db'}"
-    with serve_process(tmp_path, log_url=log_url, extra_env={"ORL_API_KEYS": f"{KEY_A},{KEY_B}"}) as server:
+    with serve_process(
+        tmp_path, log_url=log_url, extra_env={"ORL_API_KEYS": KEY_B, "ORL_TENANT_KEYS": f"alice={KEY_A}"}
+    ) as server:
         _talk(server.base_url, KEY_A, "a1", CANARY)
         _talk(server.base_url, KEY_A, "a2", CANARY)
         _talk(server.base_url, KEY_B, "b1", "nothing secret")
@@ -123,11 +127,12 @@ def test_forget_a_tenant_leaves_no_readable_byte_and_retrains_without_it(
     assert _files_holding(CANARY.encode(), *roots) == []
 
     monkeypatch.setenv("ORL_TRAIN_BATCH_SIZE", "1")  # the retrained run: B's samples make its step
-    code = main(["forget", *where, "--namespace", "live", "--tenant", KEY_A, "--json", "--retrain",
+    code = main(["forget", *where, "--namespace", "live", "--tenant", "alice", "--json", "--retrain",
                  "--retrain-steps", "1", "--model", str(base_model_dir)])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     report = json.loads(out[: out.index("\n}\n") + 2])
+    assert report["tenant"] == "alice"
     assert {s["session_id"] for s in report["sessions"]} == {"a1", "a2", "a3"}
     assert all(s["keys_destroyed"] == 1 for s in report["sessions"])
     [checkpoint] = report["checkpoints"]  # the step trained on A's samples

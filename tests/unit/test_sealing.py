@@ -226,3 +226,26 @@ def test_a_forgotten_sessions_state_is_dropped_not_carried_on(keys: KeyStore) ->
         assert host.forgotten("kept") and not host.forgotten("other")
     finally:
         install_data_keys(None)
+
+
+def test_forget_finds_a_named_tenants_sessions_by_name_and_a_client_keys_by_the_key(keys: KeyStore) -> None:
+    from orl.schemas.errors import ConfigError
+    from orl.serving.tenancy import key_id
+
+    from orl.forget import ForgetSettings, _sessions
+
+    alice_old, alice_new, plain = key_id(b"alice-old"), key_id(b"alice-new"), key_id(b"plain-key")
+    keys.name_tenant(alice_old, "alice")
+    keys.name_tenant(alice_new, "alice")  # alice's key was replaced: both keys' sessions are hers
+    for session, owner in (("a1", alice_old), ("a2", alice_new), ("p1", plain)):
+        keys.assign_tenant(session, owner)
+    assert keys.tenant_names() == {alice_old: "alice", alice_new: "alice"}
+    assert _sessions(ForgetSettings(tenant="alice"), keys) == (["a1", "a2"], "alice")
+    assert _sessions(ForgetSettings(client_key="plain-key"), keys) == (["p1"], plain)
+    assert _sessions(ForgetSettings(session=("p1", "a1")), keys) == (["a1", "p1"], None)
+    with pytest.raises(ConfigError, match="no tenant named 'bob' .*named tenants: alice"):
+        _sessions(ForgetSettings(tenant="bob"), keys)
+    with pytest.raises(ConfigError, match="exactly one of"):
+        _sessions(ForgetSettings(tenant="alice", session=("a1",)), keys)
+    with pytest.raises(ConfigError, match="no session opened by that client key"):
+        _sessions(ForgetSettings(client_key="unknown-key"), keys)

@@ -11,7 +11,7 @@ from orl.up import STACK_SECRETS, UpSettings, component_env, stack_launches
 
 S3 = {"ORL_S3_ACCESS_KEY", "ORL_S3_SECRET_KEY"}
 NEEDED = {
-    "serve": {"ORL_API_KEYS", "ORL_ADMIN_KEY", "ORL_INTERNAL_KEY", *S3},
+    "serve": {"ORL_API_KEYS", "ORL_TENANT_KEYS", "ORL_ADMIN_KEY", "ORL_INTERNAL_KEY", *S3},
     "pipeline": {"ORL_API_KEY", "ORL_JUDGE_API_KEY"},
     "pipeline-downstream": {"ORL_API_KEY", "ORL_JUDGE_API_KEY"},
     "train": S3,
