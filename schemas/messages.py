@@ -111,6 +111,18 @@ def tool_calls_text(tool_calls: Any) -> str:
     return "\n".join(lines)
 
 
+def message_role(message: Message) -> str | None:
+    """A message's role ("system", "user", "assistant", "tool", ...), or None when it has none."""
+    role = message.get("role")
+    return None if role is None else str(role)
+
+
+def message_author(message: Message) -> str | None:
+    """Who wrote a message beyond its role: its `name`, else the tool call it answers, or None."""
+    author = message.get("name") or message.get("tool_call_id")
+    return None if not author else str(author)
+
+
 def message_text(message: Message) -> str:
     """The readable text of one message: its content, then its tool calls if any."""
     parts = [content_text(message.get("content")), tool_calls_text(message.get("tool_calls"))]
@@ -187,7 +199,7 @@ def plain_template_messages(
 
 def tool_response_text(message: Message, text: str) -> str:
     """A tool result as the user turn a template without tool roles shows."""
-    name = message.get("name") or message.get("tool_call_id") or "tool"
+    name = message_author(message) or "tool"
     return f'<tool_response name="{name}">\n{text}\n</tool_response>'
 
 

@@ -8,7 +8,7 @@ text parts still matches. Reads and writes no topics.
 
 from __future__ import annotations
 
-from orl.schemas.messages import Message, messages_digest
+from orl.schemas.messages import Message, message_role, messages_digest
 
 PREFIX = "prefix"
 AFTER_LAST_ASSISTANT = "after_last_assistant"
@@ -29,10 +29,10 @@ def appended_messages(
     )
     if is_prefix:
         rest = current[previous_count:]
-        if rest and rest[0].get("role") == "assistant":
+        if rest and message_role(rest[0]) == "assistant":
             rest = rest[1:]
         return rest, PREFIX
     for index in range(len(current) - 1, -1, -1):
-        if current[index].get("role") == "assistant":
+        if message_role(current[index]) == "assistant":
             return current[index + 1 :], AFTER_LAST_ASSISTANT
     return current[-1:], AFTER_LAST_ASSISTANT

@@ -38,12 +38,12 @@ def namespace_of(event: AnyEvent) -> str:
 
 
 def session_id_of(event: AnyEvent) -> str | None:
-    session_id = envelope_of(event).get("session_id")
+    session_id = envelope_of(event)["session_id"]
     return None if session_id is None else str(session_id)
 
 
 def turn_id_of(event: AnyEvent) -> str | None:
-    turn_id = envelope_of(event).get("turn_id")
+    turn_id = envelope_of(event)["turn_id"]
     return None if turn_id is None else str(turn_id)
 
 
@@ -52,7 +52,7 @@ def occurred_at_of(event: AnyEvent) -> int:
 
 
 def producer_of(event: AnyEvent) -> str:
-    return str(envelope_of(event).get("producer", ""))
+    return str(envelope_of(event)["producer"])
 
 
 def producer_name(processor_name: str, logic_version: str) -> str:

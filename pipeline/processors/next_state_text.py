@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 
-from orl.schemas.messages import Message, message_text, tool_calls_text
+from orl.schemas.messages import Message, message_author, message_role, message_text, tool_calls_text
 
 # Roles of NextStateObserved: who produced what came after the response.
 NEXT_STATE_ROLE_BY_MESSAGE_ROLE = {"user": "user", "tool": "tool", "function": "tool"}
 
 
 def message_label(message: Message) -> str:
-    role = str(message.get("role", "unknown"))
-    name = message.get("name") or message.get("tool_call_id")
-    return f"{role} ({name})" if name else role
+    role = message_role(message) or "unknown"
+    author = message_author(message)
+    return f"{role} ({author})" if author else role
 
 
 def render_messages(messages: list[Message]) -> str:
@@ -34,7 +34,7 @@ def next_state_role(messages: list[Message]) -> str:
     """
     if not messages:
         return "user"
-    return NEXT_STATE_ROLE_BY_MESSAGE_ROLE.get(str(messages[0].get("role")), "environment")
+    return NEXT_STATE_ROLE_BY_MESSAGE_ROLE.get(message_role(messages[0]) or "", "environment")
 
 
 def render_response(response_text: str, tool_calls_json: str | None) -> str:
@@ -55,7 +55,7 @@ def truncate_middle(text: str, max_chars: int) -> str:
 
 def last_user_index(messages: list[Message]) -> int | None:
     for index in range(len(messages) - 1, -1, -1):
-        if messages[index].get("role") == "user":
+        if message_role(messages[index]) == "user":
             return index
     return None
 

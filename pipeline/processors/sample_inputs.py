@@ -235,9 +235,9 @@ def record_request(state: SessionSamples, event: RequestReceived) -> tuple[Sessi
         request_event_id=event_id_of(event),
     )
     group = state.group
-    group_id = event.get("group_id")
+    group_id = event["group_id"]
     if group_id is not None and group is None:
-        group = Group(group_id, event.get("group_size"))
+        group = Group(group_id, event["group_size"])
     waiting = dict(state.waiting_responses)
     response = waiting.pop(request_id, None)
     if response is not None and not turn.decided:
@@ -265,11 +265,11 @@ def response_of(event: ResponseGenerated, packed: bool) -> Response:
         if packed
         else InlineArrays(prompt_ids, response_ids, logprobs),
         problem="constrained_decoding"
-        if event["sampling"].get("constraint")
+        if event["sampling"]["constraint"]
         else arrays_problem(response_ids, logprobs, temperature),
         temperature=temperature,
         policy_version=int(event["policy_version"]),
-        off_policy=bool(event.get("policy_spans")),
+        off_policy=bool(event["policy_spans"]),
     )
 
 
@@ -321,7 +321,7 @@ def record_reward(
         reward=float(event["reward"]),
         votes=list(event["votes"]),
         vote_ids=list(event["vote_ids"]),
-        judge_id=event.get("judge_id"),
+        judge_id=event["judge_id"],
     )
     if rules.rule == "single" or event["rule"] == GROUP_RULE:
         if turn.decided:
@@ -380,8 +380,8 @@ def record_teacher(state: SessionSamples, event: TeacherScored) -> tuple[Session
             teacher_kind=event["teacher_kind"],
             response_token_ids=list(event["response_token_ids"]),
             teacher_logprobs=list(event["teacher_logprobs"]),
-            teacher_top_ids=event.get("teacher_top_ids"),
-            teacher_top_logprobs=event.get("teacher_top_logprobs"),
+            teacher_top_ids=event["teacher_top_ids"],
+            teacher_top_logprobs=event["teacher_top_logprobs"],
         )
         turn = evolved(turn, teacher=teacher)
     return with_turn(state, turn_id, turn), turn_id
@@ -389,7 +389,7 @@ def record_teacher(state: SessionSamples, event: TeacherScored) -> tuple[Session
 
 def record_close(state: SessionSamples, event: SessionClosed) -> tuple[SessionSamples, str | None]:
     """A (re)close: the session may now be finalized (sample_decisions.settle)."""
-    closed = Closed(event_id_of(event), event.get("last_turn_id"), occurred_at_of(event))
+    closed = Closed(event_id_of(event), event["last_turn_id"], occurred_at_of(event))
     return evolved(state, closed=closed, finalized=False), None
 
 

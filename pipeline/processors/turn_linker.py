@@ -298,7 +298,7 @@ def on_external_next_state(state: LinkerSession, event: NextStateObserved) -> Li
 def on_session_closed(state: LinkerSession, event: SessionClosed, config: PipelineConfig) -> Linked:
     if state.closed:
         return state, []
-    end = SessionEnd(event.get("last_turn_id"), event_id_of(event), occurred_at_of(event))
+    end = SessionEnd(event["last_turn_id"], event_id_of(event), occurred_at_of(event))
     state = evolved(closed(state, occurred_at_of(event), "explicit"), session_end=end)
     return flush_pending(assign_named_session_end(state), config)
 

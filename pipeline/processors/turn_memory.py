@@ -87,7 +87,7 @@ def remember_turn_event(memory: TurnMemory, event: AnyEvent, *, keep_tokens: boo
         request = cast(RequestReceived, event)
         if request["turn_kind"] != "main":
             return evolved(memory, last_activity_ms=last_activity_ms)
-        tools_json = request.get("tools_json")
+        tools_json = request["tools_json"]
         turn = evolved(
             turn,
             messages_json=request["messages_json"],

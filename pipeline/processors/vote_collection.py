@@ -156,8 +156,8 @@ def with_vote(judgement: Judgement | None, event: Vote, keeps_hint: bool) -> Jud
     index = str(int(event["vote_index"]))
     if judgement.decided or index in judgement.votes:
         return None
-    hint = cast(HintVoteCast, event).get("hint") if keeps_hint else None
-    vote = CastVote(event_id_of(event), event.get("score"), occurred_at_of(event), hint)
+    hint = cast(HintVoteCast, event)["hint"] if keeps_hint else None
+    vote = CastVote(event_id_of(event), event["score"], occurred_at_of(event), hint)
     return evolved(judgement, votes={**judgement.votes, index: vote})
 
 

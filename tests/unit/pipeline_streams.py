@@ -43,7 +43,14 @@ T0_MS = 1_700_000_000_000
 
 
 def sampling(temperature: float = 0.7) -> dict[str, Any]:
-    return {"temperature": temperature, "top_p": 1.0, "max_tokens": 512, "stop": [], "seed": None}
+    return {
+        "temperature": temperature,
+        "top_p": 1.0,
+        "max_tokens": 512,
+        "stop": [],
+        "seed": None,
+        "constraint": None,
+    }
 
 
 def token_ids(text: str) -> list[int]:
