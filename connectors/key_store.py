@@ -166,6 +166,18 @@ class KeyStore:
         with self._lock:
             return {str(t): str(n) for t, n in self._db.execute("SELECT tenant, name FROM tenant_names")}
 
+    def sessions_of_named_tenant(self, name: str) -> list[str]:
+        """Every session a client key of the named tenant `name` opened; a ConfigError naming the named
+        tenants when there is none called so."""
+        key_ids = self.tenants_named(name)
+        if not key_ids:
+            named = sorted(set(self.tenant_names().values()))
+            raise ConfigError(
+                f"the key store {self.path} has no tenant named {name!r} "
+                f"(named tenants: {', '.join(named) or 'none'}; a server names them at start: --tenant-keys)"
+            )
+        return sorted({session for key in key_ids for session in self.sessions_of_tenant(key)})
+
     def sessions_of_tenant(self, tenant: str) -> list[str]:
         with self._lock:
             rows = self._db.execute(

@@ -81,14 +81,7 @@ def _sessions(settings: ForgetSettings, keys: KeyStore) -> tuple[list[str], str 
     if settings.session:
         return sorted(set(settings.session)), None
     if settings.tenant:
-        key_ids = keys.tenants_named(settings.tenant)
-        if not key_ids:
-            named = sorted(set(keys.tenant_names().values()))
-            raise ConfigError(
-                f"the key store {keys.path} has no tenant named {settings.tenant!r} "
-                f"(named tenants: {', '.join(named) or 'none'}; a server names them at start: --tenant-keys)"
-            )
-        sessions = sorted({s for tenant in key_ids for s in keys.sessions_of_tenant(tenant)})
+        sessions = keys.sessions_of_named_tenant(settings.tenant)
         if not sessions:
             raise ConfigError(f"tenant {settings.tenant!r} has opened no session yet: nothing to forget")
         return sessions, settings.tenant

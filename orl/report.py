@@ -23,7 +23,8 @@ With `--scenario student|teacher` the side turns (the demo's held-out evaluation
 side turns) are scored per version with that scenario's scorer, with the demo's intervals: the
 demo's own table rebuilt from its log alone. With `--metrics-port` the same figures are Prometheus
 gauges for a dashboard (`orl_report_approval{version, bound}`, `orl_report_relevance{version}`, ...),
-refreshed from the log every `--refresh-s`.
+refreshed from the log every `--refresh-s`. With `--tenant NAME` only that named tenant's main turns
+count (the key store says which sessions its client keys opened): the tenant's own curve.
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ from matplotlib.figure import Figure
 from prometheus_client import start_http_server
 
 from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.key_store import KeyStore
 from orl.connectors.metrics import Metrics
 from orl.connectors.settings import ConnectionSettings, setting
 from orl.demo.scenarios import get_scenario
 from orl.gate.scoring import ScoreBreakdown, Scorer, bootstrap_ci, relevance, word_count
 from orl.pipeline.history.namespace_io import namespace_events
-from orl.schemas.errors import OrlError
+from orl.schemas.errors import ConfigError, OrlError
 from orl.schemas.messages import prompt_text
 
 REPORT_TOPICS = (
@@ -71,6 +73,12 @@ class ReportSettings(ConnectionSettings):
         "127.0.0.1:PORT/metrics, re-reading the log every --refresh-s (0: write the report once and exit).",
     )
     refresh_s: float = setting(30.0, "ORL_REPORT_REFRESH_S", "With --metrics-port: seconds between re-reads.")
+    tenant: str = setting(
+        "",
+        "ORL_REPORT_TENANT",
+        "Only the main turns of this named tenant's sessions (orl up --tenants, orl serve --tenant-keys): "
+        "its own curve. The key store names its sessions.",
+    )
 
 
 @dataclass(frozen=True)
@@ -153,8 +161,14 @@ def _note_policy_events(events: Mapping[str, list[Event]], of: Callable[[int], V
             figures.refusals.append(f"{activation['server_id']}: {activation['reason']}")
 
 
-def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = None) -> list[VersionFigures]:
-    """The figures of every version that served a turn or was activated, refused or trained, ascending."""
+def version_figures(
+    events: Mapping[str, list[Event]], scorer: Scorer | None = None, sessions: frozenset[str] | None = None
+) -> list[VersionFigures]:
+    """The figures of every version that served a turn or was activated, refused or trained, ascending.
+
+    `sessions`: count only the main turns of these sessions (one tenant's). The side turns a scorer
+    scores are the held-out evaluation's, which belong to the version, not to a tenant: they are
+    scored whatever `sessions` is."""
     requests = {e["request_id"]: e for e in events.get("requests", [])}
     by_version: dict[int, VersionFigures] = {}
 
@@ -172,8 +186,10 @@ def version_figures(events: Mapping[str, list[Event]], scorer: Scorer | None = N
         prompt = last_user_text(json.loads(request["messages_json"]))
         answer = response["response_text"]
         if request["turn_kind"] == "main":
-            of(version).main_turns += 1
             session = request["envelope"]["session_id"]
+            if sessions is not None and session not in sessions:
+                continue
+            of(version).main_turns += 1
             turn = (version, session, relevance(prompt, answer), word_count(answer))
             turn_version[request["envelope"]["turn_id"]] = turn
         elif scorer is not None and prompt:
@@ -226,7 +242,7 @@ def _interval_cell(interval: Interval | None) -> str:
     return "-" if interval is None else f"{interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
 
 
-def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str) -> str:
+def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str, tenant: str = "") -> str:
     held = bool(scenario)
     header = [
         "version",
@@ -243,8 +259,9 @@ def render_markdown(namespace: str, rows: list[VersionFigures], scenario: str) -
         ["held-out score [95% CI]", "held-out style", "held-out relevance"] if held else []
     )
     lines = [
-        f"# orl report: namespace {namespace}",
+        f"# orl report: namespace {namespace}" + (f", tenant {tenant}" if tenant else ""),
         "",
+        *([f"Main turns of tenant {tenant}'s sessions only.", ""] if tenant else []),
         "Per policy version (0 = the base model). Judged: main turns the judge rewarded +1 or -1; "
         "approval: the share of them at +1, 95% cluster-bootstrap interval over sessions; neutral: turns "
         "rewarded 0. Satisfied: positive explicit feedback among turns that got any. Relevance and words: "
@@ -348,15 +365,30 @@ def export_metrics(rows: Sequence[VersionFigures], metrics: Metrics) -> None:
             metrics.set("report_promoted", float(row.gate.startswith("promoted")), version=version)
 
 
+def tenant_sessions(settings: ReportSettings) -> frozenset[str]:
+    """The sessions of the named tenant --tenant, as the deployment's key store records them."""
+    path = settings.effective_key_store()
+    if path is None:
+        raise ConfigError(
+            "--tenant needs the key store (it records which sessions each tenant opened): --key-store is off"
+        )
+    keys = KeyStore(path)
+    try:
+        return frozenset(keys.sessions_of_named_tenant(settings.tenant))
+    finally:
+        keys.close()
+
+
 def report_once(settings: ReportSettings) -> list[VersionFigures]:
     """Read the namespace, write report.md, .json and .png, and return the rows."""
     scorer = get_scenario(settings.scenario).scorer if settings.scenario else None
+    sessions = tenant_sessions(settings) if settings.tenant else None
     events = asyncio.run(read_report_events(settings.effective_log_url(), settings.namespace))
-    rows = version_figures(events, scorer)
+    rows = version_figures(events, scorer, sessions)
     if not rows:
         raise OrlError(f"namespace {settings.namespace!r} has no served turn, checkpoint or activation yet")
     settings.out_dir.mkdir(parents=True, exist_ok=True)
-    table = render_markdown(settings.namespace, rows, settings.scenario)
+    table = render_markdown(settings.namespace, rows, settings.scenario, settings.tenant)
     (settings.out_dir / "report.md").write_text(table)
     (settings.out_dir / "report.json").write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     plot_report(settings.namespace, rows, settings.out_dir / "report.png")

@@ -126,6 +126,22 @@ def test_forget_a_tenant_leaves_no_readable_byte_and_retrains_without_it(
     roots = (tmp_path, deployment_key_store.parent)
     assert _files_holding(CANARY.encode(), *roots) == []
 
+    # alice's own curve: `orl report --tenant alice` counts the main turns of her sessions only.
+    requests = asyncio.run(_events(log_url, "live", "requests"))
+    main_turns = [r["envelope"]["session_id"] for r in requests if r["turn_kind"] == "main"]
+    for tenant in ("", "alice"):
+        out_dir = tmp_path / f"report-{tenant or 'all'}"
+        assert main(["report", *where, "--namespace", "live", "--out-dir", str(out_dir),
+                     *(["--tenant", tenant] if tenant else [])]) == 0  # fmt: skip
+        rows = json.loads((out_dir / "report.json").read_text())
+        counted = sum(row["main_turns"] for row in rows)
+        assert counted == len([s for s in main_turns if not tenant or s.startswith("a")]), (
+            tenant,
+            main_turns,
+        )
+    assert "b1" in main_turns  # the other key's session is in the log, and in the first report only
+    capsys.readouterr()
+
     monkeypatch.setenv("ORL_TRAIN_BATCH_SIZE", "1")  # the retrained run: B's samples make its step
     code = main(["forget", *where, "--namespace", "live", "--tenant", "alice", "--json", "--retrain",
                  "--retrain-steps", "1", "--model", str(base_model_dir)])  # fmt: skip

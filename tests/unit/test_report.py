@@ -124,3 +124,14 @@ def test_the_figures_are_exported_as_gauges_per_version() -> None:
     assert value("orl_report_refusals", {"version": "2"}) == 1.0
     export_metrics(version_figures(events()), metrics)  # a refresh sets the same gauges again
     assert value("orl_report_judged_turns", {"version": "0"}) == 2.0
+
+
+def test_a_tenants_report_counts_only_its_own_sessions_main_turns() -> None:
+    rows = version_figures(events(), scorer=student_score, sessions=frozenset({"s3"}))
+    assert [row.version for row in rows] == [1, 2, 3]  # v0 served only s1 and s2, someone else's
+    v1 = rows[0]
+    assert (v1.main_turns, v1.judged_turns, v1.satisfied) == (2, 1, 1.0)
+    assert v1.held_out_samples == 3  # the held-out evaluation belongs to the version, not to a tenant
+    table = render_markdown("live", rows, "student", tenant="alice")
+    assert table.startswith("# orl report: namespace live, tenant alice\n")
+    assert "Main turns of tenant alice's sessions only." in table
