@@ -153,14 +153,6 @@ class KeyStore:
                 "INSERT OR REPLACE INTO tenant_names (tenant, name) VALUES (?, ?)", (tenant, name)
             )
 
-    def tenants_named(self, name: str) -> list[str]:
-        """The client key ids the named tenant `name` has had."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT tenant FROM tenant_names WHERE name = ? ORDER BY tenant", (name,)
-            ).fetchall()
-        return [str(r[0]) for r in rows]
-
     def tenant_names(self) -> dict[str, str]:
         """Every named tenant's name, by client key id."""
         with self._lock:
@@ -169,21 +161,22 @@ class KeyStore:
     def sessions_of_named_tenant(self, name: str) -> list[str]:
         """Every session a client key of the named tenant `name` opened; a ConfigError naming the named
         tenants when there is none called so."""
-        key_ids = self.tenants_named(name)
-        if not key_ids:
-            named = sorted(set(self.tenant_names().values()))
+        named = set(self.tenant_names().values())
+        if name not in named:
             raise ConfigError(
                 f"the key store {self.path} has no tenant named {name!r} "
-                f"(named tenants: {', '.join(named) or 'none'}; a server names them at start: --tenant-keys)"
+                f"(named tenants: {', '.join(sorted(named)) or 'none'}; a server names them at start: --tenant-keys)"
             )
-        return sorted({session for key in key_ids for session in self.sessions_of_tenant(key)})
+        return self._strings(
+            "SELECT DISTINCT d.session_id FROM data_keys d JOIN tenant_names t ON d.tenant = t.tenant "
+            "WHERE t.name = ? ORDER BY d.session_id",
+            (name,),
+        )
 
     def sessions_of_tenant(self, tenant: str) -> list[str]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT DISTINCT session_id FROM data_keys WHERE tenant = ? ORDER BY session_id", (tenant,)
-            ).fetchall()
-        return [str(r[0]) for r in rows]
+        return self._strings(
+            "SELECT DISTINCT session_id FROM data_keys WHERE tenant = ? ORDER BY session_id", (tenant,)
+        )
 
     def forget_sessions(self, session_ids: list[str]) -> list[ForgottenSession]:
         """Destroy every key of these sessions and of their side sessions (orl.schemas.ids.side_session:
@@ -215,11 +208,16 @@ class KeyStore:
         return self.forget_sessions(self.sessions_of_tenant(tenant))
 
     def forgotten_sessions(self) -> set[str]:
-        with self._lock:
-            rows = self._db.execute(
+        return set(
+            self._strings(
                 "SELECT DISTINCT session_id FROM data_keys WHERE data_key IS NULL AND forgotten_at_ms IS NOT NULL"
-            ).fetchall()
-        return {str(r[0]) for r in rows}
+            )
+        )
+
+    def _strings(self, query: str, parameters: tuple[str, ...] = ()) -> list[str]:
+        """The first column of a query's rows, as strings."""
+        with self._lock:
+            return [str(row[0]) for row in self._db.execute(query, parameters)]
 
     def _drop_stale_cache(self) -> None:
         """Drop the cache when another connection has committed since the last look, looking at

@@ -177,9 +177,10 @@ def name_tenants(settings: ServeSettings) -> None:
     """Record each named tenant's client key id in the key store, so that `orl forget --tenant NAME`
     finds its sessions without the key (the key store keeps no key, only its id)."""
     keys = installed_data_keys()
+    if keys is None:
+        return
     for name, key in settings.named_tenants().items():
-        if keys is not None:
-            keys.name_tenant(key_id(key.encode("utf-8", "surrogatepass")), name)
+        keys.name_tenant(key_id(key.encode("utf-8", "surrogatepass")), name)
 
 
 async def _background(
