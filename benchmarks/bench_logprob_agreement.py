@@ -56,7 +56,7 @@ async def measure(
             rollout.extend(generation.logprobs)
             scored.extend(await backend.score(ids, generation.token_ids, 0.7))
         if adapter is None:
-            model = backend._model  # noqa: SLF001 - the served base model, for the trainer's path
+            model = backend._served_base  # noqa: SLF001 - the served base model, for the trainer's path
         else:
             model = load_policy(model_dir, "lora", init_dir=adapter).module.eval()
         with torch.no_grad():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orl.serving.policy.base import (
+    MAIN_RUN,
     CheckpointKind,
     Generation,
     GenerationStream,
@@ -17,6 +18,7 @@ from orl.serving.policy.base import (
     SamplingParams,
     TokenStep,
     check_prompt,
+    check_run,
 )
 
 ECHO_TEXT = "This is a fixed benchmark reply from the echo backend."
@@ -38,7 +40,9 @@ class EchoBackend(PolicyBackend):
     async def close(self) -> None:
         return None
 
-    def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
+    def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams, run: str = MAIN_RUN
+    ) -> GenerationStream:
         check_prompt(prompt_ids, self._context_window)
         ids = self._token_ids[: params.max_tokens]
         stream = GenerationStream()
@@ -67,5 +71,7 @@ class EchoBackend(PolicyBackend):
     ) -> list[float]:
         return [-0.5] * len(response_ids)
 
-    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
-        return None
+    async def load_checkpoint(
+        self, path: Path, version: int, kind: CheckpointKind, run: str = MAIN_RUN
+    ) -> None:
+        check_run(self, run)

@@ -25,6 +25,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -250,3 +251,43 @@ class KeyStore:
         live = self._live_key(session_id)  # another process may have written one first: theirs stands
         assert live is not None
         return live
+
+
+class SessionTenants:
+    """The named tenant of each session, as the key store records it (the tenant of the client key that
+    opened it): the trainer and gate of a tenant's own run keep its sessions, the shared run skips
+    private tenants'. Cached per session: a session's recorded tenant never changes. A session with
+    no recorded tenant, or an unnamed key's, has none (None) and is not cached."""
+
+    def __init__(self, keys: KeyStore) -> None:
+        self._keys = keys
+        self._names: dict[str, str] = {}  # client key id -> tenant name
+        self._of: dict[str, str] = {}  # session -> tenant name
+
+    def name_of(self, session_id: str) -> str | None:
+        if session_id in self._of:
+            return self._of[session_id]
+        key_id = self._keys.tenant_of(session_id)
+        if key_id is None:
+            return None
+        if key_id not in self._names:
+            self._names = self._keys.tenant_names()  # a tenant named since the last look
+        name = self._names.get(key_id)
+        if name is not None:
+            self._of[session_id] = name
+        return name
+
+
+def tenant_session_filter(
+    keys: KeyStore, tenant: str, private_tenants: tuple[str, ...] = ()
+) -> Callable[[str], bool] | None:
+    """Whether a session's samples are trained (or its prompts gated) by the run of `tenant` (its own
+    sessions only) or, with no tenant, by the shared run (every session but `private_tenants`');
+    None when every session's are."""
+    if not tenant and not private_tenants:
+        return None
+    tenants = SessionTenants(keys)
+    if tenant:
+        return lambda session_id: tenants.name_of(session_id) == tenant
+    private = frozenset(private_tenants)
+    return lambda session_id: tenants.name_of(session_id) not in private

@@ -62,6 +62,20 @@ class PromotionSettings:
     )
 
 
+@dataclass(frozen=True)
+class TenantSettings:
+    """Whose sessions a run trains on, its gate draws prompts from and a report counts: one named
+    tenant's (orl up --tenants, orl serve --tenant-keys; the key store names their sessions) or all."""
+
+    tenant: str = setting(
+        "",
+        "ORL_TENANT",
+        "Only this named tenant's sessions: orl train and orl gate run its own adapter, whose run id is "
+        "<run>.<tenant> (what orl serve --tenant-adapters answers it with); orl report draws its own curve.",
+        advanced=True,
+    )
+
+
 DEFAULT_GATED_HOLDOUT_SHARE = 0.1
 
 

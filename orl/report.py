@@ -45,7 +45,7 @@ from prometheus_client import start_http_server
 from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.key_store import KeyStore
 from orl.connectors.metrics import Metrics
-from orl.connectors.settings import ConnectionSettings, setting
+from orl.connectors.settings import ConnectionSettings, TenantSettings, setting
 from orl.demo.scenarios import get_scenario
 from orl.gate.scoring import ScoreBreakdown, Scorer, bootstrap_ci, relevance, word_count
 from orl.pipeline.history.namespace_io import namespace_events
@@ -59,7 +59,7 @@ Event = dict[str, Any]
 
 
 @dataclass(frozen=True)
-class ReportSettings(ConnectionSettings):
+class ReportSettings(ConnectionSettings, TenantSettings):
     out_dir: Path = setting(Path(".orl/report"), "ORL_REPORT_DIR", "Where report.md, .json and .png go.")
     scenario: str = setting(
         "",
@@ -73,12 +73,6 @@ class ReportSettings(ConnectionSettings):
         "127.0.0.1:PORT/metrics, re-reading the log every --refresh-s (0: write the report once and exit).",
     )
     refresh_s: float = setting(30.0, "ORL_REPORT_REFRESH_S", "With --metrics-port: seconds between re-reads.")
-    tenant: str = setting(
-        "",
-        "ORL_REPORT_TENANT",
-        "Only the main turns of this named tenant's sessions (orl up --tenants, orl serve --tenant-keys): "
-        "its own curve. The key store names its sessions.",
-    )
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,7 @@ def response_generated(
     prompt_tokens: int,
     completion_tokens: int,
     model: str,
+    policy_run: str | None,
 ) -> ResponseGenerated:
     """The policy generated a response (topic: responses)."""
     return cast(
@@ -129,6 +130,7 @@ def response_generated(
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "model": model,
+                "policy_run": policy_run,
             },
         ),
     )
@@ -431,6 +433,7 @@ def sample_ready(
     lineage: Lineage,
     teacher_top_ids: list[list[int]] | None,
     teacher_top_logprobs: list[list[float]] | None,
+    policy_run: str | None,
 ) -> SampleReady:
     """A training sample (topic: samples)."""
     return cast(
@@ -453,6 +456,7 @@ def sample_ready(
                 "lineage": lineage,
                 "teacher_top_ids": teacher_top_ids,
                 "teacher_top_logprobs": teacher_top_logprobs,
+                "policy_run": policy_run,
             },
         ),
     )

@@ -165,6 +165,9 @@ class ResponseGenerated(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     model: str
+    # The training run whose `policy_version` generated it: the server's --run-id, or a tenant's own run
+    # (<run>.<tenant>); null: recorded before servers named it.
+    policy_run: str | None
 
 
 class NextStateObserved(TypedDict):
@@ -330,6 +333,9 @@ class SampleReady(TypedDict):
     teacher_top_ids: list[list[int]] | None
     # their logprobs at `temperature` ([T][K])
     teacher_top_logprobs: list[list[float]] | None
+    # The training run whose `policy_version` generated the response (a tenant's own run or the shared one);
+    # null: recorded before servers named it, the run the server followed.
+    policy_run: str | None
 
 
 class SampleRejected(TypedDict):

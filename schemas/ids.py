@@ -46,3 +46,12 @@ def side_session(session_id: str, purpose: str) -> str:
     server records as side turns: their payloads quote the session's, so they are sealed with a key of
     their own that `orl forget` destroys with the session's (orl.connectors.key_store)."""
     return f"{session_id}{SIDE_SESSION_MARK}{purpose}"
+
+
+TENANT_RUN_MARK = "."  # between the shared run's id and a tenant's name
+
+
+def tenant_run(run_id: str, tenant: str) -> str:
+    """The run of a named tenant's own adapter beside the shared run `run_id`: its trainer and gate run
+    it (--tenant), and a server following `run_id` with --tenant-adapters answers the tenant with it."""
+    return f"{run_id}{TENANT_RUN_MARK}{tenant}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from orl.connectors.event_log.base import EventLogError
 from orl.schemas.errors import CheckpointError
 from orl.serving.checkpoint_follower import CheckpointFollower
@@ -14,9 +16,15 @@ from starlette.routing import Route
 MAX_BODY_BYTES = 4096  # {"version": n} and nothing else
 
 
-def admin_routes(follower: CheckpointFollower) -> list[Route]:
+def admin_routes(
+    follower: CheckpointFollower, tenant_followers: Sequence[CheckpointFollower] = ()
+) -> list[Route]:
+    """Pin, unpin and roll back the main run; GET /admin/policy also lists the tenant runs' versions
+    (--tenant-adapters; null: none of its versions is served yet, the tenant gets the main policy)."""
+
     async def policy(request: Request) -> Response:
-        return JSONResponse(_status(follower))
+        tenant_runs = {f.run_id: f.backend.version_of(f.backend_run) for f in tenant_followers}
+        return JSONResponse({**_status(follower), "tenant_runs": tenant_runs})
 
     async def pin(request: Request) -> Response:
         body = json_object(await read_body(request, MAX_BODY_BYTES))

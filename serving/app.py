@@ -45,7 +45,14 @@ from orl.serving.openai_api import (
     session_header,
 )
 from orl.serving.openapi import openapi_document
-from orl.serving.policy.base import Generation, GenerationStream, PolicyBackend, PolicyError, SamplingParams
+from orl.serving.policy.base import (
+    MAIN_RUN,
+    Generation,
+    GenerationStream,
+    PolicyBackend,
+    PolicyError,
+    SamplingParams,
+)
 from orl.serving.policy.chat_template import ChatTemplate
 from orl.serving.reasoning import CLOSE as REASONING_CLOSE
 from orl.serving.reasoning import ReasoningStart, ReasoningStream, reasoning_start, split_reasoning
@@ -101,11 +108,16 @@ class ServerState:
     admin_routes: list[Route] = field(default_factory=list)
     drainer: SpoolDrainer | None = None  # None: nothing drains the spool here (tests of the app)
     follower: CheckpointFollower | None = None  # None: this server does not follow checkpoints
+    tenant_runs: dict[str, str] = field(default_factory=dict)  # client key id -> its tenant's own run
     # Rendering and tokenising prompts: one thread of its own, so a long prompt never stalls the event
     # loop (other requests' streams, health checks), and the tokenizer is never called from two threads.
     tokenizing: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="orl-tokenize")
     )
+
+    def run_for(self, request: Request) -> str:
+        """The run that answers a request: its tenant's own (--tenant-adapters), else the main policy."""
+        return self.tenant_runs.get(request_key_id(request), MAIN_RUN)
 
     async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
         """`work(*args)` on the tokenizing thread."""
@@ -232,7 +244,7 @@ class _ApiHandlers:
         if req.n > 1:
             return await self._choices(request, req, started)
         turn_call, prompt_ids = await self._begin(request, req, "chatcmpl-" + uuid.uuid4().hex, started)
-        stream = self.state.backend.generate_stream(prompt_ids, turn_call.params)
+        stream = self.state.backend.generate_stream(prompt_ids, turn_call.params, self.state.run_for(request))
         if req.stream:
             await turn_call.spooled()  # the 200 and the first bytes go out only once the request is spooled
             return StreamingResponse(
@@ -265,7 +277,8 @@ class _ApiHandlers:
             )
             for index in range(req.n)
         ]
-        streams = [self.state.backend.generate_stream(prompt.ids, turn.params) for turn in turns]
+        run = self.state.run_for(request)
+        streams = [self.state.backend.generate_stream(prompt.ids, turn.params, run) for turn in turns]
         generations = await _unless_client_leaves(request, streams)
         if generations is None:
             return turns[0].abandoned()
@@ -318,7 +331,7 @@ class _ApiHandlers:
         if wanted.store:
             turn_call.keep = functools.partial(_stage_response, spool, wanted, turn_call, owner)
         reply = _ResponseReply(wanted, response_id, int(time.time()), self.settings.served_model_name)
-        stream = self.state.backend.generate_stream(prompt_ids, turn_call.params)
+        stream = self.state.backend.generate_stream(prompt_ids, turn_call.params, self.state.run_for(request))
         if req.stream:
             await turn_call.spooled()
             return StreamingResponse(
@@ -563,6 +576,7 @@ class _Turn:
                 text=text or "",
                 tool_calls=tool_calls,
                 model=self.state.settings.served_model_name,
+                policy_run=generation.policy_run or self.state.settings.run_id,
                 reasoning=reasoning,
             )
         )

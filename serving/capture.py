@@ -108,10 +108,12 @@ class EventRecorder:
         text: str,
         tool_calls: list[dict[str, Any]],
         model: str,
+        policy_run: str,
         reasoning: str | None = None,
     ) -> Awaitable[None]:
         """Stage ResponseGenerated; await the result before sending the response. `text` is the
-        reply's content (its answer), `reasoning` its reasoning block (None: none)."""
+        reply's content (its answer), `reasoning` its reasoning block (None: none), `policy_run` the
+        run whose version answered."""
         event = event_constructors.response_generated(
             self._origin((request_id,), session_id=turn.session_id, turn_id=turn.turn_id),
             request_id=request_id,
@@ -129,6 +131,7 @@ class EventRecorder:
             prompt_tokens=len(generation.prompt_token_ids),
             completion_tokens=len(generation.token_ids),
             model=model,
+            policy_run=policy_run,
         )
         return self._stage("responses", event)
 

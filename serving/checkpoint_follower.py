@@ -11,7 +11,8 @@ with backoff (TRANSIENT_SWAP_ATTEMPTS times before the version is refused). The 
 between requests, so nothing is refused while it happens. An operator can pin a version (stop
 following) and roll back to the previous one. With `promoted_only` (behind the promotion gate,
 `orl gate`) the server follows PolicyGated promotions instead of publications: it reads
-`checkpoints` from its beginning and serves the newest promoted version.
+`checkpoints` from its beginning and serves the newest promoted version. A server with
+--tenant-adapters runs one follower per named tenant's own run (`tenant_run`) beside the main one.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from orl.schemas.errors import CheckpointError, EventDecodeError, ServiceUnavail
 from orl.schemas.event_types import CheckpointPublished
 from orl.schemas.topics import topic_name
 from orl.serving.capture import EventRecorder
-from orl.serving.policy.base import PolicyBackend
+from orl.serving.policy.base import MAIN_RUN, PolicyBackend
 
 logger = logging.getLogger(__name__)
 KEPT_DOWNLOADS = 3  # served checkpoints kept on disk: the last activated ones (and a pinned one)
@@ -70,7 +71,20 @@ class CheckpointFollower:
     unreachable_swaps: dict[int, int] = field(default_factory=dict)  # version -> swaps the backend missed
     caught_up: bool = False  # the newest version the log had when following began is served (or refused)
     promoted_only: bool = False  # activate only versions the promotion gate promoted
+    tenant_run: bool = (
+        False  # a tenant's own run (orl.schemas.ids.tenant_run): the backend holds it beside the main
+    )
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def backend_run(self) -> str:
+        """The run the backend serves this run's checkpoints as ("" = its main policy)."""
+        return self.run_id if self.tenant_run else MAIN_RUN
+
+    @property
+    def served_version(self) -> int:
+        """The version of this run being served (0 = none of its checkpoints yet, or the base model)."""
+        return self.backend.version_of(self.backend_run) or 0
 
     async def activate_latest(self) -> None:
         """At start (and after a failure to follow): serve the newest published checkpoint that verifies.
@@ -82,7 +96,7 @@ class CheckpointFollower:
         """
         published = await self.published_checkpoints()
         for version in sorted(published, reverse=True):
-            if version <= self.backend.policy_version:
+            if version <= self.served_version:
                 return
             if version not in self.refused and await self.activate(published[version]):
                 return
@@ -130,7 +144,7 @@ class CheckpointFollower:
                         ref is not None
                         and ref.run_id == self.run_id
                         and self.pinned is None
-                        and ref.version > self.backend.policy_version
+                        and ref.version > self.served_version
                         and ref.version not in self.refused
                     ):
                         await self.activate(ref)
@@ -160,16 +174,8 @@ class CheckpointFollower:
                     else:
                         decisions.read(event)
                 # a promotion read in this batch (as after a pin and unpin, the server waits for the next one)
-                newest = (
-                    decisions.promoted
-                    if decisions.promoted > promoted_before
-                    else self.backend.policy_version
-                )
-                if (
-                    self.pinned is None
-                    and newest > self.backend.policy_version
-                    and newest not in self.refused
-                ):
+                newest = decisions.promoted if decisions.promoted > promoted_before else self.served_version
+                if self.pinned is None and newest > self.served_version and newest not in self.refused:
                     if newest in published:
                         await self.activate(published[newest])
                     else:  # its CheckpointPublished is gone (retention): nothing to check it against
@@ -184,7 +190,7 @@ class CheckpointFollower:
             dest = self.download_dir / ref.run_id / f"{ref.version:08d}"
             try:
                 await asyncio.to_thread(_fresh_download, self.store, ref, dest)
-                await self.backend.load_checkpoint(dest, ref.version, ref.kind)  # type: ignore[arg-type]
+                await self.backend.load_checkpoint(dest, ref.version, ref.kind, self.backend_run)  # type: ignore[arg-type]
             except CheckpointError as error:  # the store's verdict or the backend's refusal
                 self._refuse(ref.version, ref.manifest_key, str(error))
                 return False
@@ -227,7 +233,7 @@ class CheckpointFollower:
         if ref is None:
             raise CheckpointError(f"run {self.run_id!r} has no v{version} on the log: {_UNPUBLISHED}")
         self.pinned = version
-        if version == self.backend.policy_version:
+        if version == self.served_version:
             return True
         return await self.activate(ref)
 
@@ -236,7 +242,7 @@ class CheckpointFollower:
 
     async def rollback(self) -> int:
         """Pin the checkpoint served before the current one (the base model is version 0)."""
-        previous = [r for r in self.history if r.version < self.backend.policy_version]
+        previous = [r for r in self.history if r.version < self.served_version]
         if not previous:
             raise CheckpointError("nothing to roll back to: no earlier checkpoint was served")
         await self.pin(previous[-1].version)

@@ -23,6 +23,7 @@ from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.factory import open_object_store
 from orl.schemas.codec import installed_data_keys
 from orl.schemas.errors import ConfigError
+from orl.schemas.ids import tenant_run
 from orl.schemas.topics import topic_name
 from orl.serving.admin import admin_routes
 from orl.serving.app import ServerState, build_app
@@ -67,6 +68,10 @@ def check_settings(settings: ServeSettings) -> None:
         raise ConfigError(f"--spool-max-bytes must be > 0, not {settings.spool_max_bytes}")
     if settings.header_timeout_s <= 0:
         raise ConfigError(f"--header-timeout-s must be > 0, not {settings.header_timeout_s}")
+    if settings.tenant_adapters and not settings.named_tenants():
+        raise ConfigError(
+            "--tenant-adapters answers each named tenant with its own run: name them with --tenant-keys"
+        )
 
 
 def build_backend(settings: ServeSettings) -> tuple[PolicyBackend, ChatTemplate]:
@@ -103,7 +108,10 @@ class RunningServer:
     drainer: SpoolDrainer
     log: EventLog
     follower: CheckpointFollower
-    background: asyncio.Task[None]  # connects the log, drains the spool, follows checkpoints: never ends
+    background: asyncio.Task[None]
+    tenant_followers: list[
+        CheckpointFollower
+    ]  # --tenant-adapters: one per named tenant's own run  # connects the log, drains the spool, follows checkpoints: never ends
 
 
 @asynccontextmanager
@@ -136,18 +144,25 @@ async def running_server(
         access_key=settings.s3_access_key or None,
         secret_key=settings.s3_secret_key or None,
     )
-    follower = CheckpointFollower(
-        backend,
-        store,
-        recorder,
-        metrics,
-        settings.run_id,
-        settings.server_id,
-        settings.data_dir / "served-checkpoints",
-        log,
-        settings.namespace,
-        promoted_only=settings.follow_promoted,
-    )
+
+    def follower_of(run_id: str, tenant: bool) -> CheckpointFollower:
+        return CheckpointFollower(
+            backend,
+            store,
+            recorder,
+            metrics,
+            run_id,
+            settings.server_id,
+            settings.data_dir / "served-checkpoints",
+            log,
+            settings.namespace,
+            promoted_only=settings.follow_promoted,
+            tenant_run=tenant,
+        )
+
+    follower = follower_of(settings.run_id, tenant=False)
+    tenant_runs = own_tenant_runs(settings)
+    tenant_followers = [follower_of(run, tenant=True) for run in sorted(set(tenant_runs.values()))]
     state = ServerState(
         settings,
         backend,
@@ -155,15 +170,16 @@ async def running_server(
         recorder,
         metrics,
         tracker=SessionTracker(stored_next_turn_index=spool.next_turn_index),
-        admin_routes=admin_routes(follower),
+        admin_routes=admin_routes(follower, tenant_followers),
         drainer=drainer,
         follower=follower if settings.follow_checkpoints else None,  # not ready before it caught up
+        tenant_runs=tenant_runs,
     )
     await backend.start()
-    background = asyncio.create_task(_background(log, settings, drainer, follower))
+    background = asyncio.create_task(_background(log, settings, drainer, [follower, *tenant_followers]))
     try:
         state.ready = True
-        yield RunningServer(state, drainer, log, follower, background)
+        yield RunningServer(state, drainer, log, follower, background, tenant_followers)
     finally:
         state.ready = False
         background.cancel()
@@ -171,6 +187,17 @@ async def running_server(
         await backend.close()
         await log.close()
         spool.close()
+
+
+def own_tenant_runs(settings: ServeSettings) -> dict[str, str]:
+    """With --tenant-adapters, the run that answers each named tenant's client key (by key id): the
+    tenant's own (orl.schemas.ids.tenant_run); empty without."""
+    if not settings.tenant_adapters:
+        return {}
+    return {
+        key_id(key.encode("utf-8", "surrogatepass")): tenant_run(settings.run_id, name)
+        for name, key in settings.named_tenants().items()
+    }
 
 
 def name_tenants(settings: ServeSettings) -> None:
@@ -184,7 +211,7 @@ def name_tenants(settings: ServeSettings) -> None:
 
 
 async def _background(
-    log: EventLog, settings: ServeSettings, drainer: SpoolDrainer, follower: CheckpointFollower
+    log: EventLog, settings: ServeSettings, drainer: SpoolDrainer, followers: list[CheckpointFollower]
 ) -> None:
     """Connect to the log (retrying while it is down: requests are answered meanwhile), then drain the
     spool and follow checkpoints forever."""
@@ -207,7 +234,7 @@ async def _background(
         logger.warning("durability: %s", warning)
     tasks = [drainer.run()]
     if settings.follow_checkpoints:
-        tasks.append(follower.follow())
+        tasks.extend(follower.follow() for follower in followers)
     await asyncio.gather(*tasks)
 
 

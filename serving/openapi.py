@@ -555,12 +555,19 @@ def _admin_paths() -> dict[str, Any]:
             "served_versions": {"type": "array", "items": {"type": "integer"}},
         }
     )
+    policy = {**status, "required": [*status["required"], "tenant_runs"]}
+    policy["properties"] = {
+        **status["properties"],
+        "tenant_runs": {"type": "object", "additionalProperties": {"type": ["integer", "null"]}},
+    }
     pinned = {**status, "required": [*status["required"], "activated"]}
     pinned["properties"] = {**status["properties"], "activated": {"type": "boolean"}}
     admin = (401,)
     pin_body = _object({"version": {"type": "integer", "minimum": 1}})
     return {
-        "/admin/policy": {"get": _get("Which policy is served.", status, security="adminKey")},
+        "/admin/policy": {
+            "get": _get("Which policy is served, and each tenant run's version.", policy, security="adminKey")
+        },
         "/admin/pin": {
             "post": _operation(
                 "Serve exactly this checkpoint version and stop following newer ones.",

@@ -43,6 +43,14 @@ class ServerAccessSettings:
         secret=True,
         advanced=True,
     )
+    tenant_adapters: bool = setting(
+        False,
+        "ORL_TENANT_ADAPTERS",
+        "One adapter per named tenant: each tenant's sessions train its own run <run>.<tenant> (orl up starts "
+        "its trainer, and its gate with --gate), and the server answers the tenant with that run's newest "
+        "version, with the shared run's until it has one.",
+        advanced=True,
+    )
     admin_key: str = setting(
         "",
         "ORL_ADMIN_KEY",

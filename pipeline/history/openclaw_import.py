@@ -243,6 +243,7 @@ def conversation_events(
         prompt_tokens=len(prompt_ids),
         completion_tokens=len(response_ids),
         model=f"openclaw-rl-import:{options.model}",
+        policy_run=None,  # OpenClaw-RL's own run, not one of orl's
     )
     events: list[Event] = [dict(request), dict(response)]
     if record.get("next_state"):

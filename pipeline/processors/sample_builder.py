@@ -236,6 +236,7 @@ def ready_event(
         teacher_logprobs=None if teacher is None else list(teacher.teacher_logprobs),
         teacher_kind=None if teacher is None else teacher.teacher_kind,
         policy_version=response.policy_version,
+        policy_run=response.policy_run,
         promoted=promoted,
         off_policy=response.off_policy,
         lineage=sample_lineage,

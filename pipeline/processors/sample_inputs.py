@@ -82,6 +82,9 @@ class Response:
     temperature: float
     policy_version: int
     off_policy: bool  # more than one policy produced the tokens (a checkpoint swap mid-response)
+    policy_run: str | None = (
+        None  # the run whose policy_version it is (None: recorded before servers named it)
+    )
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,7 @@ def response_of(event: ResponseGenerated, packed: bool) -> Response:
         temperature=temperature,
         policy_version=int(event["policy_version"]),
         off_policy=bool(event["policy_spans"]),
+        policy_run=event["policy_run"],
     )
 
 

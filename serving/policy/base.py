@@ -22,6 +22,11 @@ Logprob semantics (the trainer relies on them):
 Hot swap: `load_checkpoint` never refuses or aborts a request. Generations already running finish on
 the weights they started with; generations admitted after the swap use the new ones. Each
 `Generation.policy_version` is the version whose weights produced its tokens (0 = the base model).
+
+Tenant runs (orl.schemas.ids.tenant_run): a backend with `serves_tenant_runs` holds, beside the main
+policy (run ""), the newest loaded version of each tenant's own run, and answers a request for a run
+with that run's weights once one of its versions is loaded, with the main policy until then.
+`Generation.policy_run` names the run that answered ("" = the main policy).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ if TYPE_CHECKING:  # chat_template imports this module's PolicyError
 
 FinishReason = Literal["stop", "length", "abort"]
 CheckpointKind = Literal["full", "lora"]
+MAIN_RUN = ""  # the run a server follows (--run-id); a tenant's own run is named by its run id
 
 
 class PolicyError(OrlError):
@@ -88,6 +94,7 @@ class Generation:
     finish_reason: FinishReason
     policy_version: int
     latency_ms: float
+    policy_run: str = MAIN_RUN  # the run whose `policy_version` produced it ("" = the main policy)
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,13 @@ class PolicyBackend(abc.ABC):
         """The version new requests get now (0 = the base model)."""
         return self._version
 
+    serves_tenant_runs: bool = False  # whether it holds tenant runs beside the main policy
+
+    def version_of(self, run: str) -> int | None:
+        """The version of `run` that answers its requests now; None: none of its versions is loaded
+        (its requests get the main policy)."""
+        return self.policy_version if run == MAIN_RUN else None
+
     @property
     def model_name(self) -> str:
         """The name clients see in responses."""
@@ -202,12 +216,17 @@ class PolicyBackend(abc.ABC):
         return self._template
 
     @abc.abstractmethod
-    def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
-        """Start a generation; iterate the stream for tokens, then read `stream.generation`."""
+    def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams, run: str = MAIN_RUN
+    ) -> GenerationStream:
+        """Start a generation with `run`'s policy (see the module docstring); iterate the stream for
+        tokens, then read `stream.generation`."""
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, run: str = MAIN_RUN
+    ) -> Generation:
         """Generate a whole response."""
-        return await self.generate_stream(prompt_ids, params).result()
+        return await self.generate_stream(prompt_ids, params, run).result()
 
     @abc.abstractmethod
     async def score(
@@ -235,8 +254,16 @@ class PolicyBackend(abc.ABC):
         raise PolicyError(f"the {type(self).__name__} backend does not return top-K logprobs")
 
     @abc.abstractmethod
-    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
-        """Hot-swap to the checkpoint at `path` ("full" safetensors folder or "lora" peft adapter)."""
+    async def load_checkpoint(
+        self, path: Path, version: int, kind: CheckpointKind, run: str = MAIN_RUN
+    ) -> None:
+        """Hot-swap `run` to the checkpoint at `path` ("full" safetensors folder or "lora" peft adapter)."""
+
+
+def check_run(backend: PolicyBackend, run: str) -> None:
+    """Refuse a tenant run's checkpoint on a backend that holds the main policy only."""
+    if run != MAIN_RUN and not backend.serves_tenant_runs:
+        raise PolicyError(f"the {type(backend).__name__} serves one policy, not tenant run {run!r}")
 
 
 def check_top_k(top_k: int) -> None:

@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from orl.serving.policy.base import FinishReason, Generation, GenerationStream, SamplingParams, TokenStep
+from orl.serving.policy.base import (
+    MAIN_RUN,
+    FinishReason,
+    Generation,
+    GenerationStream,
+    SamplingParams,
+    TokenStep,
+)
 from orl.serving.policy.detokenizer import IncrementalDecoder
 from orl.serving.policy.output_constraint import OutputConstraint
 from orl.serving.policy.prefix_cache import PrefixCache
@@ -51,6 +58,7 @@ class Row:
     finish_reason: FinishReason | None = None
     generator: torch.Generator = field(default_factory=torch.Generator)
     constraint: OutputConstraint | None = None  # response_format json: the grammar masks each step
+    run: str = MAIN_RUN  # the run whose policy decodes it (set when it is queued)
 
     def __post_init__(self) -> None:
         seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
@@ -327,4 +335,5 @@ def _finished(row: Row) -> Generation:
         finish_reason=row.finish_reason,
         policy_version=row.version,
         latency_ms=(time.monotonic() - row.submitted_at) * 1000.0,
+        policy_run=row.run,
     )

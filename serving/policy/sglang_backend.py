@@ -12,7 +12,10 @@ Hot swap (reference/peers.md 4.1): full checkpoints via `POST /update_weights_fr
 `weight_version` and `abort_all_requests=false` (a version bump never aborts running requests);
 LoRA via `POST /load_lora_adapter` under a name immutable per version and unique per backend
 instance (`v<version>-<instance>`, so a restarted or second orl server never collides with adapters
-an earlier one left loaded), which requests pass as `lora_path`. A load SGLang refuses (4xx, or
+an earlier one left loaded), which requests pass as `lora_path`. A tenant run (`serves_tenant_runs`) is a LoRA adapter of its own
+(`<run>-v<version>-<instance>`), passed as `lora_path` with that tenant's requests; a full update of
+the main policy changes the base every adapter was trained on, so it unloads the tenant runs' too
+(their requests get the main policy until their next version). A load SGLang refuses (4xx, or
 `success: false`) is a CheckpointError (PolicyRejected; the follower keeps following); an unreachable
 or failing (5xx) server is a ServiceUnavailable, which the follower retries; unloads are best effort.
 
@@ -36,6 +39,7 @@ import httpx
 from orl.rules.sampling import effective_temperature
 from orl.schemas.errors import CheckpointError, OrlError, ServiceUnavailable
 from orl.serving.policy.base import (
+    MAIN_RUN,
     CheckpointKind,
     Generation,
     GenerationStream,
@@ -89,7 +93,10 @@ class SGLangBackend(PolicyBackend):
         self._client: httpx.AsyncClient | None = None
         self._full_loaded = False
         self._instance = secrets.token_hex(3)  # adapter names of this backend never collide with others'
-        self._loras: list[str] = []  # loaded adapter names, oldest first; the last one serves
+        self._loras: dict[str, list[str]] = {
+            MAIN_RUN: []
+        }  # by run: adapter names, oldest first; the last serves
+        self._run_versions: dict[str, int] = {}  # tenant runs with an adapter loaded: the version it is
         self._lora_paths: dict[str, str] = {}
         self._swap_lock = asyncio.Lock()
 
@@ -109,7 +116,20 @@ class SGLangBackend(PolicyBackend):
 
     # -- generation --------------------------------------------------------------------------
 
-    def _generate_body(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> dict[str, Any]:
+    serves_tenant_runs = True
+
+    def version_of(self, run: str) -> int | None:
+        return self._version if run == MAIN_RUN else self._run_versions.get(run)
+
+    def _answering(self, run: str) -> tuple[str, int]:
+        """The run that answers a request for `run` (the main policy until one of its versions is
+        loaded) and the version it is at."""
+        version = self.version_of(run)
+        return (run, version) if version is not None else (MAIN_RUN, self._version)
+
+    def _generate_body(
+        self, prompt_ids: list[int], params: SamplingParams, stream: bool, run: str
+    ) -> dict[str, Any]:
         check_prompt(prompt_ids, self._context_window)
         sampling: dict[str, Any] = {
             "temperature": params.temperature,
@@ -127,12 +147,15 @@ class SGLangBackend(PolicyBackend):
             "return_logprob": True,
             "stream": stream,
         }
-        if self._loras:
-            body["lora_path"] = self._loras[-1]
+        if self._loras[run]:
+            body["lora_path"] = self._loras[run][-1]
         return body
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        version, body = self._version, self._generate_body(prompt_ids, params, stream=False)
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, run: str = MAIN_RUN
+    ) -> Generation:
+        run, version = self._answering(run)
+        body = self._generate_body(prompt_ids, params, stream=False, run=run)
         started = asyncio.get_running_loop().time()
         out = await self._request("POST", "/generate", body)
         meta = out.get("meta_info") or {}
@@ -145,18 +168,22 @@ class SGLangBackend(PolicyBackend):
             finish_reason=finish_reason(meta.get("finish_reason")),
             policy_version=served_version(body, meta, version),
             latency_ms=(asyncio.get_running_loop().time() - started) * 1000.0,
+            policy_run=run,
         )
 
-    def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
+    def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams, run: str = MAIN_RUN
+    ) -> GenerationStream:
         # The version is read with the body (same adapter), not when the task runs: a swap may land between.
-        version, body = self._version, self._generate_body(prompt_ids, params, stream=True)
+        run, version = self._answering(run)
+        body = self._generate_body(prompt_ids, params, stream=True, run=run)
         stream = GenerationStream()
-        task = asyncio.get_running_loop().create_task(self._pump(body, version, params, stream))
+        task = asyncio.get_running_loop().create_task(self._pump(body, run, version, params, stream))
         stream.set_on_close(task.cancel)
         return stream
 
     async def _pump(
-        self, body: dict[str, Any], version: int, params: SamplingParams, stream: GenerationStream
+        self, body: dict[str, Any], run: str, version: int, params: SamplingParams, stream: GenerationStream
     ) -> None:
         """Read SSE chunks and publish TokenSteps, then the Generation (or the error)."""
         started = asyncio.get_running_loop().time()
@@ -187,6 +214,7 @@ class SGLangBackend(PolicyBackend):
                 finish_reason=finish_reason(meta.get("finish_reason")),
                 policy_version=served_version(body, meta, version),
                 latency_ms=(asyncio.get_running_loop().time() - started) * 1000.0,
+                policy_run=run,
             )
         )
 
@@ -256,8 +284,8 @@ class SGLangBackend(PolicyBackend):
                     "scoring with the base weights after a full-weight update needs reference_url"
                 )
             url = self._ref_url
-        elif not use_base and self._loras:
-            body["lora_path"] = self._loras[-1]
+        elif not use_base and self._loras[MAIN_RUN]:
+            body["lora_path"] = self._loras[MAIN_RUN][-1]
         out = await self._request("POST", "/generate", body, base_url=url)
         meta: dict[str, Any] = out.get("meta_info") or {}
         if temperature != 1.0 and meta.get("input_logprob_temperature") != temperature:
@@ -270,16 +298,25 @@ class SGLangBackend(PolicyBackend):
 
     # -- hot swap ----------------------------------------------------------------------------
 
-    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
+    async def load_checkpoint(
+        self, path: Path, version: int, kind: CheckpointKind, run: str = MAIN_RUN
+    ) -> None:
         async with self._swap_lock:
+            if kind == "full" and run != MAIN_RUN:
+                raise CheckpointError(
+                    f"tenant run {run!r} v{version} is a full checkpoint: on SGLang a tenant run is a LoRA "
+                    "adapter over the served base (train it with --lora-rank > 0)"
+                )
             if kind == "full":
                 await self._load_full(Path(path), version)
             elif kind == "lora":
-                await self._load_lora(Path(path), version)
+                await self._load_lora(Path(path), version, run)
             else:
                 raise CheckpointError(f"unknown checkpoint kind {kind!r} (expected 'full' or 'lora')")
-            log.info("SGLang at %s now serves v%d (%s)", self._url, version, kind)
-            await self._unload_old_adapters()
+            log.info(
+                "SGLang at %s now serves %sv%d (%s)", self._url, f"run {run} " if run else "", version, kind
+            )
+            await self._unload_old_adapters(run)
 
     async def _load_full(self, path: Path, version: int) -> None:
         body = {"model_path": str(path), "weight_version": str(version), "abort_all_requests": False}
@@ -289,18 +326,20 @@ class SGLangBackend(PolicyBackend):
         # No await from here to the version: a request admitted now must carry the new version.
         self._full_loaded = True
         self._version = version
-        self._loras, stale = [], self._loras  # adapters were trained on the old base
-        for name in stale:
+        self._loras, stale = {MAIN_RUN: []}, self._loras  # adapters were trained on the old base
+        self._run_versions = {}
+        for name in (name for names in stale.values() for name in names):
             await self._unload_adapter(name)
 
-    async def _load_lora(self, path: Path, version: int) -> None:
-        name = f"v{version}-{self._instance}"
+    async def _load_lora(self, path: Path, version: int, run: str) -> None:
+        name = f"{run}-v{version}-{self._instance}" if run else f"v{version}-{self._instance}"
+        loaded = self._loras.setdefault(run, [])
         if name in self._lora_paths and self._lora_paths[name] != str(path):
             raise CheckpointError(
                 f"LoRA adapter {name} was loaded from {self._lora_paths[name]}; names are immutable"
             )
-        if name in self._loras:  # serving it again (a rollback): reload, SGLang may have evicted it
-            self._loras.remove(name)
+        if name in loaded:  # serving it again (a rollback): reload, SGLang may have evicted it
+            loaded.remove(name)
             await self._unload_adapter(name)
         out = await self._request(
             "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, checkpoint=True
@@ -309,13 +348,17 @@ class SGLangBackend(PolicyBackend):
             raise CheckpointError(f"SGLang refused the adapter {path}: {out.get('error_message')}")
         # No await from here to the version: a request that picks this adapter carries its version.
         self._lora_paths[name] = str(path)
-        self._loras.append(name)
-        self._version = version
+        loaded.append(name)
+        if run == MAIN_RUN:
+            self._version = version
+        else:
+            self._run_versions[run] = version
 
-    async def _unload_old_adapters(self) -> None:
-        """Keep the newest adapters for requests still running on them; SGLang waits for those anyway."""
-        while len(self._loras) > _LORAS_KEPT:
-            await self._unload_adapter(self._loras.pop(0))
+    async def _unload_old_adapters(self, run: str) -> None:
+        """Keep a run's newest adapters for requests still running on them; SGLang waits for those anyway."""
+        loaded = self._loras.get(run, [])
+        while len(loaded) > _LORAS_KEPT:
+            await self._unload_adapter(loaded.pop(0))
 
     async def _unload_adapter(self, name: str) -> None:
         """Best effort: an adapter SGLang already dropped (eviction, restart) is not an error."""

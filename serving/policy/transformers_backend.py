@@ -16,7 +16,12 @@ so the server shares the cores fairly with a trainer computing on the same machi
 checkpoint is a peft adapter folder merged into a copy of the base. Both are built off the hot path
 (in a thread) and swapped in at a batch boundary. Reads checkpoint folders; writes nothing.
 
-Prefix cache (`orl.serving.policy.prefix_cache.PrefixCache`): prompts' KV is kept, up to `prefix_cache_bytes`, so a
+Tenant runs (`serves_tenant_runs`): beside the main policy, the backend holds the newest loaded
+version of each tenant's own run (a merged copy of the base each, about 330 MB for SmolLM2-135M under
+bf16), each with its own running batch and prefix cache; a decode step advances every policy's batch
+in turn. A request for a run none of whose versions is loaded yet is answered by the main policy.
+
+Prefix cache (`orl.serving.policy.prefix_cache.PrefixCache`, one per served policy): prompts' KV is kept, up to `prefix_cache_bytes`, so a
 client that resends its conversation prefills only the new tokens; a swap empties it. SmolLM2-135M
 keeps 45 KiB per token (30 layers x keys and values x 3 heads x 64 x fp32, under bf16 autocast too),
 so 1 GiB holds about 23k tokens: two or three 8k-token agent prompts.
@@ -31,6 +36,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +46,7 @@ from orl.connectors.model_files import checkpoint_model
 from orl.rules.sampling import effective_temperature
 from orl.schemas.errors import ConfigError
 from orl.serving.policy.base import (
+    MAIN_RUN,
     CheckpointKind,
     GenerationStream,
     PolicyBackend,
@@ -59,6 +66,23 @@ log = logging.getLogger(__name__)
 _Job = Callable[[], Any]
 IDLE_AFTER_S = 0.5  # no work for this long: the worker marks itself idle on the core board
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+_Swap = tuple[Any, int, concurrent.futures.Future[None]]  # (model, version, done)
+
+
+@dataclass(eq=False)
+class _ServedPolicy:
+    """One run as served: its weights and version, the rows decoding on them, the requests waiting
+    for a place, and a swap waiting for the running rows to drain. Guarded by the backend's lock."""
+
+    run: str
+    model: Any
+    version: int
+    batch: ActiveBatch
+    pending: collections.deque[Row] = field(default_factory=collections.deque)
+    swap: _Swap | None = None
+
+    def has_work(self) -> bool:
+        return bool(self.pending or self.batch.rows or self.swap)
 
 
 class TransformersBackend(PolicyBackend):
@@ -91,16 +115,14 @@ class TransformersBackend(PolicyBackend):
         self._max_batch = max_batch_size
         self._board = core_board or CoreBoard(None, num_threads or available_cores())
         self._cv = threading.Condition()
-        self._pending: collections.deque[Row] = collections.deque()
         self._jobs: collections.deque[tuple[_Job, concurrent.futures.Future[Any]]] = collections.deque()
-        self._swap: tuple[Any, int, concurrent.futures.Future[None]] | None = None
+        self._policies: dict[str, _ServedPolicy] = {}  # by run; MAIN_RUN from start()
         self._closing = False
         self._thread: threading.Thread | None = None
         self._swap_lock = asyncio.Lock()
         self._base: Any = None  # fp32 master: LoRA adapters merge into copies of it
         self._served_base: Any = None  # the base as served (`_for_decoding`), for score(use_base=True)
-        self._model: Any = None
-        self._batch: ActiveBatch | None = None
+        self._pad_id = 0
         self._eos_ids: frozenset[int] = frozenset()
         self._constraints: ConstraintCompiler | None = None  # built on the first constrained request
         self.batch_size_counts: collections.Counter[int] = collections.Counter()
@@ -139,26 +161,44 @@ class TransformersBackend(PolicyBackend):
         base = AutoModelForCausalLM.from_pretrained(self._model_dir, dtype=torch.float32)
         base.eval().requires_grad_(False)
         self._base = base
-        self._served_base = self._model = self._for_decoding(copy.deepcopy(base))
+        self._served_base = self._for_decoding(copy.deepcopy(base))
         self._context_window = int(base.config.max_position_embeddings)
         self._eos_ids = self._template.eos_token_ids | _config_eos_ids(base)
         pad = self._template.tokenizer.pad_token_id
-        self._batch = ActiveBatch(
-            self._autocast_dtype, pad if pad is not None else min(self._eos_ids), self._prefix_cache_bytes
-        )
+        self._pad_id = pad if pad is not None else min(self._eos_ids)
+        self._policies[MAIN_RUN] = self._served_policy(MAIN_RUN, self._served_base, 0)
+
+    def _served_policy(self, run: str, model: Any, version: int) -> _ServedPolicy:
+        batch = ActiveBatch(self._autocast_dtype, self._pad_id, self._prefix_cache_bytes)
+        return _ServedPolicy(run, model, version, batch)
 
     # -- properties --------------------------------------------------------------------------
+
+    serves_tenant_runs = True
+
+    def version_of(self, run: str) -> int | None:
+        with self._cv:
+            policy = self._policies.get(run)
+            return None if policy is None else policy.version
+
+    def _batches(self) -> list[ActiveBatch]:
+        with self._cv:
+            return [policy.batch for policy in self._policies.values()]
 
     @property
     def prefill_token_counts(self) -> dict[str, int]:
         """Prompt tokens prefilled so far: "computed" by the model and "reused" from the prefix cache."""
-        counts = self._batch.prefill_tokens if self._batch is not None else {}
-        return {"computed": counts.get("computed", 0), "reused": counts.get("reused", 0)}
+        batches = self._batches()
+        return {
+            kind: sum(batch.prefill_tokens.get(kind, 0) for batch in batches)
+            for kind in ("computed", "reused")
+        }
 
     @property
     def prefix_cache_size(self) -> tuple[int, int]:
-        """(prompts, bytes) kept in the prefix cache now."""
-        return (len(self._batch.prefixes), self._batch.prefixes.nbytes) if self._batch is not None else (0, 0)
+        """(prompts, bytes) kept in the prefix caches now."""
+        batches = self._batches()
+        return sum(len(b.prefixes) for b in batches), sum(b.prefixes.nbytes for b in batches)
 
     @property
     def max_batch_size_seen(self) -> int:
@@ -167,7 +207,9 @@ class TransformersBackend(PolicyBackend):
 
     # -- requests ----------------------------------------------------------------------------
 
-    def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
+    def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams, run: str = MAIN_RUN
+    ) -> GenerationStream:
         self._require_running()
         check_prompt(prompt_ids, self._context_window)
         stream = GenerationStream()
@@ -176,7 +218,9 @@ class TransformersBackend(PolicyBackend):
         row = Row(list(prompt_ids), params, max_new, stream, decoder, constraint=self._constraint(params))
         stream.set_on_close(row.cancelled.set)
         with self._cv:
-            self._pending.append(row)
+            policy = self._policies.get(run) or self._policies[MAIN_RUN]  # none of run's versions yet
+            row.run = policy.run
+            policy.pending.append(row)
             self._cv.notify()
         return stream
 
@@ -247,7 +291,7 @@ class TransformersBackend(PolicyBackend):
         self, use_base: bool, prompt: list[int], response: list[int], temp: float
     ) -> torch.Tensor:
         """log softmax(logits / temp) at the positions that predict each response token: [T, V] fp32."""
-        model = self._served_base if use_base else self._model
+        model = self._served_base if use_base else self._policies[MAIN_RUN].model
         ids = torch.tensor([prompt + response], dtype=torch.long)
         hidden = hidden_states(model, self._autocast_dtype, input_ids=ids, use_cache=False)
         h = hidden[0, len(prompt) - 1 : len(prompt) + len(response) - 1]
@@ -266,17 +310,25 @@ class TransformersBackend(PolicyBackend):
 
     # -- hot swap ----------------------------------------------------------------------------
 
-    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
+    async def load_checkpoint(
+        self, path: Path, version: int, kind: CheckpointKind, run: str = MAIN_RUN
+    ) -> None:
         self._require_running()
         async with self._swap_lock:
-            log.info("loading %s checkpoint v%d from %s", kind, version, path)
+            named = f"run {run} " if run != MAIN_RUN else ""
+            log.info("loading %s%s checkpoint v%d from %s", named, kind, version, path)
             model = await asyncio.to_thread(self._build_model, Path(path), kind)
             future: concurrent.futures.Future[None] = concurrent.futures.Future()
             with self._cv:
-                self._swap = (model, version, future)
+                policy = self._policies.get(run)
+                if policy is None:  # a tenant run's first version: nothing runs on it to drain
+                    self._policies[run] = self._served_policy(run, model, version)
+                    future.set_result(None)
+                else:
+                    policy.swap = (model, version, future)
                 self._cv.notify()
             await asyncio.wrap_future(future)
-            log.info("policy v%d active", version)
+            log.info("%spolicy v%d active", named, version)
 
     def _build_model(self, path: Path, kind: CheckpointKind) -> Any:
         return self._for_decoding(checkpoint_model(copy.deepcopy(self._base), path, kind))
@@ -293,59 +345,62 @@ class TransformersBackend(PolicyBackend):
     # -- worker thread -----------------------------------------------------------------------
 
     def _worker(self) -> None:
-        assert self._batch is not None
-        batch = self._batch
         while True:
             with self._cv:
                 # Idle on the board only after a pause longer than the gaps between a client's
                 # requests, so a trainer does not grab every core between two decode waves.
-                if not self._has_work(batch) and not self._cv.wait_for(
-                    lambda: self._closing or self._has_work(batch), IDLE_AFTER_S
+                if not self._has_work() and not self._cv.wait_for(
+                    lambda: self._closing or self._has_work(), IDLE_AFTER_S
                 ):
                     self._board.idle()
-                while not (self._closing or self._has_work(batch)):
+                while not (self._closing or self._has_work()):
                     self._cv.wait()
                 if self._closing:
                     break
                 jobs = list(self._jobs)
                 self._jobs.clear()
-                if self._swap is not None and not batch.rows:
-                    self._apply_swap()
-                admit = self._take_pending(self._max_batch - len(batch.rows))
+                policies = list(self._policies.values())
+                admits = [self._take_pending(policy) for policy in policies]
             self._board.busy()
             self._board.fit_threads()
             self._run_jobs(jobs)
-            self._advance(batch, admit)
+            for policy, admit in zip(policies, admits, strict=True):
+                self._advance(policy, admit)
         self._board.idle()
-        self._fail_everything(batch)
+        self._fail_everything()
 
-    def _has_work(self, batch: ActiveBatch) -> bool:
-        return bool(self._pending or self._jobs or batch.rows or self._swap)
+    def _has_work(self) -> bool:
+        return bool(self._jobs) or any(policy.has_work() for policy in self._policies.values())
 
-    def _take_pending(self, room: int) -> list[Row]:
-        """Rows to admit now; none while a swap waits for the old rows to drain."""
-        if self._swap is not None:
-            return []
+    def _take_pending(self, policy: _ServedPolicy) -> list[Row]:
+        """Rows of `policy` to admit now (the lock held): none while a swap waits for its running rows
+        to drain, and the swap itself once they have."""
+        if policy.swap is not None:
+            if policy.batch.rows:
+                return []
+            self._apply_swap(policy)
         rows: list[Row] = []
-        while self._pending and len(rows) < room:
-            row = self._pending.popleft()
+        while policy.pending and len(rows) < self._max_batch - len(policy.batch.rows):
+            row = policy.pending.popleft()
             if not row.cancelled.is_set():
                 rows.append(row)
         return rows
 
-    def _apply_swap(self) -> None:
-        assert self._swap is not None
-        model, version, future = self._swap
-        self._model, self._version, self._swap = model, version, None
-        if self._batch is not None:
-            self._batch.prefixes.clear()  # the old weights' KV; free it now, not at the next admission
+    def _apply_swap(self, policy: _ServedPolicy) -> None:
+        assert policy.swap is not None
+        model, version, future = policy.swap
+        policy.model, policy.version, policy.swap = model, version, None
+        if policy.run == MAIN_RUN:
+            self._version = version
+        policy.batch.prefixes.clear()  # the old weights' KV; free it now, not at the next admission
         future.set_result(None)
 
-    def _advance(self, batch: ActiveBatch, admit: list[Row]) -> None:
+    def _advance(self, policy: _ServedPolicy, admit: list[Row]) -> None:
+        batch = policy.batch
         try:
             with torch.inference_mode():
                 if admit:
-                    batch.admit(admit, self._model, self._version)
+                    batch.admit(admit, policy.model, policy.version)
                 if batch.rows:
                     self.batch_size_counts[len(batch.rows)] += 1
                     batch.step()
@@ -365,19 +420,20 @@ class TransformersBackend(PolicyBackend):
             except Exception as exc:  # delivered to the awaiting caller, not swallowed
                 future.set_exception(exc)
 
-    def _fail_everything(self, batch: ActiveBatch) -> None:
+    def _fail_everything(self) -> None:
         error = PolicyError("the transformers backend was closed")
-        batch.fail_all(error)
         with self._cv:
-            for row in self._pending:
-                row.stream.publish_threadsafe(error)
+            for policy in self._policies.values():
+                policy.batch.fail_all(error)
+                for row in policy.pending:
+                    row.stream.publish_threadsafe(error)
+                policy.pending.clear()
+                if policy.swap is not None:
+                    policy.swap[2].set_exception(error)
+                    policy.swap = None
             for _, future in self._jobs:
                 future.set_exception(error)
-            if self._swap is not None:
-                self._swap[2].set_exception(error)
-            self._pending.clear()
             self._jobs.clear()
-            self._swap = None
 
 
 def _config_eos_ids(model: Any) -> frozenset[int]:

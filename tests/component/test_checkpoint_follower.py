@@ -46,7 +46,7 @@ class SwappingBackend(EchoBackend):
     def policy_version(self) -> int:
         return self.loaded[-1] if self.loaded else 0
 
-    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
+    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind, run: str = "") -> None:
         assert (path / "adapter.bin").read_bytes() == f"weights v{version}".encode()
         self.loaded.append(version)
 
@@ -58,11 +58,11 @@ class AwayBackendFirst(SwappingBackend):
         super().__init__()
         self.away = away
 
-    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind) -> None:
+    async def load_checkpoint(self, path: Path, version: int, kind: CheckpointKind, run: str = "") -> None:
         if self.away > 0:
             self.away -= 1
             raise ServiceUnavailable("SGLang server at http://127.0.0.1:1 is unreachable (test outage)")
-        await super().load_checkpoint(path, version, kind)
+        await super().load_checkpoint(path, version, kind, run)
 
 
 class UnreachableStoreFirst(LocalObjectStore):

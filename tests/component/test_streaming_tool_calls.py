@@ -50,7 +50,9 @@ class PiecesBackend(EchoBackend):
         super().__init__(list(range(1000, 1000 + len(pieces))), text="".join(pieces))
         self.pieces = pieces
 
-    def generate_stream(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
+    def generate_stream(
+        self, prompt_ids: list[int], params: SamplingParams, run: str = ""
+    ) -> GenerationStream:
         stream = GenerationStream()
         ids = list(range(1000, 1000 + len(self.pieces)))
         for token_id, piece in zip(ids, self.pieces, strict=True):

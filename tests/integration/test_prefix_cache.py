@@ -96,8 +96,7 @@ async def test_kept_kv_is_not_written_by_later_decoding(base_model_dir: Path):
         params = SamplingParams(temperature=0.7, max_tokens=10, seed=3)
         await asyncio.gather(b.generate(last, params), b.generate(short, params), b.generate(last, params))
         assert b.prefix_cache_size[0] >= 1
-        assert b._batch is not None
-        found = b._batch.prefixes.longest_prefix(last)
+        found = b._batches()[0].prefixes.longest_prefix(last)
     finally:
         await b.close()
     assert found is not None and found[1] == len(last)

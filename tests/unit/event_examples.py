@@ -99,6 +99,7 @@ def response_generated(response_tokens: int = 48) -> dict[str, Any]:
         prompt_tokens=96,
         completion_tokens=response_tokens,
         model="SmolLM2-135M-Instruct",
+        policy_run="live",
     )
 
 
@@ -238,6 +239,7 @@ def sample_ready() -> dict[str, Any]:
         lineage=lineage(),
         teacher_top_ids=[[77, 5], [6, 78], [79, 7]],
         teacher_top_logprobs=[[-0.25, -2.0], [-0.5, -1.5], [-0.125, -3.0]],
+        policy_run="live",
     )
 
 

@@ -209,7 +209,7 @@ def response_event(
         tool_calls_json=json.dumps(tool_calls) if tool_calls else None,
         finish_reason="tool_calls" if tool_calls else "stop", sampling=sampling(temperature),
         policy_version=policy_version, policy_spans=[], latency_ms=12.5, prompt_tokens=len(prompt_ids),
-        completion_tokens=len(response_ids), model="smollm2",
+        completion_tokens=len(response_ids), model="smollm2", policy_run="live",
     )  # fmt: skip
 
 

@@ -94,3 +94,35 @@ def test_samples_of_held_out_sessions_are_never_trained() -> None:
     assert 25 <= len(held_out) <= 75  # about a quarter of 200
     trained = {events[int(sample_id[1:])]["envelope"]["session_id"] for sample_id in batch.sample_ids}
     assert trained == set(sessions) - set(held_out)
+
+
+def test_a_tenant_run_trains_only_the_sessions_its_filter_keeps() -> None:
+    events = []
+    for index, session in enumerate(["alice-1", "bob-1", "alice-2", "nobody-1"]):
+        event = ready(f"s{index}")
+        event["envelope"]["session_id"] = session
+        events.append(event)
+    batcher = SampleBatcher(
+        batch_size=2, max_staleness=-1, trains_session=lambda session: session.startswith("alice")
+    )
+    batcher.add(records(*events))
+    batch = batcher.take(current_version=7)
+    assert batch is not None and batch.sample_ids == ["s0", "s2"]
+    assert batch.skipped == {"other_tenant": 1}  # bob's; nobody's stays pending after the batch
+    assert batcher.pending_records == 1
+
+
+def test_staleness_counts_only_samples_of_the_run_s_own_versions() -> None:
+    own, shared, unnamed = ready("own", policy_version=1), ready("shared", policy_version=1), ready("old", 1)
+    own["policy_run"] = "live.alice"
+    shared["policy_run"] = "live"  # answered by the shared policy's v1 before alice had a version
+    unnamed["policy_run"] = None  # recorded before servers named the run: counted as the run's own
+    fresh = ready("fresh", policy_version=6)
+    fresh["policy_run"] = "live.alice"
+    batcher = SampleBatcher(batch_size=3, max_staleness=2, run_id="live.alice")
+    batcher.add(records(own, shared, unnamed, fresh))
+    batch = batcher.take(current_version=6, partial=True)
+    assert batch is not None
+    assert batch.skipped == {"stale": 2}  # own v1 and the unnamed v1 at v6, max staleness 2
+    assert [s.sample_id for s in batch.samples] == ["shared", "fresh"]
+    assert batch.staleness == (0,)  # only "fresh" is of this run's versions
