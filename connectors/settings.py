@@ -64,7 +64,7 @@ class PromotionSettings:
 
 @dataclass(frozen=True)
 class TenantSettings:
-    """Whose sessions a run trains on, its gate draws prompts from and a report counts: one named
+    """Whose sessions a run trains on and a report counts: one named
     tenant's (orl up --tenants, orl serve --tenant-keys; the key store names their sessions) or all."""
 
     tenant: str = setting(

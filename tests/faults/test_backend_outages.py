@@ -1,12 +1,15 @@
 """Log and object-store outages under a live `orl up` (issues 22 and 42), under chat and feedback traffic:
 
 - the Kafka broker and the S3 server stop answering (SIGSTOP of their process groups) for 10 s, in
-  turn, twice each;
-- the S3 server is restarted in place five times (stopped, then started again on the same ports
+  turn, once each;
+- the S3 server is restarted in place three times (stopped, then started again on the same ports
   with the same data);
-- the single Kafka broker is killed with SIGKILL, left down 15 s and started again in place five times;
+- the single Kafka broker is killed with SIGKILL, left down 15 s and started again in place three times;
 - on a three-broker cluster (replication factor 3, min.insync.replicas 2), each broker in turn is
-  killed with SIGKILL and started again in place, twice round (six restarts);
+  killed with SIGKILL and started again in place (three restarts).
+
+(Until 2026-12-07 each ran twice as many rounds; the five runs took about 17 of CI's 50 minutes.
+One round of each fault is what the checks need: every acknowledged turn is checked after it.)
 - the server alone is cut off the broker for a minute: every component reaches Kafka through a relay
   (tests/fixtures/kafka_relay.py) that stops carrying the traffic of client id "orl-serve" while the
   pipeline's and the trainer's go on. The server must acknowledge turns from its spool meanwhile and
@@ -93,7 +96,7 @@ def outage_run(
         (node,) = broker.nodes
         assert node.process is not None
         groups = {"log": os.getpgid(node.process.pid), "store": os.getpgid(s3.process.pid)}
-        yield run_and_check(tmp_path, broker, s3, outage_rounds(groups, rounds=2, pause_s=10, seed=0))
+        yield run_and_check(tmp_path, broker, s3, outage_rounds(groups, rounds=1, pause_s=10, seed=0))
     finally:
         broker.stop()
         s3.stop()
@@ -129,7 +132,7 @@ def test_the_trainer_publishes_verified_checkpoints_through_the_outages(
 def restart_run(
     tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path
 ) -> Iterator[tuple[FaultRun, Verdict]]:
-    """The S3 server restarted in place five times under traffic."""
+    """The S3 server restarted in place three times under traffic."""
     tmp_path = tmp_path_factory.mktemp("restarts")
     broker, store = start_kafka_cluster(tmp_path / "kafka"), [start_s3_server()]
 
@@ -138,7 +141,7 @@ def restart_run(
 
     try:
         yield run_and_check(
-            tmp_path, broker, store[0], restart_rounds({"store": restart_store}, rounds=5, seed=1)
+            tmp_path, broker, store[0], restart_rounds({"store": restart_store}, rounds=3, seed=1)
         )
     finally:
         broker.stop()
@@ -151,7 +154,7 @@ def test_restarts_of_the_store_in_place_lose_and_duplicate_nothing_acknowledged(
 ) -> None:
     run, verdict = restart_run
     assert len(run.turns) >= MIN_TURNS and run.feedback, verdict.figures
-    assert [o.target for o in run.outages] == ["store"] * 5
+    assert [o.target for o in run.outages] == ["store"] * 3
     assert verdict.problems == [], results_table(verdict)
     assert verdict.figures["checkpoints verified"] >= 1, results_table(verdict)
 
@@ -160,8 +163,8 @@ def test_restarts_of_the_store_in_place_lose_and_duplicate_nothing_acknowledged(
 def broker_restart_run(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, base_model_dir: Path
 ) -> Iterator[tuple[FaultRun, Verdict, int]]:
-    """kill -9 of a Kafka broker, started again in place, under traffic: the single broker five times,
-    or each broker of three in turn, twice round."""
+    """kill -9 of a Kafka broker, started again in place, under traffic: the single broker three
+    times, or each broker of three in turn."""
     brokers: int = request.param
     tmp_path = tmp_path_factory.mktemp(f"broker-restarts-{brokers}")
     cluster, s3 = start_kafka_cluster(tmp_path / "kafka", nodes=brokers), start_s3_server()
@@ -169,10 +172,10 @@ def broker_restart_run(
         # Held down 15 s each time, then the JVM's own 10-30 s to come back: every outage outlasts the
         # clients' 15 s bounds, long enough for their requests to fail, not just to wait.
         restarts = {"broker-1": lambda: cluster.restart(1, down_s=SINGLE_BROKER_DOWN_S)}
-        rounds = 5
+        rounds = 3
     else:
         restarts = {f"broker-{n}": functools.partial(cluster.restart, n) for n in (1, 2, 3)}
-        rounds = 2
+        rounds = 1
     try:
         run, verdict = run_and_check(tmp_path, cluster, s3, restart_rounds(restarts, rounds=rounds, seed=2))
         yield run, verdict, rounds * len(restarts)
