@@ -70,8 +70,8 @@ class TenantSettings:
     tenant: str = setting(
         "",
         "ORL_TENANT",
-        "Only this named tenant's sessions: orl train and orl gate run its own adapter, whose run id is "
-        "<run>.<tenant> (what orl serve --tenant-adapters answers it with); orl report draws its own curve.",
+        "Only this named tenant's sessions: orl train trains its own adapter, whose run id is <run>.<tenant> "
+        "(what orl serve --tenant-adapters answers it with); orl report draws its own curve.",
         advanced=True,
     )
 
