@@ -18,7 +18,6 @@ from orl.serving.policy.base import (
     SamplingParams,
     TokenStep,
     check_prompt,
-    check_run,
 )
 
 ECHO_TEXT = "This is a fixed benchmark reply from the echo backend."
@@ -33,6 +32,12 @@ class EchoBackend(PolicyBackend):
         super().__init__("echo", context_window)
         self._token_ids = token_ids or list(range(1000, 1016))
         self._text = text
+        self._run_versions: dict[str, int] = {}  # tenant runs "loaded" (it has no weights to swap)
+
+    serves_tenant_runs = True
+
+    def version_of(self, run: str) -> int | None:
+        return self._run_versions.get(run) if run != MAIN_RUN else self.policy_version
 
     async def start(self) -> None:
         return None
@@ -44,6 +49,7 @@ class EchoBackend(PolicyBackend):
         self, prompt_ids: list[int], params: SamplingParams, run: str = MAIN_RUN
     ) -> GenerationStream:
         check_prompt(prompt_ids, self._context_window)
+        run = run if run in self._run_versions else MAIN_RUN
         ids = self._token_ids[: params.max_tokens]
         stream = GenerationStream()
         for i, token_id in enumerate(ids):
@@ -55,8 +61,9 @@ class EchoBackend(PolicyBackend):
                 logprobs=[-0.5] * len(ids),
                 text=self._text,
                 finish_reason="length" if len(ids) < len(self._token_ids) else "stop",
-                policy_version=0,
+                policy_version=self.version_of(run) or 0,
                 latency_ms=0.0,
+                policy_run=run,
             )
         )
         return stream
@@ -74,4 +81,7 @@ class EchoBackend(PolicyBackend):
     async def load_checkpoint(
         self, path: Path, version: int, kind: CheckpointKind, run: str = MAIN_RUN
     ) -> None:
-        check_run(self, run)
+        if run == MAIN_RUN:
+            self._version = version
+        else:
+            self._run_versions[run] = version

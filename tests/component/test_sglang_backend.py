@@ -188,6 +188,39 @@ async def test_lora_adapters_get_immutable_per_version_names(
     assert backend.policy_version == 2
 
 
+async def test_a_tenant_run_is_an_adapter_of_its_own_passed_with_its_requests(
+    backend: SGLangBackend, fake_sglang: FakeSGLang, tmp_path: Path
+):
+    await backend.load_checkpoint(write_checkpoint_folder(tmp_path / "main-1", "lora"), 1, "lora")
+    params = SamplingParams(max_tokens=2)
+    before = await backend.generate([1, 5], params, "live.alice")  # alice has no version: the main policy's
+    main_adapter = fake_sglang.generate_requests[-1]["lora_path"]
+    assert (before.policy_run, before.policy_version) == ("", 1) and main_adapter.startswith("v1-")
+
+    await backend.load_checkpoint(
+        write_checkpoint_folder(tmp_path / "alice-3", "lora"), 3, "lora", "live.alice"
+    )
+    assert backend.version_of("live.alice") == 3 and backend.policy_version == 1
+    alice = await backend.generate_stream([1, 5], params, "live.alice").result()
+    alice_adapter = fake_sglang.generate_requests[-1]["lora_path"]
+    assert re.fullmatch(r"live\.alice-v3-[0-9a-f]+", alice_adapter)
+    assert (alice.policy_run, alice.policy_version) == ("live.alice", 3)
+    main = await backend.generate([1, 5], params)
+    assert fake_sglang.generate_requests[-1]["lora_path"] == main_adapter and main.policy_version == 1
+    with pytest.raises(CheckpointError, match="LoRA adapter over the served base"):
+        await backend.load_checkpoint(
+            write_checkpoint_folder(tmp_path / "alice-4", "full"), 4, "full", "live.alice"
+        )
+
+    # a full update of the main policy changes the base every adapter was trained on: alice's goes too
+    await backend.load_checkpoint(write_checkpoint_folder(tmp_path / "main-2", "full"), 2, "full")
+    assert backend.version_of("live.alice") is None
+    assert ("unload_lora_adapter", {"lora_name": alice_adapter}) in fake_sglang.calls
+    after = await backend.generate([1, 5], params, "live.alice")
+    assert (after.policy_run, after.policy_version) == ("", 2)
+    assert "lora_path" not in fake_sglang.generate_requests[-1]
+
+
 async def test_an_adapter_request_reports_the_adapter_version_not_the_base_weights(
     backend: SGLangBackend, fake_sglang: FakeSGLang, tmp_path: Path
 ):

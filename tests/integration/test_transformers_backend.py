@@ -227,6 +227,44 @@ async def test_hot_swap_lora_adapter_keeps_base_for_reference(
     assert diffs(before, await backend.score(ids, response, use_base=True))[1] < 1e-4
 
 
+async def test_a_tenant_run_answers_its_own_requests_beside_the_main_policy(
+    backend: TransformersBackend, base_model_dir: Path, tmp_path: Path
+):
+    adapter = await asyncio.to_thread(save_lora, base_model_dir, tmp_path / "alice-v1")
+    ids = prompt(backend, QUESTIONS[3])
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    base = await backend.generate(ids, greedy, "live.alice")  # none of alice's versions yet: the main policy
+    assert (base.policy_run, base.policy_version) == ("", 0)
+    assert backend.version_of("live.alice") is None
+
+    await backend.load_checkpoint(adapter, 1, "lora", "live.alice")
+    assert backend.version_of("live.alice") == 1 and backend.policy_version == 0  # the main run is untouched
+    main, alice, bob = await asyncio.gather(  # decoding at once, on two policies
+        backend.generate(ids, greedy),
+        backend.generate(ids, greedy, "live.alice"),
+        backend.generate(ids, greedy, "live.bob"),  # bob has no run loaded: the main policy
+    )
+    assert (main.policy_run, alice.policy_run, bob.policy_run) == ("", "live.alice", "")
+    assert alice.policy_version == 1 and main.policy_version == bob.policy_version == 0
+    assert main.token_ids == bob.token_ids == base.token_ids
+    assert diffs(main.logprobs, base.logprobs)[1] < 1e-4  # main and bob batched together, alice apart
+    # alice's answer is her adapter's: its logprobs are what the merged adapter gives, not the base's
+    merged = await asyncio.to_thread(merged_lora, base_model_dir, adapter)
+    mean, worst = diffs(alice.logprobs, recompute(merged, alice, 1.0))
+    assert worst < 1e-3, (mean, worst)
+    assert (
+        diffs(await backend.score(ids, alice.token_ids), recompute(merged, alice, 1.0))[1] > 1e-3
+    )  # score is main's
+
+
+def merged_lora(base_model_dir: Path, adapter: Path) -> Any:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval()
+
+
 def fp32_weights_under_autocast(
     model: Any, prompt_ids: list[int], response: list[int], temp: float
 ) -> list[float]:
