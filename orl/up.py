@@ -50,6 +50,7 @@ from orl.pipeline.runtime.settings import (
 )
 from orl.rules.top_k import check_opd_topk
 from orl.schemas.errors import ConfigError
+from orl.schemas.ids import tenant_run
 from orl.serving.settings import ServerAccessSettings, check_tenant_name
 from orl.settings_binding import CONFIG_ENV, ConfigFile, config_from_environment
 from orl.stack_settings import StackSettings
@@ -83,6 +84,13 @@ class UpSettings(
         "ORL_TENANTS",
         "Named tenants, comma separated: each gets a client key of its own, kept in keys.json under "
         "tenant_keys; a tenant's sessions are its own (`orl forget --tenant NAME` erases them).",
+    )
+    shared_tenants: tuple[str, ...] = setting(
+        (),
+        "ORL_SHARED_TENANTS",
+        "With --tenant-adapters: the named tenants whose sessions also train the shared run, which answers "
+        "every tenant until its own run has a version (opt-in: the others' train their own adapter only).",
+        advanced=True,
     )
 
 
@@ -249,6 +257,7 @@ def stack_env(settings: UpSettings) -> dict[str, str]:
     keys = stack_keys(settings)
     rewards = reward_signal(settings)
     check_opd_settings(settings)
+    check_tenant_adapters(settings)
     shared_groups = (
         ConnectionSettings,
         RunSettings,
@@ -276,6 +285,7 @@ def stack_env(settings: UpSettings) -> dict[str, str]:
         "ORL_HINT_JUDGE": rewards.hint_judge,
         "ORL_THREADS": str(stack_cores(settings)),
         "ORL_FOLLOW_PROMOTED": "true" if settings.gate else "false",  # read by the server and the trainer
+        "ORL_TENANT_ADAPTERS": "true" if settings.tenant_adapters else "false",  # read by the server
         "ORL_HOLDOUT_SHARE": str(settings.held_out(gate_reads_them=True) if settings.gate else 0.0),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
     }
@@ -301,6 +311,39 @@ def check_component_tables(
                     f"{config.path}: [{command}] {name}: orl up sets {env} for every component, so it "
                     f"would be ignored; write it at the top level of the file or in [up]"
                 )
+
+
+def check_tenant_adapters(settings: UpSettings) -> None:
+    """--tenant-adapters trains one run per named tenant; --shared-tenants names some of them."""
+    unknown = sorted(set(settings.shared_tenants) - set(settings.tenants))
+    if unknown:
+        raise ConfigError(f"--shared-tenants {', '.join(unknown)}: not in --tenants")
+    if not settings.tenant_adapters:
+        if settings.shared_tenants:
+            raise ConfigError(
+                "--shared-tenants is for --tenant-adapters (without it every tenant trains the one run)"
+            )
+        return
+    if not settings.tenants:
+        raise ConfigError("--tenant-adapters trains one adapter per named tenant: name them with --tenants")
+    if settings.gate:
+        raise ConfigError(
+            "--tenant-adapters with --gate: a tenant's own promotion gate (held-out prompts of its own "
+            "sessions) is not built yet; start them with --no-gate"
+        )
+
+
+def tenant_trainers(settings: UpSettings, train_env: dict[str, str]) -> dict[str, Launch]:
+    """With --tenant-adapters, the shared trainer (which skips the tenants not in --shared-tenants) and
+    one trainer per named tenant, on its own run (orl.schemas.ids.tenant_run); else the one trainer."""
+    if not settings.tenant_adapters:
+        return {"train": Launch("train", train_env)}
+    private = [name for name in settings.tenants if name not in settings.shared_tenants]
+    launches = {"train": Launch("train", {**train_env, "ORL_PRIVATE_TENANTS": ",".join(private)})}
+    for name in settings.tenants:
+        own = {**train_env, "ORL_RUN_ID": tenant_run(settings.run_id, name), "ORL_TENANT": name}
+        launches[f"train-{name}"] = Launch("train", own)
+    return launches
 
 
 def check_opd_settings(settings: UpSettings) -> None:
@@ -364,6 +407,8 @@ def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launc
                 if settings.pipeline_metrics_port:
                     pipeline_env["ORL_PIPELINE_METRICS_PORT"] = str(settings.pipeline_metrics_port + index)
                 launches[name] = Launch("pipeline", pipeline_env)
+        elif component == "train":
+            launches.update(tenant_trainers(settings, with_own_secrets("train", env)))
         else:
             launches[component] = Launch(component, with_own_secrets(component, env))
     if runs_gate(settings):
@@ -539,6 +584,15 @@ def start_banner(settings: UpSettings, reward_line: str) -> str:
         *(
             [f"  tenants {', '.join(settings.tenants)}: each one's key is under \"tenant_keys\" in {keys}"]
             if settings.tenants
+            else []
+        ),
+        *(
+            [
+                f"  tenant adapters: each tenant trains its own run ({tenant_run(settings.run_id, '<tenant>')}), "
+                f"answered by run {settings.run_id} until it has a version; {', '.join(settings.shared_tenants) or 'no tenant'} "
+                f"also train{'s' if len(settings.shared_tenants) == 1 else ''} {settings.run_id}"
+            ]
+            if settings.tenant_adapters
             else []
         ),
         "  try it:",

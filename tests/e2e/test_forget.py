@@ -116,6 +116,15 @@ def test_forget_a_tenant_leaves_no_readable_byte_and_retrains_without_it(
     monkeypatch.setenv("ORL_TRAIN_BATCH_SIZE", str(len(ready)))  # one step on every sample, A's included
     assert main(["train", *where, "--namespace", "live", "--run-id", "live", "--max-steps", "1",
                  "--idle-exit-s", "10", "--max-staleness", "-1", "--model", str(base_model_dir)]) == 0  # fmt: skip
+    # alice's own adapter (--tenant-adapters trains it so): her sessions' samples only, as the key store names them
+    alices = [s["envelope"]["event_id"] for s in ready if s["envelope"]["session_id"].startswith("a")]
+    monkeypatch.setenv("ORL_TRAIN_BATCH_SIZE", str(len(ready)))  # a partial batch once the stream is quiet
+    assert main(["train", *where, "--namespace", "live", "--run-id", "live.alice", "--tenant", "alice",
+                 "--max-steps", "1", "--idle-exit-s", "10", "--max-staleness", "-1",
+                 "--partial-batch-after-s", "2", "--model", str(base_model_dir)]) == 0  # fmt: skip
+    steps = {s["run_id"]: s for s in asyncio.run(_events(log_url, "live", "train_steps"))}
+    assert sorted(steps["live.alice"]["sample_ids"]) == sorted(alices)
+    assert set(steps["live"]["sample_ids"]) > set(alices)  # the shared run trained every session's
     assert main(["archive", *where, "--namespace", "live"]) == 0
     assert main(["replay", *where, "--namespace", "live", "--target-namespace", "copy", "--no-progress"]) == 0
     capsys.readouterr()
@@ -151,8 +160,12 @@ def test_forget_a_tenant_leaves_no_readable_byte_and_retrains_without_it(
     assert report["tenant"] == "alice"
     assert {s["session_id"] for s in report["sessions"]} == {"a1", "a2", "a3"}
     assert all(s["keys_destroyed"] == 1 for s in report["sessions"])
-    [checkpoint] = report["checkpoints"]  # the step trained on A's samples
-    assert (checkpoint["run_id"], checkpoint["version"]) == ("live", 1)
+    # the steps trained on A's samples: the shared run's and alice's own adapter's
+    assert sorted((c["run_id"], c["version"]) for c in report["checkpoints"]) == [
+        ("live", 1),
+        ("live.alice", 1),
+    ]
+    checkpoint = next(c for c in report["checkpoints"] if c["run_id"] == "live")
     assert {s["envelope"]["event_id"] for s in ready if s["envelope"]["session_id"].startswith("a")} <= set(
         checkpoint["samples"]
     )
