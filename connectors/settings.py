@@ -17,6 +17,7 @@ from typing import Any
 
 from orl.connectors.event_log.topic_policy import DEFAULT_MAX_RECORD_BYTES, TopicPolicy
 from orl.schemas.errors import ConfigError
+from orl.schemas.ids import tenant_run
 from orl.schemas.numerics import Precision
 
 
@@ -64,16 +65,27 @@ class PromotionSettings:
 
 @dataclass(frozen=True)
 class TenantSettings:
-    """Whose sessions a run trains on and a report counts: one named
+    """Whose sessions a run trains on, its gate draws prompts from and a report counts: one named
     tenant's (orl up --tenants, orl serve --tenant-keys; the key store names their sessions) or all."""
 
     tenant: str = setting(
         "",
         "ORL_TENANT",
         "Only this named tenant's sessions: orl train trains its own adapter, whose run id is <run>.<tenant> "
-        "(what orl serve --tenant-adapters answers it with); orl report draws its own curve.",
+        "(what orl serve --tenant-adapters answers it with), orl gate gates it on her held-out sessions' "
+        "prompts, orl report draws her own curve.",
         advanced=True,
     )
+
+
+def check_tenant_run(run_id: str, tenant: str) -> None:
+    """A tenant's own run is named <run>.<tenant> (orl.schemas.ids.tenant_run), so that the server
+    following <run> with --tenant-adapters finds it."""
+    if tenant and not run_id.endswith(tenant_run("", tenant)):
+        raise ConfigError(
+            f"--tenant {tenant} is the tenant's own run, named <run>{tenant_run('', tenant)} (the run a server "
+            f"following <run> with --tenant-adapters answers {tenant} with), not --run-id {run_id!r}"
+        )
 
 
 DEFAULT_GATED_HOLDOUT_SHARE = 0.1

@@ -47,9 +47,11 @@ from orl.connectors.checkpoint_store import MANIFEST_NAME, download_and_verify, 
 from orl.connectors.event_log.base import EventLog, OutgoingRecord
 from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.event_log.factory import open_event_log
+from orl.connectors.key_store import KeyStore, tenant_session_filter
 from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.base import ObjectStore
 from orl.connectors.object_store.factory import open_object_store
+from orl.connectors.settings import check_tenant_run
 from orl.gate.promotion_rule import gate_decision_with_base, score_version
 from orl.gate.scoring import relevance
 from orl.gate.settings import GateSettings
@@ -118,6 +120,7 @@ class GateLog:
     run_id: str
     holdout_share: float
     keep: int  # held-out prompts kept: the newest
+    keeps_session: Callable[[str], bool] | None = None  # a tenant's run: her sessions only (None: all)
     published: set[int] = field(default_factory=set)
     decisions: GateDecisions = field(init=False)
     held_out: deque[HeldOutPrompt] = field(init=False)
@@ -137,7 +140,11 @@ class GateLog:
         elif kind == "RequestReceived":
             request = cast(RequestReceived, event)
             session_id = request["envelope"].get("session_id") or ""
-            if request["turn_kind"] == "main" and held_out_session(session_id, self.holdout_share):
+            if (
+                request["turn_kind"] == "main"
+                and held_out_session(session_id, self.holdout_share)
+                and (self.keeps_session is None or self.keeps_session(session_id))
+            ):
                 turn_id = request["envelope"].get("turn_id") or request["request_id"]
                 self.held_out.append(HeldOutPrompt(turn_id, json.loads(request["messages_json"]), session_id))
         else:
@@ -385,6 +392,15 @@ def check_gate_settings(settings: GateSettings, source: PromptSource | None) -> 
         raise ConfigError(f"--gate-scenario {settings.gate_scenario}: no prompt source given for it")
     if source is None and settings.held_out() == 0:
         raise ConfigError("the gate draws prompts from held-out sessions: set --holdout-share above 0")
+    check_tenant_run(settings.run_id, settings.tenant)
+    if settings.tenant and source is not None:
+        raise ConfigError(
+            "--tenant gates on the tenant's own held-out sessions, not on --gate-scenario prompts"
+        )
+    if settings.tenant and settings.effective_key_store() is None:
+        raise ConfigError(
+            "--tenant needs the key store (it records whose each session is): --key-store is off"
+        )
 
 
 @asynccontextmanager
@@ -426,15 +442,22 @@ async def run_gate_loop(
     settings: GateSettings, stop: asyncio.Event | None = None, source: PromptSource | None = None
 ) -> None:
     """`orl gate`: decide every newest published version, until `stop` is set."""
-    state = GateLog(settings.run_id, settings.held_out(), keep=settings.gate_prompts)
     async with (
-        running_evaluator(settings, source) as evaluator,
+        running_evaluator(settings, source) as evaluator,  # checks the settings first
         open_event_log(
             settings.effective_log_url(), settings.topic_policy(), client_id="orl-gate"
         ) as event_log,
     ):
-        await create_catalog_topics(event_log, settings.namespace, settings.topic_partitions)
-        await follow(event_log, settings, state, evaluator, stop or asyncio.Event())
+        path = settings.effective_key_store()
+        keys = KeyStore(path) if settings.tenant and path is not None else None
+        try:
+            keeps = None if keys is None else tenant_session_filter(keys, settings.tenant)
+            state = GateLog(settings.run_id, settings.held_out(), settings.gate_prompts, keeps)
+            await create_catalog_topics(event_log, settings.namespace, settings.topic_partitions)
+            await follow(event_log, settings, state, evaluator, stop or asyncio.Event())
+        finally:
+            if keys is not None:
+                keys.close()
 
 
 async def follow(

@@ -10,6 +10,7 @@ from orl.connectors.settings import (
     HoldoutSettings,
     PrecisionSettings,
     RunSettings,
+    TenantSettings,
     ThreadSettings,
     setting,
 )
@@ -17,7 +18,9 @@ from orl.pipeline.runtime.settings import PipelineSettings
 
 
 @dataclass(frozen=True)
-class GateSettings(PipelineSettings, RunSettings, PrecisionSettings, ThreadSettings, HoldoutSettings):
+class GateSettings(
+    PipelineSettings, RunSettings, TenantSettings, PrecisionSettings, ThreadSettings, HoldoutSettings
+):
     """The pipeline's judge settings (the run's own judge) and the gate's."""
 
     gate_prompts: int = setting(16, "ORL_GATE_PROMPTS", "Held-out prompts per evaluation (the newest).")

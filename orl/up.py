@@ -326,24 +326,27 @@ def check_tenant_adapters(settings: UpSettings) -> None:
         return
     if not settings.tenants:
         raise ConfigError("--tenant-adapters trains one adapter per named tenant: name them with --tenants")
-    if settings.gate:
-        raise ConfigError(
-            "--tenant-adapters with --gate: a tenant's own promotion gate (held-out prompts of its own "
-            "sessions) is not built yet; start them with --no-gate"
-        )
 
 
-def tenant_trainers(settings: UpSettings, train_env: dict[str, str]) -> dict[str, Launch]:
-    """With --tenant-adapters, the shared trainer (which skips the tenants not in --shared-tenants) and
-    one trainer per named tenant, on its own run (orl.schemas.ids.tenant_run); else the one trainer."""
+def tenant_launches(settings: UpSettings, command: str, env: dict[str, str]) -> dict[str, Launch]:
+    """With --tenant-adapters, `orl <command>` (train or gate) once per named tenant, on its own run
+    (orl.schemas.ids.tenant_run) and its sessions only; without, none."""
     if not settings.tenant_adapters:
-        return {"train": Launch("train", train_env)}
+        return {}
+    return {
+        f"{command}-{name}": Launch(
+            command, {**env, "ORL_RUN_ID": tenant_run(settings.run_id, name), "ORL_TENANT": name}
+        )
+        for name in settings.tenants
+    }
+
+
+def shared_trainer_env(settings: UpSettings, env: dict[str, str]) -> dict[str, str]:
+    """The shared run's trainer skips, with --tenant-adapters, the tenants not in --shared-tenants."""
+    if not settings.tenant_adapters:
+        return env
     private = [name for name in settings.tenants if name not in settings.shared_tenants]
-    launches = {"train": Launch("train", {**train_env, "ORL_PRIVATE_TENANTS": ",".join(private)})}
-    for name in settings.tenants:
-        own = {**train_env, "ORL_RUN_ID": tenant_run(settings.run_id, name), "ORL_TENANT": name}
-        launches[f"train-{name}"] = Launch("train", own)
-    return launches
+    return {**env, "ORL_PRIVATE_TENANTS": ",".join(private)}
 
 
 def check_opd_settings(settings: UpSettings) -> None:
@@ -408,11 +411,14 @@ def stack_launches(settings: UpSettings, env: dict[str, str]) -> dict[str, Launc
                     pipeline_env["ORL_PIPELINE_METRICS_PORT"] = str(settings.pipeline_metrics_port + index)
                 launches[name] = Launch("pipeline", pipeline_env)
         elif component == "train":
-            launches.update(tenant_trainers(settings, with_own_secrets("train", env)))
+            train_env = with_own_secrets("train", env)
+            launches["train"] = Launch("train", shared_trainer_env(settings, train_env))
+            launches.update(tenant_launches(settings, "train", train_env))
         else:
             launches[component] = Launch(component, with_own_secrets(component, env))
     if runs_gate(settings):
         launches["gate"] = Launch("gate", with_own_secrets("gate", env))
+        launches.update(tenant_launches(settings, "gate", with_own_secrets("gate", env)))
     return launches
 
 

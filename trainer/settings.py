@@ -67,10 +67,10 @@ from orl.connectors.settings import (
     RunSettings,
     TenantSettings,
     ThreadSettings,
+    check_tenant_run,
     setting,
 )
 from orl.schemas.errors import ConfigError
-from orl.schemas.ids import tenant_run
 
 # recompute: pi_old is the trainer's own logprobs under the current weights, before the update (as
 #   slime does). With one optimizer step per batch these are exactly the policy forward's values,
@@ -415,24 +415,14 @@ def check_settings(settings: TrainSettings) -> None:
             raise ConfigError(message)
     if settings.init_from:
         _check_init_from(settings)
-    check_tenant_run(settings.run_id, settings.tenant, settings.private_tenants)
+    check_tenant_run(settings.run_id, settings.tenant)
+    if settings.tenant and settings.private_tenants:
+        raise ConfigError(
+            "--private-tenants is for the shared run: a --tenant run trains that tenant's sessions only"
+        )
     if (settings.tenant or settings.private_tenants) and settings.effective_key_store() is None:
         raise ConfigError(
             "--tenant and --private-tenants need the key store (it records whose each session is): --key-store is off"
-        )
-
-
-def check_tenant_run(run_id: str, tenant: str, private_tenants: tuple[str, ...] = ()) -> None:
-    """A tenant's own run is named <run>.<tenant> (orl.schemas.ids.tenant_run), so that the server
-    following <run> finds it; it trains on that tenant's sessions only, so it excludes no other."""
-    if tenant and not run_id.endswith(tenant_run("", tenant)):
-        raise ConfigError(
-            f"--tenant {tenant} trains the tenant's own run, named <run>{tenant_run('', tenant)} (the run a server "
-            f"following <run> with --tenant-adapters answers {tenant} with), not --run-id {run_id!r}"
-        )
-    if tenant and private_tenants:
-        raise ConfigError(
-            "--private-tenants is for the shared run: a --tenant run trains that tenant's sessions only"
         )
 
 

@@ -64,3 +64,12 @@ def test_a_scenario_gives_its_gate_prompts_and_a_user_who_replies_to_each_answer
     assert short["role"] == "user" and short == reply(prompts[0], "Multiply the radius by itself.", 0)
     assert reply(prompts[0], "**Step 1:** " + "word " * 80, 0)["content"] != short["content"]
     assert answer_seed("p", 0, 0) == answer_seed("p", 0, 0) != answer_seed("p", 0, 1)
+
+
+def test_a_tenant_run_s_gate_keeps_only_her_held_out_sessions() -> None:
+    held = [f"s{i}" for i in range(100) if held_out_session(f"s{i}", 0.5)]
+    alices = set(held[::2])  # as the key store would name them
+    state = GateLog("run-1.alice", holdout_share=0.5, keep=10, keeps_session=alices.__contains__)
+    for index, session in enumerate(held[:6]):
+        state.read(request(session, f"h-{index}", f"question {index}"))
+    assert [p.prompt_id for p in state.held_out] == ["h-0", "h-2", "h-4"]

@@ -58,7 +58,6 @@ def test_each_tenant_trains_its_own_run_and_only_opted_in_tenants_train_the_shar
     ("overrides", "message"),
     [
         ({"tenants": ()}, "name them with --tenants"),
-        ({"gate": True}, "--no-gate"),
         ({"shared_tenants": ("carol",)}, "--shared-tenants carol: not in --tenants"),
         (
             {"tenant_adapters": False, "shared_tenants": ("alice",)},
