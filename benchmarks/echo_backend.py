@@ -34,8 +34,6 @@ class EchoBackend(PolicyBackend):
         self._text = text
         self._run_versions: dict[str, int] = {}  # tenant runs "loaded" (it has no weights to swap)
 
-    serves_tenant_runs = True
-
     def version_of(self, run: str) -> int | None:
         return self._run_versions.get(run) if run != MAIN_RUN else self.policy_version
 

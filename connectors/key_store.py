@@ -20,12 +20,13 @@ Reads and writes: the key store file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -278,16 +279,26 @@ class SessionTenants:
         return name
 
 
-def tenant_session_filter(
-    keys: KeyStore, tenant: str, private_tenants: tuple[str, ...] = ()
-) -> Callable[[str], bool] | None:
+@contextlib.contextmanager
+def tenant_sessions_kept(
+    path: Path | None, tenant: str, private_tenants: tuple[str, ...] = ()
+) -> Iterator[Callable[[str], bool] | None]:
     """Whether a session's samples are trained (or its prompts gated) by the run of `tenant` (its own
-    sessions only) or, with no tenant, by the shared run (every session but `private_tenants`');
-    None when every session's are."""
+    sessions only) or, with no tenant, by the shared run (every session but `private_tenants`'), as
+    the key store at `path` names them (open while the filter is in use); None when every session's
+    are (no key store opened). A run limited to some tenants checked that it has a key store at start
+    (orl.connectors.settings.check_tenant_run)."""
     if not tenant and not private_tenants:
-        return None
-    tenants = SessionTenants(keys)
-    if tenant:
-        return lambda session_id: tenants.name_of(session_id) == tenant
-    private = frozenset(private_tenants)
-    return lambda session_id: tenants.name_of(session_id) not in private
+        yield None
+        return
+    assert path is not None, "check_tenant_run refuses a tenant filter without a key store"
+    keys = KeyStore(path)
+    try:
+        tenants = SessionTenants(keys)
+        private = frozenset(private_tenants)
+        if tenant:
+            yield lambda session_id: tenants.name_of(session_id) == tenant
+        else:
+            yield lambda session_id: tenants.name_of(session_id) not in private
+    finally:
+        keys.close()

@@ -78,13 +78,26 @@ class TenantSettings:
     )
 
 
-def check_tenant_run(run_id: str, tenant: str) -> None:
+def check_tenant_run(
+    run_id: str, tenant: str, key_store: Path | None, private_tenants: tuple[str, ...] = ()
+) -> None:
     """A tenant's own run is named <run>.<tenant> (orl.schemas.ids.tenant_run), so that the server
-    following <run> with --tenant-adapters finds it."""
+    following <run> with --tenant-adapters finds it; it keeps that tenant's sessions only, so it skips
+    no private tenant's; and a run limited to some tenants' sessions needs the key store that names them."""
     if tenant and not run_id.endswith(tenant_run("", tenant)):
         raise ConfigError(
             f"--tenant {tenant} is the tenant's own run, named <run>{tenant_run('', tenant)} (the run a server "
             f"following <run> with --tenant-adapters answers {tenant} with), not --run-id {run_id!r}"
+        )
+    if tenant and private_tenants:
+        raise ConfigError(
+            "--private-tenants is for the shared run: a --tenant run trains that tenant's sessions only"
+        )
+    if (tenant or private_tenants) and key_store is None:
+        flag = "--tenant" if tenant else "--private-tenants"
+        raise ConfigError(
+            f"{flag}: runs limited to some tenants' sessions need the key store (it records whose each "
+            "session is): --key-store is off"
         )
 
 

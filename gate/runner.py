@@ -47,7 +47,7 @@ from orl.connectors.checkpoint_store import MANIFEST_NAME, download_and_verify, 
 from orl.connectors.event_log.base import EventLog, OutgoingRecord
 from orl.connectors.event_log.catalog import create_catalog_topics
 from orl.connectors.event_log.factory import open_event_log
-from orl.connectors.key_store import KeyStore, tenant_session_filter
+from orl.connectors.key_store import tenant_sessions_kept
 from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.base import ObjectStore
 from orl.connectors.object_store.factory import open_object_store
@@ -392,14 +392,10 @@ def check_gate_settings(settings: GateSettings, source: PromptSource | None) -> 
         raise ConfigError(f"--gate-scenario {settings.gate_scenario}: no prompt source given for it")
     if source is None and settings.held_out() == 0:
         raise ConfigError("the gate draws prompts from held-out sessions: set --holdout-share above 0")
-    check_tenant_run(settings.run_id, settings.tenant)
+    check_tenant_run(settings.run_id, settings.tenant, settings.effective_key_store())
     if settings.tenant and source is not None:
         raise ConfigError(
             "--tenant gates on the tenant's own held-out sessions, not on --gate-scenario prompts"
-        )
-    if settings.tenant and settings.effective_key_store() is None:
-        raise ConfigError(
-            "--tenant needs the key store (it records whose each session is): --key-store is off"
         )
 
 
@@ -448,16 +444,10 @@ async def run_gate_loop(
             settings.effective_log_url(), settings.topic_policy(), client_id="orl-gate"
         ) as event_log,
     ):
-        path = settings.effective_key_store()
-        keys = KeyStore(path) if settings.tenant and path is not None else None
-        try:
-            keeps = None if keys is None else tenant_session_filter(keys, settings.tenant)
+        with tenant_sessions_kept(settings.effective_key_store(), settings.tenant) as keeps:
             state = GateLog(settings.run_id, settings.held_out(), settings.gate_prompts, keeps)
             await create_catalog_topics(event_log, settings.namespace, settings.topic_partitions)
             await follow(event_log, settings, state, evaluator, stop or asyncio.Event())
-        finally:
-            if keys is not None:
-                keys.close()
 
 
 async def follow(

@@ -108,10 +108,8 @@ class RunningServer:
     drainer: SpoolDrainer
     log: EventLog
     follower: CheckpointFollower
-    background: asyncio.Task[None]
-    tenant_followers: list[
-        CheckpointFollower
-    ]  # --tenant-adapters: one per named tenant's own run  # connects the log, drains the spool, follows checkpoints: never ends
+    background: asyncio.Task[None]  # connects the log, drains the spool, follows checkpoints: never ends
+    tenant_followers: list[CheckpointFollower]  # --tenant-adapters: one per named tenant's own run
 
 
 @asynccontextmanager

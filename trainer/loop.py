@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from orl.connectors.event_log.base import EventLog, TopicPartition
-from orl.connectors.key_store import KeyStore, tenant_session_filter
+from orl.connectors.key_store import tenant_sessions_kept
 from orl.connectors.metrics import Metrics
 from orl.connectors.object_store.base import ObjectStore
 from orl.rules.gate_decisions import GateDecisions
@@ -60,7 +60,6 @@ async def consume_and_train(
         await stay_stopped(settings, point.version)
         return 0
     holds, caught_up = GateDecisions(settings.run_id), asyncio.Event()
-    keys = tenant_key_store(settings)
     gate = asyncio.create_task(
         follow_gate(log_, topic_name(settings.namespace, "checkpoints"), holds, caught_up)
     )
@@ -79,38 +78,28 @@ async def consume_and_train(
             max_staleness=settings.max_staleness,
             stop_after_rollback=settings.rollback_action == "stop",
         )
-        batcher = SampleBatcher(
-            settings.batch_size,
-            settings.max_staleness,
-            point.consumed_offsets,
-            point.trained_ids,
-            holdout_share=settings.held_out(),
-            run_id=settings.run_id,
-            trains_session=None
-            if keys is None
-            else tenant_session_filter(keys, settings.tenant, settings.private_tenants),
-        )
-        async with log_.consumer(
-            settings.group_id(), [topic_name(settings.namespace, "samples")]
-        ) as consumer:
-            stream = SampleStream(consumer, point.consumed_offsets)
-            loop = TrainingLoop(
-                settings, log_, store, runner, point, metrics, flush, control, batcher, stream
+        kept = tenant_sessions_kept(settings.effective_key_store(), settings.tenant, settings.private_tenants)
+        with kept as trains_session:
+            batcher = SampleBatcher(
+                settings.batch_size,
+                settings.max_staleness,
+                point.consumed_offsets,
+                point.trained_ids,
+                holdout_share=settings.held_out(),
+                run_id=settings.run_id,
+                trains_session=trains_session,
             )
-            return await loop.run()
+            async with log_.consumer(
+                settings.group_id(), [topic_name(settings.namespace, "samples")]
+            ) as consumer:
+                stream = SampleStream(consumer, point.consumed_offsets)
+                loop = TrainingLoop(
+                    settings, log_, store, runner, point, metrics, flush, control, batcher, stream
+                )
+                return await loop.run()
     finally:
         gate.cancel()
         await asyncio.gather(gate, return_exceptions=True)
-        if keys is not None:
-            keys.close()
-
-
-def tenant_key_store(settings: TrainSettings) -> KeyStore | None:
-    """The key store that names each session's tenant, for a run that trains some tenants' sessions only."""
-    path = settings.effective_key_store()
-    if not (settings.tenant or settings.private_tenants) or path is None:
-        return None  # check_settings refused a tenant filter without a key store
-    return KeyStore(path)
 
 
 @dataclass

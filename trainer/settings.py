@@ -415,15 +415,9 @@ def check_settings(settings: TrainSettings) -> None:
             raise ConfigError(message)
     if settings.init_from:
         _check_init_from(settings)
-    check_tenant_run(settings.run_id, settings.tenant)
-    if settings.tenant and settings.private_tenants:
-        raise ConfigError(
-            "--private-tenants is for the shared run: a --tenant run trains that tenant's sessions only"
-        )
-    if (settings.tenant or settings.private_tenants) and settings.effective_key_store() is None:
-        raise ConfigError(
-            "--tenant and --private-tenants need the key store (it records whose each session is): --key-store is off"
-        )
+    check_tenant_run(
+        settings.run_id, settings.tenant, settings.effective_key_store(), settings.private_tenants
+    )
 
 
 def _check_init_from(settings: TrainSettings) -> None:

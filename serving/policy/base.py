@@ -23,7 +23,7 @@ Hot swap: `load_checkpoint` never refuses or aborts a request. Generations alrea
 the weights they started with; generations admitted after the swap use the new ones. Each
 `Generation.policy_version` is the version whose weights produced its tokens (0 = the base model).
 
-Tenant runs (orl.schemas.ids.tenant_run): a backend with `serves_tenant_runs` holds, beside the main
+Tenant runs (orl.schemas.ids.tenant_run): a backend holds, beside the main
 policy (run ""), the newest loaded version of each tenant's own run, and answers a request for a run
 with that run's weights once one of its versions is loaded, with the main policy until then.
 `Generation.policy_run` names the run that answered ("" = the main policy).
@@ -191,8 +191,6 @@ class PolicyBackend(abc.ABC):
         """The version new requests get now (0 = the base model)."""
         return self._version
 
-    serves_tenant_runs: bool = False  # whether it holds tenant runs beside the main policy
-
     def version_of(self, run: str) -> int | None:
         """The version of `run` that answers its requests now; None: none of its versions is loaded
         (its requests get the main policy)."""
@@ -258,12 +256,6 @@ class PolicyBackend(abc.ABC):
         self, path: Path, version: int, kind: CheckpointKind, run: str = MAIN_RUN
     ) -> None:
         """Hot-swap `run` to the checkpoint at `path` ("full" safetensors folder or "lora" peft adapter)."""
-
-
-def check_run(backend: PolicyBackend, run: str) -> None:
-    """Refuse a tenant run's checkpoint on a backend that holds the main policy only."""
-    if run != MAIN_RUN and not backend.serves_tenant_runs:
-        raise PolicyError(f"the {type(backend).__name__} serves one policy, not tenant run {run!r}")
 
 
 def check_top_k(top_k: int) -> None:

@@ -12,7 +12,7 @@ Hot swap (reference/peers.md 4.1): full checkpoints via `POST /update_weights_fr
 `weight_version` and `abort_all_requests=false` (a version bump never aborts running requests);
 LoRA via `POST /load_lora_adapter` under a name immutable per version and unique per backend
 instance (`v<version>-<instance>`, so a restarted or second orl server never collides with adapters
-an earlier one left loaded), which requests pass as `lora_path`. A tenant run (`serves_tenant_runs`) is a LoRA adapter of its own
+an earlier one left loaded), which requests pass as `lora_path`. A tenant run is a LoRA adapter of its own
 (`<run>-v<version>-<instance>`), passed as `lora_path` with that tenant's requests; a full update of
 the main policy changes the base every adapter was trained on, so it unloads the tenant runs' too
 (their requests get the main policy until their next version). A load SGLang refuses (4xx, or
@@ -93,9 +93,8 @@ class SGLangBackend(PolicyBackend):
         self._client: httpx.AsyncClient | None = None
         self._full_loaded = False
         self._instance = secrets.token_hex(3)  # adapter names of this backend never collide with others'
-        self._loras: dict[str, list[str]] = {
-            MAIN_RUN: []
-        }  # by run: adapter names, oldest first; the last serves
+        # by run: its loaded adapters' names, oldest first; the last one serves
+        self._loras: dict[str, list[str]] = {MAIN_RUN: []}
         self._run_versions: dict[str, int] = {}  # tenant runs with an adapter loaded: the version it is
         self._lora_paths: dict[str, str] = {}
         self._swap_lock = asyncio.Lock()
@@ -115,8 +114,6 @@ class SGLangBackend(PolicyBackend):
             self._client = None
 
     # -- generation --------------------------------------------------------------------------
-
-    serves_tenant_runs = True
 
     def version_of(self, run: str) -> int | None:
         return self._version if run == MAIN_RUN else self._run_versions.get(run)

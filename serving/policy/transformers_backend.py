@@ -16,7 +16,7 @@ so the server shares the cores fairly with a trainer computing on the same machi
 checkpoint is a peft adapter folder merged into a copy of the base. Both are built off the hot path
 (in a thread) and swapped in at a batch boundary. Reads checkpoint folders; writes nothing.
 
-Tenant runs (`serves_tenant_runs`): beside the main policy, the backend holds the newest loaded
+Tenant runs: beside the main policy, the backend holds the newest loaded
 version of each tenant's own run (a merged copy of the base each, about 330 MB for SmolLM2-135M under
 bf16), each with its own running batch and prefix cache; a decode step advances every policy's batch
 in turn. A request for a run none of whose versions is loaded yet is answered by the main policy.
@@ -173,8 +173,6 @@ class TransformersBackend(PolicyBackend):
         return _ServedPolicy(run, model, version, batch)
 
     # -- properties --------------------------------------------------------------------------
-
-    serves_tenant_runs = True
 
     def version_of(self, run: str) -> int | None:
         with self._cv:
