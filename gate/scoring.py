@@ -7,6 +7,8 @@ the same score, the simulated user can react on a CPU, and a reader can verify a
 
 - `student_score`: 1 iff the answer is plain (no bold, list, header or "final answer" line), at most
   `MAX_WORDS` words and on-topic (`relevance` is 1), else 0.
+- `explainer_score`: 1 iff the answer is at least `MIN_DETAILED_WORDS` words and on-topic, whatever
+  its format: the opposite of the student's preference (issue 47's two tenants).
 - `teacher_score`: 1 iff the grading comment is plain, at most `MAX_WORDS` words, mentions something
   from the student's answer, is friendly (warm or affirming, or speaks to the student) and uses no
   rubric template, else 0.
@@ -26,6 +28,9 @@ import numpy as np
 from orl.schemas.errors import OrlError
 
 MAX_WORDS = 40
+MIN_DETAILED_WORDS = (
+    100  # the explainer's minimum: SmolLM2-135M reaches it in about 0.57 of its answers at 160 tokens
+)
 PREFIX_CHARS = 5  # a long keyword matches any response word that shares its first 5 characters
 LONG_WORD_CHARS = 6  # keywords at least this long get the prefix match ("photosynthesis" ~ "photosynthetic")
 MIN_KEYWORD_CHARS = 4  # shorter alphabetic words carry too little topic ("the", "why", "cell" counts)
@@ -37,10 +42,22 @@ HEADER = "header"
 FINAL_ANSWER = "final_answer"
 TEMPLATE = "template"
 LENGTH = "length"
+TOO_SHORT = "too_short"
 OFF_TOPIC = "off_topic"
 NOT_SPECIFIC = "not_specific"
 NOT_FRIENDLY = "not_friendly"
-VIOLATION_ORDER = (LENGTH, BOLD, LIST, HEADER, FINAL_ANSWER, TEMPLATE, OFF_TOPIC, NOT_SPECIFIC, NOT_FRIENDLY)
+VIOLATION_ORDER = (
+    LENGTH,
+    TOO_SHORT,
+    BOLD,
+    LIST,
+    HEADER,
+    FINAL_ANSWER,
+    TEMPLATE,
+    OFF_TOPIC,
+    NOT_SPECIFIC,
+    NOT_FRIENDLY,
+)
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?|\d+(?:\.\d+)?")
 _LIST_LINE = re.compile(r"^\s*([-*+]|\d+[.)](\s|$))")
@@ -245,6 +262,16 @@ def student_score(prompt: str, response: str) -> ScoreBreakdown:
     words = word_count(response)
     if words > MAX_WORDS:
         violations.append(LENGTH)
+    on_topic = relevance(prompt, response)
+    if on_topic < 1.0:
+        violations.append(OFF_TOPIC)
+    return _breakdown(violations, words, on_topic)
+
+
+def explainer_score(prompt: str, response: str) -> ScoreBreakdown:
+    """The explainer scenario: 1 iff at least `MIN_DETAILED_WORDS` words AND on-topic, else 0 (any format)."""
+    words = word_count(response)
+    violations = [TOO_SHORT] if words < MIN_DETAILED_WORDS else []
     on_topic = relevance(prompt, response)
     if on_topic < 1.0:
         violations.append(OFF_TOPIC)

@@ -75,7 +75,7 @@ COMMANDS: tuple[Command, ...] = (
         "demo",
         "Watch the loop learn on a CPU: a simulated user, Binary RL vs OPD vs Combined, with a report.",
         "orl.demo.run:DemoSettings",
-        "orl.demo.run:run_demo",
+        "orl.demo.main:demo",
     ),
     Command(
         "replay",

@@ -1,4 +1,7 @@
-"""Admin endpoints (admin key only): which policy is served, pin a version, unpin, roll back."""
+"""Admin endpoints (admin key only): which policy is served, pin a version, unpin, roll back.
+
+Pin, unpin and rollback act on the main run, or on a tenant's own run named by "run" in the body
+(`{"run": "live.alice"}`, --tenant-adapters): each tenant run has its own rollback."""
 
 from __future__ import annotations
 
@@ -19,15 +22,29 @@ MAX_BODY_BYTES = 4096  # {"version": n} and nothing else
 def admin_routes(
     follower: CheckpointFollower, tenant_followers: Sequence[CheckpointFollower] = ()
 ) -> list[Route]:
-    """Pin, unpin and roll back the main run; GET /admin/policy also lists the tenant runs' versions
-    (--tenant-adapters; null: none of its versions is served yet, the tenant gets the main policy)."""
+    """Pin, unpin and roll back the main run or a tenant run; GET /admin/policy also lists the tenant
+    runs' versions (--tenant-adapters; null: none of its versions is served yet, the tenant gets the
+    main policy)."""
+    by_run = {f.run_id: f for f in (follower, *tenant_followers)}
+
+    async def request_run(request: Request) -> tuple[dict[str, object], CheckpointFollower]:
+        """The body (empty: {}) and the follower of the run it names (none: the main run's)."""
+        raw = await read_body(request, MAX_BODY_BYTES)
+        body = json_object(raw) if raw.strip() else {}
+        run = body.get("run", follower.run_id)
+        if not isinstance(run, str) or run not in by_run:
+            known = ", ".join(repr(name) for name in by_run)
+            raise bad_request(
+                f"'run' must name a run this server follows ({known}), not {run!r}", param="run"
+            )
+        return body, by_run[run]
 
     async def policy(request: Request) -> Response:
         tenant_runs = {f.run_id: f.backend.version_of(f.backend_run) for f in tenant_followers}
         return JSONResponse({**_status(follower), "tenant_runs": tenant_runs})
 
     async def pin(request: Request) -> Response:
-        body = json_object(await read_body(request, MAX_BODY_BYTES))
+        body, follower = await request_run(request)
         if "version" not in body:
             raise bad_request('body must be {"version": <int>}', param="version")
         version = body["version"]
@@ -49,10 +66,12 @@ def admin_routes(
         )
 
     async def unpin(request: Request) -> Response:
+        _, follower = await request_run(request)
         follower.unpin()
         return JSONResponse(_status(follower))
 
     async def rollback(request: Request) -> Response:
+        _, follower = await request_run(request)
         try:
             await follower.rollback()
         except CheckpointError as error:
@@ -68,9 +87,10 @@ def admin_routes(
 
 
 def _status(follower: CheckpointFollower) -> dict[str, object]:
+    """The run's served version (a tenant run: 0 while none of its versions is loaded)."""
     return {
         "run_id": follower.run_id,
-        "policy_version": follower.backend.policy_version,
+        "policy_version": follower.served_version,
         "pinned": follower.pinned,
         "served_versions": [ref.version for ref in follower.history],
     }

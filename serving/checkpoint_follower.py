@@ -82,6 +82,13 @@ class CheckpointFollower:
         return self.run_id if self.tenant_run else MAIN_RUN
 
     @property
+    def consumer_group(self) -> str:
+        """This follower's group on the checkpoints topic: one per run, so that a tenant run's follower
+        reads every record beside the main one's (in one group they would share the topic's records)."""
+        group = f"{self.namespace}.serve.{self.server_id}"
+        return f"{group}.{self.run_id}" if self.tenant_run else group
+
+    @property
     def served_version(self) -> int:
         """The version of this run being served (0 = none of its checkpoints yet, or the base model)."""
         return self.backend.version_of(self.backend_run) or 0
@@ -134,9 +141,7 @@ class CheckpointFollower:
 
     async def _follow_once(self) -> None:
         topic = topic_name(self.namespace, "checkpoints")
-        async with self.log.consumer(
-            f"{self.namespace}.serve.{self.server_id}", [topic], auto_offset_reset="latest"
-        ) as consumer:
+        async with self.log.consumer(self.consumer_group, [topic], auto_offset_reset="latest") as consumer:
             while True:
                 for record in await consumer.poll(max_records=50, timeout_s=1.0):
                     ref = _checkpoint_ref(record.value)

@@ -563,7 +563,9 @@ def _admin_paths() -> dict[str, Any]:
     pinned = {**status, "required": [*status["required"], "activated"]}
     pinned["properties"] = {**status["properties"], "activated": {"type": "boolean"}}
     admin = (401,)
-    pin_body = _object({"version": {"type": "integer", "minimum": 1}})
+    run = {"type": "string", "description": "A tenant's own run (--tenant-adapters); default: the main run."}
+    pin_body = _object({"version": {"type": "integer", "minimum": 1}, "run": run}, required=["version"])
+    run_body = {"type": "object", "properties": {"run": run}}
     return {
         "/admin/policy": {
             "get": _get("Which policy is served, and each tenant run's version.", policy, security="adminKey")
@@ -581,8 +583,10 @@ def _admin_paths() -> dict[str, Any]:
         "/admin/unpin": {
             "post": _operation(
                 "Follow new checkpoints again.",
-                _responses({200: ("Unpinned.", status)}, admin),
+                _responses({200: ("Unpinned.", status)}, (400, *admin)),
                 security="adminKey",
+                body=run_body,
+                body_required=False,
             )
         },
         "/admin/rollback": {
@@ -590,6 +594,8 @@ def _admin_paths() -> dict[str, Any]:
                 "Pin the previously served checkpoint.",
                 _responses({200: ("Rolled back.", status)}, (400, *admin)),
                 security="adminKey",
+                body=run_body,
+                body_required=False,
             )
         },
     }

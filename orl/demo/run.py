@@ -46,6 +46,7 @@ from orl.settings_binding import build_settings
 from orl.stack_settings import StackSettings
 from orl.trainer.settings import OpdLossSettings
 from orl.up import (
+    StackKeys,
     Supervisor,
     UpSettings,
     component_env,
@@ -125,11 +126,21 @@ class DemoSettings(ConnectionSettings, StackSettings, PrecisionSettings, Teacher
         "A short run: Combined only, 4 steps of 8 samples, each version scored on 16 evaluation prompts, one answer each.",
     )
 
+    two_tenants: bool = setting(
+        False,
+        "ORL_DEMO_TWO_TENANTS",
+        "Two tenants with opposite preferences on one server (alice: student, bob: explainer), each training "
+        "her own adapter, without the promotion gate; Combined unless --methods names one method.",
+    )
+
     def effective(self) -> DemoSettings:
+        settings = self
+        if self.two_tenants and len(self.methods) != 1:
+            settings = replace(self, methods=("combined",))
         if not self.quick:
-            return self
+            return settings
         return replace(
-            self,
+            settings,
             methods=("combined",),
             steps=4,
             batch_size=8,
@@ -318,6 +329,19 @@ class DemoStack:
 async def start_stack(settings: DemoSettings, method: SampleMethod, namespace: str) -> DemoStack:
     """Start the stack `orl up` would start for `method` in `namespace` and wait until it serves."""
     up = up_settings(settings, method, namespace)
+    supervisor, keys = start_processes(settings, up)
+    client = demo_client(settings, get_scenario(settings.scenario), keys.api_key, keys.admin_key)
+    stack = DemoStack(up, supervisor, client, namespace, settings.partial_batches)
+    try:
+        await client.wait_ready()
+    except BaseException:
+        await stack.close()
+        raise
+    return stack
+
+
+def start_processes(settings: DemoSettings, up: UpSettings) -> tuple[Supervisor, StackKeys]:
+    """Start `up`'s processes, supervised as by `orl up`, with the demo's trainer and gate settings."""
     env = {
         **component_env(up),
         "ORL_TRAIN_LR": str(settings.lr),
@@ -328,28 +352,26 @@ async def start_stack(settings: DemoSettings, method: SampleMethod, namespace: s
         "ORL_GATE_SCENARIO": settings.scenario,
         "ORL_GATE_PROMPTS": str(settings.eval_prompts),
         "ORL_GATE_SAMPLES": str(settings.eval_samples),
-        "ORL_GATE_MAX_TOKENS": str(settings.max_tokens),
+        "ORL_GATE_MAX_TOKENS": str(get_scenario(settings.scenario).max_tokens or settings.max_tokens),
     }
-    supervisor = Supervisor(stack_launches(up, env), settings.data_dir / "logs" / namespace)
+    supervisor = Supervisor(stack_launches(up, env), settings.data_dir / "logs" / up.namespace)
     keys = stack_keys(up)
-    client = DemoClient(
+    supervisor.start_all()
+    return supervisor, keys
+
+
+def demo_client(settings: DemoSettings, scenario: Scenario, api_key: str, admin_key: str) -> DemoClient:
+    """A client of the demo's server that holds `scenario`'s sessions with `api_key`."""
+    return DemoClient(
         f"http://127.0.0.1:{settings.port}",
-        keys.api_key,
-        keys.admin_key,
-        Sampling(max_tokens=settings.max_tokens),
+        api_key,
+        admin_key,
+        Sampling(max_tokens=scenario.max_tokens or settings.max_tokens),
         concurrency=settings.batch_size,  # one wave per round: its samples reach the trainer together
         restate_length=settings.user_restates_length,
         # held-out answers as many at a time as the server decodes together
         eval_concurrency=build_settings(ServeSettings, argparse.Namespace(), os.environ).max_batch_size,
     )
-    stack = DemoStack(up, supervisor, client, namespace, settings.partial_batches)
-    supervisor.start_all()
-    try:
-        await client.wait_ready()
-    except BaseException:
-        await stack.close()
-        raise
-    return stack
 
 
 async def _run_method(
@@ -366,14 +388,14 @@ async def _run_method(
         held_out = evaluation_prompts(scenario, settings.eval_prompts)
         evaluations = {0: base or await client.evaluate(scenario, held_out, settings.eval_samples)}
         label = f"seed {settings.seed} {method}"
-        _progress(label, 0, settings.steps, evaluations[0], None, clock.text())
+        print_progress(label, 0, settings.steps, evaluations[0], None, clock.text())
         prompts = prompt_stream(scenario, settings.seed)
         for step in range(1, settings.steps + 1):
             satisfied = await train_one_step(settings, scenario, stack, step, prompts)
             if step % settings.eval_every == 0 or step == settings.steps:
                 evaluations[step] = await client.evaluate(scenario, held_out, settings.eval_samples)
             clock.step_done()
-            _progress(label, step, settings.steps, evaluations.get(step), satisfied, clock.text())
+            print_progress(label, step, settings.steps, evaluations.get(step), satisfied, clock.text())
         return evaluations
     finally:
         await stack.close()
@@ -426,7 +448,7 @@ async def wait_for_training(stack: DemoStack, round_: Round, deadline: float) ->
     # every session gets two decisions (its answer, and the one-token reply that closed it)
     expected = round_.decided_before + 2 * round_.sessions
     await _wait_for_decisions(up, namespace, expected, deadline, supervisor)
-    _check_deadline(deadline, step, "collecting samples")
+    check_deadline(deadline, step, "collecting samples")
     ready, _ = await sample_counts(up, namespace)
     # partial batches: the trainer steps on whatever the round gave; full: on every complete batch of N
     # (fewer than N left pending wait for the next round, as under `orl up`)
@@ -434,7 +456,7 @@ async def wait_for_training(stack: DemoStack, round_: Round, deadline: float) ->
     asked_s = 0.0
     while (trained := await trained_counts(up, namespace))[0] < ready - left_pending:
         supervisor.check()
-        _check_deadline(deadline, step, "waiting for the trainer")
+        check_deadline(deadline, step, "waiting for the trainer")
         if stack.partial_batches and time.monotonic() - asked_s > FLUSH_EVERY_S:  # again after a restart
             supervisor.signal("train", signal.SIGUSR1)  # train the round's samples, even fewer than N
             asked_s = time.monotonic()
@@ -444,7 +466,7 @@ async def wait_for_training(stack: DemoStack, round_: Round, deadline: float) ->
         served, gate = await _wait_for_gate(stack, trained[1], deadline, step)
     while await client.policy_version() < served:
         supervisor.check()
-        _check_deadline(deadline, step, "waiting for the hot swap")
+        check_deadline(deadline, step, "waiting for the hot swap")
         await asyncio.sleep(0.5)
     return (
         f"{round_.satisfied}/{round_.sessions} users satisfied, {ready - ready_before} samples "
@@ -457,7 +479,7 @@ async def _wait_for_gate(stack: DemoStack, version: int, deadline: float, step: 
     promoted weights; (the version the server is to serve, the decision in words)."""
     while True:
         stack.supervisor.check()
-        _check_deadline(deadline, step, "waiting for the promotion gate")
+        check_deadline(deadline, step, "waiting for the promotion gate")
         published, decisions = await read_gate(stack.up, stack.namespace)
         newest = max(published, default=0)
         if newest >= version and decisions.reasons.get(newest, ("",))[0] == PROMOTED:
@@ -514,7 +536,7 @@ async def _wait_for_decisions(
         await asyncio.sleep(0.5)
 
 
-def _check_deadline(deadline: float, step: int, doing: str) -> None:
+def check_deadline(deadline: float, step: int, doing: str) -> None:
     if time.monotonic() > deadline:
         raise OrlError(f"demo step {step} timed out while {doing}; see the logs under <data-dir>/logs/")
 
@@ -563,7 +585,7 @@ def run_time_text(elapsed_s: float, done_steps: int, total_steps: int) -> str:
     return f"{so_far}, about {left_s / 60:.0f} min left" if left_s > 0 else so_far
 
 
-def _progress(
+def print_progress(
     label: str, step: int, steps: int, evaluation: Evaluation | None, satisfied: str | None, clock: str
 ) -> None:
     parts = [f"[{label}] step {step}/{steps}"]

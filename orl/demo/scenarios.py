@@ -9,6 +9,11 @@
   most 40 words. The base model's rate is about 0.09; it almost never writes a warm word unprompted,
   and even with the user's hint it satisfies this teacher only about 0.19 of the time
   (`benchmarks/bench_hinted_teacher.py`): a preference beyond SmolLM2-135M.
+- "explainer": the student's questions, asked by someone with the opposite preference: a full explanation
+  of at least `MIN_DETAILED_WORDS` words, on topic, in any format, its client asking for up to
+  `EXPLAINER_MAX_TOKENS` tokens (the base model writes that much in about 0.57 of its answers, measured
+  on 28 train prompts at temperature 0.7 on 2026-12-07). The two are the two tenants of
+  `orl demo --tenants` (issue 47): what one wants, the other asks the assistant to undo.
 
 Prompts are tasks where style, not correctness, is judged (the 135M model is weak at arithmetic).
 Each scenario has three disjoint prompt sets (issue 48): sessions ask the train prompts; the promotion
@@ -23,10 +28,20 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from orl.gate.scoring import Scorer, student_score, teacher_score
+from orl.gate.scoring import (
+    LENGTH,
+    MIN_DETAILED_WORDS,
+    TOO_SHORT,
+    Scorer,
+    explainer_score,
+    student_score,
+    teacher_score,
+)
 from orl.schemas.errors import ConfigError
 
 HELD_OUT_COUNT = 16
+# The explainer's client lets an answer run this long: at 96 tokens SmolLM2's answers stop near 80 words.
+EXPLAINER_MAX_TOKENS = 160
 SPLIT_SEED = 0
 
 
@@ -42,6 +57,8 @@ class Scenario:
     eval_prompts: tuple[str, ...]  # the demo's evaluation asks these, and nothing else does
     hint: str  # the full preference, as a directive correction spells it out
     scorer: Scorer
+    length_check: str = LENGTH  # the violation of the user's word limit (restated by `restate_length`)
+    max_tokens: int | None = None  # the response limit this user's client asks for (None: --max-tokens)
 
 
 STUDENT_PROMPTS = (
@@ -192,6 +209,10 @@ STUDENT_HINT = (
     "Answer in under 40 words, in plain sentences. "
     "Do not use bold text, lists, headers or a 'Final Answer' line, and stay on the question."
 )
+EXPLAINER_HINT = (
+    f"Explain it fully, in at least {MIN_DETAILED_WORDS} words: say why it works, give an example and stay "
+    "on the question."
+)
 TEACHER_HINT = (
     "Reply to the student in one or two friendly sentences, under 40 words: start with a warm word such as "
     "'Nice' or 'Great' and name something specific from their answer. No score, rubric labels or lists."
@@ -223,13 +244,17 @@ def make_scenario(
     eval_prompts: tuple[str, ...],
     hint: str,
     scorer: Scorer,
+    length_check: str = LENGTH,
+    max_tokens: int | None = None,
 ) -> Scenario:
     """A scenario whose pool `prompts` is split into train and gate prompts; ConfigError if the evaluation's
     prompts repeat or meet the pool."""
     if len(set(eval_prompts)) != len(eval_prompts) or set(eval_prompts) & set(prompts):
         raise ConfigError(f"scenario {name!r}: evaluation prompts must be distinct and outside the pool")
     train, gate = split_prompts(prompts)
-    return Scenario(name, description, prompts, train, gate, eval_prompts, hint, scorer)
+    return Scenario(
+        name, description, prompts, train, gate, eval_prompts, hint, scorer, length_check, max_tokens
+    )
 
 
 STUDENT = make_scenario(
@@ -240,6 +265,16 @@ STUDENT = make_scenario(
     STUDENT_HINT,
     student_score,
 )
+EXPLAINER = make_scenario(
+    "explainer",
+    f"A learner wants the student's questions explained in full: at least {MIN_DETAILED_WORDS} words, on the question.",
+    STUDENT_PROMPTS,
+    STUDENT_EVAL_PROMPTS,
+    EXPLAINER_HINT,
+    explainer_score,
+    length_check=TOO_SHORT,
+    max_tokens=EXPLAINER_MAX_TOKENS,
+)
 TEACHER = make_scenario(
     "teacher",
     "A teacher wants short, friendly grading comments that mention something specific from the answer.",
@@ -248,7 +283,7 @@ TEACHER = make_scenario(
     TEACHER_HINT,
     teacher_score,
 )
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, TEACHER)}
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (STUDENT, EXPLAINER, TEACHER)}
 
 
 def evaluation_prompts(scenario: Scenario, count: int) -> tuple[str, ...]:

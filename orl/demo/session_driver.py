@@ -187,6 +187,12 @@ class DemoClient:
         response.raise_for_status()
         return int(response.json()["policy_version"])
 
+    async def run_version(self, run_id: str) -> int:
+        """The version of tenant run `run_id` the server answers with (0: none yet, the main policy)."""
+        response = await self._http.get(f"{self.base_url}/admin/policy", headers=self._admin)
+        response.raise_for_status()
+        return int(response.json()["tenant_runs"].get(run_id) or 0)
+
     async def wait_ready(self, timeout_s: float = 300.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while asyncio.get_running_loop().time() < deadline:

@@ -28,10 +28,12 @@ from orl.gate.scoring import (
     HEADER,
     LENGTH,
     LIST,
+    MIN_DETAILED_WORDS,
     NOT_FRIENDLY,
     NOT_SPECIFIC,
     OFF_TOPIC,
     TEMPLATE,
+    TOO_SHORT,
     VIOLATION_ORDER,
     keywords,
     parse_grading_prompt,
@@ -63,6 +65,7 @@ DIRECTIVE_FRAMES = ("Please {}.", "Next time, please {}.", "From now on, please 
 
 COMPLAINTS = {
     LENGTH: "it's too long",
+    TOO_SHORT: "it's too short to really explain it",
     BOLD: "it uses bold text",
     LIST: "it's broken into a list",
     HEADER: "it has headers",
@@ -76,6 +79,10 @@ COMPLAINTS = {
 # Two phrasings ("styles") of each directive; one style is used for a whole message.
 DIRECTIVES = {
     LENGTH: ("keep it under 40 words in plain sentences", "answer in under 40 words of plain sentences"),
+    TOO_SHORT: (
+        f"explain it in more detail, in at least {MIN_DETAILED_WORDS} words",
+        f"write a fuller answer of at least {MIN_DETAILED_WORDS} words with an example",
+    ),
     BOLD: ("don't use bold text", "leave out the bold"),
     LIST: ("write plain sentences instead of a list", "skip the numbered steps and bullet points"),
     HEADER: ("don't add headers", "skip the headings"),
@@ -117,7 +124,7 @@ def react(
     scenario: Scenario, prompt: str, response: str, rng: random.Random, restate_length: bool = False
 ) -> UserReaction:
     """The user's reply to `response`: satisfied iff the scenario's scorer gives 1, else a redo request
-    (which, with `restate_length`, also restates the word limit when the answer kept it)."""
+    (which, with `restate_length`, also restates the scenario's word limit when the answer kept it)."""
     breakdown = scenario.scorer(prompt, response)
     if not breakdown.violations:
         return UserReaction(rng.choice(SATISFIED_REPLIES), satisfied=True, violations=[])
@@ -128,7 +135,8 @@ def react(
         style=rng.randrange(DIRECTIVE_STYLES),
     )
     violations = list(breakdown.violations)
-    standing = (LENGTH,) if restate_length and LENGTH not in violations else ()
+    length = scenario.length_check
+    standing = (length,) if restate_length and length not in violations else ()
     text = redo_text(violations, prompt, choice, standing)
     return UserReaction(text, satisfied=False, violations=violations)
 
