@@ -7,13 +7,14 @@ import json
 import random
 from pathlib import Path
 
+from orl.gate.scoring import MIN_DETAILED_WORDS, OFF_TOPIC, TOO_SHORT, explainer_score
+from orl.pipeline.effects.reply_rules import user_hint_extractor, user_reply_judge
+
 from orl.demo.run import DemoSettings
 from orl.demo.scenarios import EXPLAINER, STUDENT
 from orl.demo.session_driver import Evaluation
 from orl.demo.simulated_user import react
 from orl.demo.tenants import TENANT_SCENARIOS, check_tenant_targets, tenant_up_settings, write_tenant_report
-from orl.gate.scoring import MIN_DETAILED_WORDS, OFF_TOPIC, TOO_SHORT, explainer_score
-from orl.pipeline.effects.reply_rules import user_hint_extractor, user_reply_judge
 from orl.up import stack_launches
 
 PROMPT = "Why does the Moon have phases?"
