@@ -11,9 +11,9 @@
   (`benchmarks/bench_hinted_teacher.py`): a preference beyond SmolLM2-135M.
 - "explainer": the student's questions, asked by someone with the opposite preference: a full explanation
   of at least `MIN_DETAILED_WORDS` words, on topic, in any format, its client asking for up to
-  `EXPLAINER_MAX_TOKENS` tokens (the base model writes that much in about 0.57 of its answers, measured
-  on 28 train prompts at temperature 0.7 on 2026-12-07). The two are the two tenants of
-  `orl demo --tenants` (issue 47): what one wants, the other asks the assistant to undo.
+  `EXPLAINER_MAX_TOKENS` tokens (the base model scored 0.44 on the evaluation prompts, docs/results.md
+  "Two tenants"). The student and the explainer are the two tenants of `orl demo --two-tenants`
+  (issue 47): what one wants, the other asks the assistant to undo.
 
 Prompts are tasks where style, not correctness, is judged (the 135M model is weak at arithmetic).
 Each scenario has three disjoint prompt sets (issue 48): sessions ask the train prompts; the promotion
