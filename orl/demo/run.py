@@ -182,8 +182,7 @@ def run_demo(settings: DemoSettings) -> int:
         out_dir,
         {
             method: {
-                seed: {step: StepResult(e.scores, e.relevance, e.words, e.style) for step, e in curve.items()}
-                for seed, curve in by_seed.items()
+                seed: {step: step_result(e) for step, e in curve.items()} for seed, curve in by_seed.items()
             }
             for method, by_seed in results.items()
         },
@@ -194,14 +193,7 @@ def run_demo(settings: DemoSettings) -> int:
                 m: {str(seed): _namespace(tag, seed, m) for seed in by_seed} for m, by_seed in results.items()
             },
             "gate": gate,
-            "seconds": round(time.perf_counter() - started),
-            "machine": {
-                "cpu": describe_machine(),
-                "numerics": resolved_numerics(settings.precision).precision,
-                "started": started_utc,
-                "load": [round(load_at_start, 1), *(round(v, 1) for v in os.getloadavg())],
-            },
-            "settings": recorded_settings(settings),
+            **run_record(settings, started, started_utc, load_at_start),
         },
     )
     print(files.table.read_text())
@@ -212,6 +204,28 @@ def run_demo(settings: DemoSettings) -> int:
         f"learning curve: {files.chart}\nresults: {files.results}\ntook {time.perf_counter() - started:.0f} s"
     )
     return 0
+
+
+def run_record(
+    settings: DemoSettings, started: float, started_utc: str, load_at_start: float
+) -> dict[str, Any]:
+    """What results.json records of a run: how long it took, on what machine under what load, and
+    the settings that shaped it."""
+    return {
+        "seconds": round(time.perf_counter() - started),
+        "machine": {
+            "cpu": describe_machine(),
+            "numerics": resolved_numerics(settings.precision).precision,
+            "started": started_utc,
+            "load": [round(load_at_start, 1), *(round(v, 1) for v in os.getloadavg())],
+        },
+        "settings": recorded_settings(settings),
+    }
+
+
+def step_result(evaluation: Evaluation) -> StepResult:
+    """An evaluation as the report summarises it."""
+    return StepResult(evaluation.scores, evaluation.relevance, evaluation.words, evaluation.style)
 
 
 # Demo settings that do not change what a run measures, so its results.json leaves them out.
@@ -516,11 +530,13 @@ async def sample_counts(up: UpSettings, namespace: str) -> tuple[int, int]:
     return sum(row["status"] == "ready" for row in rows), len(rows)
 
 
-async def trained_counts(up: UpSettings, namespace: str) -> tuple[int, int, float]:
-    """(samples the trainer has consumed (trained or dropped as stale), its newest version, that step's KL)."""
+async def trained_counts(up: UpSettings, namespace: str, run_id: str = "") -> tuple[int, int, float]:
+    """(samples the trainer of `run_id` (default: up's run) has consumed (trained or dropped as stale),
+    its newest version, that step's KL)."""
     async with open_event_log(up.effective_log_url(), up.topic_policy()) as log:
         records = await read_to_end(log, topic_name(namespace, "train_steps"))
-    steps = [decode(record.value) for record in records]
+    run_id = run_id or up.run_id
+    steps = [event for event in map(decode, (r.value for r in records)) if event["run_id"] == run_id]
     consumed = sum(len(s["sample_ids"]) + int(s["dropped_stale"]) for s in steps)
     newest = max(steps, key=lambda s: int(s["policy_version"]), default=None)
     if newest is None:

@@ -25,12 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orl.compute.machine import describe_machine, resolved_numerics
-from orl.connectors.event_log.factory import open_event_log
-from orl.connectors.event_log.reading import read_to_end
 from orl.demo.report import (
     ReportFiles,
-    StepResult,
     StepSummary,
     markdown_table,
     number,
@@ -47,18 +43,18 @@ from orl.demo.run import (
     demo_client,
     print_progress,
     prompt_stream,
-    recorded_settings,
     round_prompts,
+    run_record,
     start_processes,
+    step_result,
+    trained_counts,
     up_settings,
 )
 from orl.demo.scenarios import Scenario, evaluation_prompts, get_scenario
 from orl.demo.session_driver import DemoClient, Evaluation
 from orl.samples import read_samples
-from orl.schemas.codec import decode
 from orl.schemas.errors import ConfigError
 from orl.schemas.ids import tenant_run
-from orl.schemas.topics import topic_name
 from orl.up import Supervisor, UpSettings
 
 TENANT_SCENARIOS = (("alice", "student"), ("bob", "explainer"))
@@ -111,17 +107,7 @@ def run_two_tenants(settings: DemoSettings) -> int:
         out_dir,
         curves,
         cross,
-        {
-            "namespace": namespace,
-            "seconds": round(time.perf_counter() - started),
-            "machine": {
-                "cpu": describe_machine(),
-                "numerics": resolved_numerics(settings.precision).precision,
-                "started": started_utc,
-                "load": [round(load_at_start, 1), *(round(v, 1) for v in os.getloadavg())],
-            },
-            "settings": recorded_settings(settings),
-        },
+        {"namespace": namespace, **run_record(settings, started, started_utc, load_at_start)},
     )
     print(files.table.read_text())
     print(
@@ -223,7 +209,9 @@ async def train_tenants_one_step(
     lines = {}
     for tenant, happy in zip(tenants, satisfied, strict=True):
         ready_now = ready[tenant.name][0]
-        while (trained := await run_trained(up, tenant.run_id))[0] < ready_now - (up.batch_size - 1):
+        while (trained := await trained_counts(up, up.namespace, tenant.run_id))[0] < ready_now - (
+            up.batch_size - 1
+        ):
             supervisor.check()
             check_deadline(deadline, step, f"waiting for {tenant.name}'s trainer")
             await asyncio.sleep(0.5)
@@ -252,18 +240,6 @@ async def tenant_sample_counts(up: UpSettings, tenants: Sequence[Tenant]) -> dic
         own = [row for row in rows if str(row["session_id"]).startswith(prefix)]
         counts[tenant.name] = (sum(row["status"] == "ready" for row in own), len(own))
     return counts
-
-
-async def run_trained(up: UpSettings, run_id: str) -> tuple[int, int, float]:
-    """(samples `run_id`'s trainer consumed (trained or dropped as stale), its newest version, that step's KL)."""
-    async with open_event_log(up.effective_log_url(), up.topic_policy()) as log:
-        records = await read_to_end(log, topic_name(up.namespace, "train_steps"))
-    steps = [event for event in map(decode, (r.value for r in records)) if event["run_id"] == run_id]
-    consumed = sum(len(s["sample_ids"]) + int(s["dropped_stale"]) for s in steps)
-    newest = max(steps, key=lambda s: int(s["policy_version"]), default=None)
-    if newest is None:
-        return consumed, 0, 0.0
-    return consumed, int(newest["policy_version"]), float(newest["kl"])
 
 
 def check_tenant_targets(per_tenant: Mapping[str, Mapping[int, StepSummary]]) -> dict[str, dict[str, bool]]:
@@ -365,7 +341,3 @@ def write_tenant_report(
         summaries, over_one_seed, "orl demo --two-tenants: each tenant on her own adapter", files.chart
     )
     return files
-
-
-def step_result(evaluation: Evaluation) -> StepResult:
-    return StepResult(evaluation.scores, evaluation.relevance, evaluation.words, evaluation.style)
