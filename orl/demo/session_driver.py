@@ -183,15 +183,18 @@ class DemoClient:
         )
 
     async def policy_version(self) -> int:
-        response = await self._http.get(f"{self.base_url}/admin/policy", headers=self._admin)
-        response.raise_for_status()
-        return int(response.json()["policy_version"])
+        return int((await self._served_policy())["policy_version"])
 
     async def run_version(self, run_id: str) -> int:
         """The version of tenant run `run_id` the server answers with (0: none yet, the main policy)."""
+        return int((await self._served_policy())["tenant_runs"].get(run_id) or 0)
+
+    async def _served_policy(self) -> dict[str, Any]:
+        """GET /admin/policy."""
         response = await self._http.get(f"{self.base_url}/admin/policy", headers=self._admin)
         response.raise_for_status()
-        return int(response.json()["tenant_runs"].get(run_id) or 0)
+        policy: dict[str, Any] = response.json()
+        return policy
 
     async def wait_ready(self, timeout_s: float = 300.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
