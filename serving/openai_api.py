@@ -623,7 +623,12 @@ def _include_usage(options: Any) -> bool:
             param=f"stream_options.{unknown[0]}",
             code="unknown_parameter",
         )
-    return bool_field(options, "include_usage", False)
+    for name in STREAM_OPTIONS:  # include_obfuscation is checked, then has no effect: orl pads nothing
+        if options.get(name) is not None and not isinstance(options[name], bool):
+            raise bad_request(
+                f"'stream_options.{name}' must be a boolean", param=f"stream_options.{name}", code="invalid_type"
+            )
+    return bool(options.get("include_usage"))
 
 
 def _optional_str(body: dict[str, Any], name: str) -> str | None:

@@ -64,6 +64,14 @@ def test_sampling_parameters_and_stream_options_are_read() -> None:
         ({"messages": [{"role": "user", "content": "x"}], "n": True}, "n"),
         ({"messages": [{"role": "user", "content": "x"}], "seed": 2**63}, "seed"),
         (
+            {"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_obfuscation": 0.0}},
+            "stream_options.include_obfuscation",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}},
+            "stream_options.include_usage",
+        ),
+        (
             {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 5, "max_tokens": "x"},
             "max_tokens",
         ),
