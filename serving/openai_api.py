@@ -626,7 +626,9 @@ def _include_usage(options: Any) -> bool:
     for name in STREAM_OPTIONS:  # include_obfuscation is checked, then has no effect: orl pads nothing
         if options.get(name) is not None and not isinstance(options[name], bool):
             raise bad_request(
-                f"'stream_options.{name}' must be a boolean", param=f"stream_options.{name}", code="invalid_type"
+                f"'stream_options.{name}' must be a boolean",
+                param=f"stream_options.{name}",
+                code="invalid_type",
             )
     return bool(options.get("include_usage"))
 
