@@ -12,9 +12,11 @@ Readers skip such events and say how many (`orl export` writes their envelopes w
 Before the keys go, the command lists what was derived from the data (`orl audit --session`): the
 samples, the training steps that consumed them and the checkpoints those steps published, which
 still carry what was learned. `--retrain` then replays the namespace (what can still be read) into
-a new namespace and trains a new run on it from the base model (`orl replay --train-steps`).
-Reads and writes: the key store; reads the namespace (audit index) and, with --retrain, writes a
-new namespace and its checkpoints.
+a new namespace and replaces each of those runs with a new one trained there from the base model on
+what it trained on, less the forgotten sessions (`retrain_plan`): a tenant's own run on her sessions
+left, a shared run on every session but those of the named tenants it never trained on.
+Reads and writes: the key store; reads the namespace (audit index, samples and train steps) and,
+with --retrain, writes a new namespace and its checkpoints.
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from orl.connectors.event_log.base import EventLog
 from orl.connectors.event_log.factory import open_event_log
-from orl.connectors.key_store import ForgottenSession, KeyStore
+from orl.connectors.key_store import ForgottenSession, KeyStore, SessionTenants
 from orl.connectors.settings import ConnectionSettings, JsonOutputSettings, same_deployment, setting
-from orl.history import ReplaySettings, _store, run_replay
+from orl.history import ReplaySettings, _store, replay_namespace, train_replayed
 from orl.pipeline.history.audit import NotFound, audit_session
 from orl.pipeline.history.audit_index import AuditIndex, index_path
+from orl.pipeline.history.namespace_io import read_events
 from orl.schemas.errors import ConfigError
+from orl.schemas.ids import tenant_run
+from orl.schemas.topics import topic_name
 from orl.serving.tenancy import key_id
 
 
@@ -57,8 +63,52 @@ class ForgetSettings(ConnectionSettings, JsonOutputSettings):
     retrain_steps: int = setting(8, "ORL_FORGET_RETRAIN_STEPS", "Training steps of the --retrain run.")
 
 
-async def derived_from(settings: ForgetSettings, sessions: list[str]) -> dict[str, dict[str, Any]]:
-    """Per session in the namespace: its samples and the training steps and checkpoints derived from them."""
+@dataclass(frozen=True)
+class Retraining:
+    """How --retrain replaces one run trained on forgotten data: a new run on the replayed namespace,
+    trained on what the old one trained on, less the forgotten sessions."""
+
+    run_id: str
+    new_run_id: str
+    tenant: str = ""  # a tenant's own run: her sessions only
+    private_tenants: tuple[str, ...] = ()  # a shared run: the named tenants it never trained on
+    nothing_left: bool = False  # a tenant's own run whose every session is forgotten
+
+
+def retrain_plan(
+    runs: set[str],
+    namespace: str,
+    target: str,
+    named_tenants: set[str],
+    trained: dict[str, set[str | None]],
+    tenants_left: set[str],
+) -> list[Retraining]:
+    """One Retraining per run in `runs`. A run named <run>.<tenant> for a named tenant is her own run
+    (orl.schemas.ids.tenant_run), renamed <new run>.<tenant> so that a server following the new run
+    with --tenant-adapters finds it. A shared run keeps out the named tenants whose sessions none of
+    its steps trained on (`trained`: per run, the tenants it did; None for unnamed keys). The shared
+    run named like the namespace becomes the target namespace's; another run R becomes <target>-R."""
+    plan = []
+    for run_id in sorted(runs):
+        tenant = next((t for t in sorted(named_tenants) if run_id.endswith(tenant_run("", t))), "")
+        base = run_id.removesuffix(tenant_run("", tenant)) if tenant else run_id
+        new_base = target if base == namespace else f"{target}-{base}"
+        if tenant:
+            left = tenant in tenants_left
+            plan.append(
+                Retraining(run_id, tenant_run(new_base, tenant), tenant=tenant, nothing_left=not left)
+            )
+        else:
+            private = tuple(sorted(named_tenants - trained.get(run_id, set())))
+            plan.append(Retraining(run_id, new_base, private_tenants=private))
+    return plan
+
+
+async def derived_from(
+    settings: ForgetSettings, sessions: list[str], keys: KeyStore
+) -> tuple[dict[str, dict[str, Any]], dict[str, set[str | None]]]:
+    """Per session in the namespace: its samples and the training steps and checkpoints derived from
+    them; and per run, the named tenants it trained on (`trained_tenants`)."""
     index = AuditIndex(index_path(settings.data_dir, settings.namespace), settings.namespace)
     found: dict[str, dict[str, Any]] = {}
     try:
@@ -69,9 +119,25 @@ async def derived_from(settings: ForgetSettings, sessions: list[str]) -> dict[st
                     found[session_id] = await audit_session(log, index, session_id, store)
                 except NotFound:
                     continue  # a session of another namespace: its keys go all the same
+            trained = await trained_tenants(log, settings.namespace, keys) if settings.retrain else {}
     finally:
         index.close()
-    return found
+    return found, trained
+
+
+async def trained_tenants(log: EventLog, namespace: str, keys: KeyStore) -> dict[str, set[str | None]]:
+    """Per run that trained in the namespace, the named tenants (None: unnamed client keys) whose
+    sessions' samples its steps consumed, as the key store names them."""
+    session_of = {
+        sample["envelope"]["event_id"]: sample["envelope"]["session_id"]
+        async for sample in read_events(log, topic_name(namespace, "samples"))
+    }
+    tenants = SessionTenants(keys)
+    trained: dict[str, set[str | None]] = {}
+    async for step in read_events(log, topic_name(namespace, "train_steps")):
+        names = trained.setdefault(step["run_id"], set())
+        names.update(tenants.name_of(session_of[s]) for s in step["sample_ids"] if s in session_of)
+    return trained
 
 
 def _sessions(settings: ForgetSettings, keys: KeyStore) -> tuple[list[str], str | None]:
@@ -100,20 +166,41 @@ def forget(settings: ForgetSettings) -> int:
         )
     keys = KeyStore(path)
     sessions, tenant = _sessions(settings, keys)
-    lineage = asyncio.run(derived_from(settings, sessions))  # before the keys go (it reads envelopes only)
+    lineage, trained = asyncio.run(derived_from(settings, sessions, keys))  # before the keys go
     destroyed = keys.forget_sessions(sessions)
     report = forget_report(settings.namespace, tenant, destroyed, lineage)
     print(json.dumps(report, indent=2) if settings.json else render_report(report))
     if not settings.retrain:
         return 0
     target = f"{settings.namespace}-retrain-{time.strftime('%Y%m%d%H%M%S')}"
+    named = set(keys.tenant_names().values())
+    forgotten = keys.forgotten_sessions()
+    left = {name for name in named if set(keys.sessions_of_named_tenant(name)) - forgotten}
+    runs = {c["run_id"] for c in report["checkpoints"]}
+    plan = retrain_plan(runs, settings.namespace, target, named, trained, left)
+    if not plan:
+        print("no run was trained on their data: nothing to retrain")
+        return 0
+    return retrain(settings, target, plan)
+
+
+def retrain(settings: ForgetSettings, target: str, plan: list[Retraining]) -> int:
+    """Replay what is left of the namespace into `target`, then train each run of the plan there."""
     replay = ReplaySettings(
         **same_deployment(settings), namespace=settings.namespace, target_namespace=target,
         train_steps=settings.retrain_steps, progress=False,
     )  # fmt: skip
-    print(f"retraining without them: orl replay --namespace {settings.namespace} --target-namespace {target} "
-          f"--train-steps {settings.retrain_steps}")  # fmt: skip
-    return run_replay(replay)
+    print(f"retraining without them: orl replay --namespace {settings.namespace} --target-namespace {target}, "
+          f"then {len(plan)} runs for {settings.retrain_steps} steps each")  # fmt: skip
+    code = replay_namespace(replay)
+    for run in plan:
+        if run.nothing_left:
+            print(f"run {run.run_id}: every session it trained on is forgotten, nothing is left to retrain it "
+                  f"on; its checkpoints (above) still carry what it learned")  # fmt: skip
+            continue
+        print(f"run {run.run_id} is replaced by run {run.new_run_id}")
+        code = code or train_replayed(replay, run.new_run_id, run.tenant, run.private_tenants)
+    return code
 
 
 def forget_report(

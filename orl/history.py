@@ -227,26 +227,44 @@ async def _replay(settings: ReplaySettings) -> int:
 
 
 def run_replay(settings: ReplaySettings) -> int:
+    code = replay_namespace(settings)
+    return code or train_replayed(settings, settings.train_run_id or settings.target_namespace)
+
+
+def replay_namespace(settings: ReplaySettings) -> int:
+    """The replay itself: the recorded history into --target-namespace, through the pipeline's stages."""
     _check(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    code = asyncio.run(_replay(settings))
+    return asyncio.run(_replay(settings))
+
+
+def train_replayed(
+    settings: ReplaySettings, run_id: str, tenant: str = "", private_tenants: tuple[str, ...] = ()
+) -> int:
+    """`orl train` of a new run `run_id` on the replayed namespace for --train-steps (printed only with
+    0), on a tenant's sessions only (`tenant`) or on every session but `private_tenants`'."""
     train = TrainSettings(
         data_dir=settings.data_dir, log_url=settings.log_url, store_url=settings.store_url,
-        namespace=settings.target_namespace, model=settings.model, run_id=settings.train_run_id or settings.target_namespace,
+        namespace=settings.target_namespace, model=settings.model, run_id=run_id,
         init_from=settings.train_from, max_staleness=-1, max_steps=settings.train_steps, idle_exit_s=30.0,
-        key_store=settings.key_store,
+        key_store=settings.key_store, tenant=tenant, private_tenants=private_tenants,
     )  # fmt: skip
     given = ["namespace", "run_id", "data_dir", "model", "max_staleness"]
-    given += [name for name in ("log_url", "store_url", "init_from", "key_store") if getattr(train, name)]
-    shown = "orl train " + " ".join(f"{flag_name(name)} {getattr(train, name)}" for name in given)
+    optional = ("log_url", "store_url", "init_from", "key_store", "tenant", "private_tenants")
+    given += [name for name in optional if getattr(train, name)]
+    shown = "orl train " + " ".join(f"{flag_name(name)} {_shown(getattr(train, name))}" for name in given)
     if settings.train_steps <= 0:
         print(f"to train a new model on it: {shown} [--max-steps N]")
-        return code
+        return 0
     given += ["max_steps", "idle_exit_s"]
     print(f"training: {shown} --max-steps {settings.train_steps}")
     # the child gets its settings in its environment, as every orl child process does
     env = {**os.environ, **settings_env(train, only=given)}
     return subprocess.call([sys.executable, "-m", "orl.cli", "train"], env=env)
+
+
+def _shown(value: object) -> str:
+    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,9 @@ def test_forget_a_tenant_leaves_no_readable_byte_and_retrains_without_it(
     )
     retrain = next(line for line in out.splitlines() if line.startswith("retraining without them"))
     target = retrain.split("--target-namespace ")[1].split()[0]
+    # the shared run is replaced; alice's own run has nothing left to retrain it on, and is not
+    assert f"run live is replaced by run {target}" in out
+    assert "run live.alice: every session it trained on is forgotten" in out
     [step] = asyncio.run(_events(log_url, target, "train_steps"))
     assert step["policy_version"] == 1 and (tmp_path / "objects" / "checkpoints" / target).is_dir()
     retrained = asyncio.run(_events(log_url, target, "samples"))
