@@ -190,8 +190,8 @@ def retrain(settings: ForgetSettings, target: str, plan: list[Retraining]) -> in
         **same_deployment(settings), namespace=settings.namespace, target_namespace=target,
         train_steps=settings.retrain_steps, progress=False,
     )  # fmt: skip
-    print(f"retraining without them: orl replay --namespace {settings.namespace} --target-namespace {target}, "
-          f"then {len(plan)} runs for {settings.retrain_steps} steps each")  # fmt: skip
+    print(f"retraining without them: orl replay --namespace {settings.namespace} --target-namespace {target} "
+          f"(then {len(plan)} runs, {settings.retrain_steps} steps each)")  # fmt: skip
     code = replay_namespace(replay)
     for run in plan:
         if run.nothing_left:
