@@ -261,13 +261,18 @@ def settings_env(settings: object, only: Iterable[str] | None = None) -> dict[st
         name, value = f.metadata.get("env"), getattr(settings, f.name)
         if not name or (chosen is not None and f.name not in chosen):
             continue
-        if isinstance(value, bool):
-            env[name] = "true" if value else "false"
-        elif isinstance(value, tuple):
-            env[name] = ",".join(str(part) for part in value)
-        else:
-            env[name] = "" if value is None else str(value)
+        env[name] = setting_text(value)
     return env
+
+
+def setting_text(value: object) -> str:
+    """A setting's value as its flag or environment variable gives it: tuples comma-joined, booleans
+    true/false, None empty."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(str(part) for part in value)
+    return "" if value is None else str(value)
 
 
 def masked(settings: object) -> dict[str, str]:

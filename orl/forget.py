@@ -192,15 +192,17 @@ def retrain(settings: ForgetSettings, target: str, plan: list[Retraining]) -> in
     )  # fmt: skip
     print(f"retraining without them: orl replay --namespace {settings.namespace} --target-namespace {target} "
           f"(then {len(plan)} runs, {settings.retrain_steps} steps each)")  # fmt: skip
-    code = replay_namespace(replay)
+    if code := replay_namespace(replay):
+        return code
     for run in plan:
         if run.nothing_left:
             print(f"run {run.run_id}: every session it trained on is forgotten, nothing is left to retrain it "
                   f"on; its checkpoints (above) still carry what it learned")  # fmt: skip
             continue
         print(f"run {run.run_id} is replaced by run {run.new_run_id}")
-        code = code or train_replayed(replay, run.new_run_id, run.tenant, run.private_tenants)
-    return code
+        if code := train_replayed(replay, run.new_run_id, run.tenant, run.private_tenants):
+            return code
+    return 0
 
 
 def forget_report(

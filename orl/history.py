@@ -29,7 +29,13 @@ from orl.connectors.event_log.factory import open_event_log
 from orl.connectors.model_files import resolve_model
 from orl.connectors.object_store.base import ObjectStore
 from orl.connectors.object_store.factory import open_object_store
-from orl.connectors.settings import ConnectionSettings, JsonOutputSettings, setting, settings_env
+from orl.connectors.settings import (
+    ConnectionSettings,
+    JsonOutputSettings,
+    setting,
+    setting_text,
+    settings_env,
+)
 from orl.pipeline.history import archive as archive_tools
 from orl.pipeline.history.audit import NotFound, audit_id, audit_session, render_chain
 from orl.pipeline.history.audit_index import AuditIndex, index_path
@@ -252,7 +258,9 @@ def train_replayed(
     given = ["namespace", "run_id", "data_dir", "model", "max_staleness"]
     optional = ("log_url", "store_url", "init_from", "key_store", "tenant", "private_tenants")
     given += [name for name in optional if getattr(train, name)]
-    shown = "orl train " + " ".join(f"{flag_name(name)} {_shown(getattr(train, name))}" for name in given)
+    shown = "orl train " + " ".join(
+        f"{flag_name(name)} {setting_text(getattr(train, name))}" for name in given
+    )
     if settings.train_steps <= 0:
         print(f"to train a new model on it: {shown} [--max-steps N]")
         return 0
@@ -261,10 +269,6 @@ def train_replayed(
     # the child gets its settings in its environment, as every orl child process does
     env = {**os.environ, **settings_env(train, only=given)}
     return subprocess.call([sys.executable, "-m", "orl.cli", "train"], env=env)
-
-
-def _shown(value: object) -> str:
-    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
 @dataclass(frozen=True)
